@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` plans a bundled example, `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+OUT := out
+
+.PHONY: setup demo test lint bench gpu clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/graphopt plan examples/resnet_like.py:build --target h100 \
+		--json $(OUT)/plan.json --md $(OUT)/plan.md --html $(OUT)/plan.html
+	@echo "reports written to $(OUT)/plan.json, $(OUT)/plan.md and $(OUT)/plan.html"
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check graphopt tests benchmarks examples
+
+bench: setup
+	$(PY) benchmarks/bench_planning.py
+
+# onnxruntime-gpu and onnxruntime cannot live in one environment: swap them.
+gpu: setup
+	$(PY) -m pip uninstall --yes onnxruntime
+	$(PY) -m pip install -c constraints.txt "onnxruntime-gpu"
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -1,0 +1,82 @@
+"""The analysis pass: one :class:`NodeAnalysis` per node of a graph."""
+
+from __future__ import annotations
+
+import logging
+
+from graphopt import ops
+from graphopt.analysis.classify import classify_op
+from graphopt.analysis.kernel_class import KernelClass
+from graphopt.analysis.metrics import node_work
+from graphopt.analysis.patterns import find_patterns
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.ir import Graph, Node, TensorInfo
+
+__all__ = ["annotate"]
+
+logger = logging.getLogger(__name__)
+
+_FLOAT_DTYPES = frozenset({"fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4"})
+_QUANT_CLASSES = frozenset({KernelClass.QUANT_GEMM, KernelClass.QUANT_DOT})
+
+
+def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
+    """Classify every node, recognize multi-node patterns, and count each node's work."""
+    patterns = find_patterns(graph)
+    out: dict[str, NodeAnalysis] = {}
+    for node in graph.nodes:
+        natural = classify_op(graph, node)
+        work = node_work(graph, node, natural)
+        match = patterns.get(node.name)
+        kc = match.kernel_class if match is not None else natural
+        dims = dict(match.dims) if match is not None else work.dims
+        ins = graph.input_infos(node)
+        outs = graph.output_infos(node)
+        out[node.name] = NodeAnalysis(
+            kernel_class=kc,
+            dims=dims,
+            flops=work.flops,
+            bytes_read=work.bytes_read,
+            bytes_written=work.bytes_written,
+            param_count=work.param_count,
+            dtype=_compute_dtype(node, kc, ins, outs),
+            pattern=match.id if match is not None else None,
+            flags=_flags(node, ins, outs),
+        )
+    logger.info("annotated %d nodes, %d in patterns", len(out), len(patterns))
+    return out
+
+
+def _compute_dtype(node: Node, kc: KernelClass, ins: list[TensorInfo | None],
+                   outs: list[TensorInfo | None]) -> str | None:
+    """The dtype the kernel computes in: the weight's for quantized GEMMs, else the inputs'."""
+    if kc in _QUANT_CLASSES:
+        if node.op_type == "MatMulNBits":
+            return "int4" if int(node.attrs.get("bits", 4)) <= 4 else "int8"
+        for t in ins:
+            if t is not None and t.dtype in ("int8", "uint8", "int4", "uint4", "fp8_e4m3",
+                                             "fp8_e5m2"):
+                return "int8" if t.dtype in ("int8", "uint8") else t.dtype
+        return "int8"
+    for t in ins:
+        if t is not None and t.dtype in _FLOAT_DTYPES:
+            return t.dtype
+    for t in outs:
+        if t is not None and t.dtype is not None:
+            return t.dtype
+    return ins[0].dtype if ins and ins[0] is not None else None
+
+
+def _flags(node: Node, ins: list[TensorInfo | None], outs: list[TensorInfo | None]) -> tuple[
+        str, ...]:
+    flags: list[str] = []
+    if node.op_type not in ops.KNOWN_OPS:
+        flags.append("unsupported_op")
+    tensors = [t for t in (*ins, *outs) if t is not None]
+    if any(t.shape is None for t in outs if t is not None) or any(t is None for t in outs):
+        flags.append("unknown_shape")
+    if any(t.shape is not None and not t.is_static for t in tensors):
+        flags.append("dynamic_shape")
+    if any(t.shape is not None and 0 in t.shape for t in tensors):
+        flags.append("zero_size")
+    return tuple(flags)

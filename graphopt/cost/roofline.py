@@ -1,0 +1,206 @@
+"""Roofline cost of one node on one target.
+
+time = max(FLOPs / achievable compute, bytes / achievable bandwidth) + launch overhead
+
+Which compute peak applies:
+
+1. GEMM-like classes (gemm, gemv, conv, attention, quantized GEMMs) run on the matrix unit for
+   their dtype (tensor cores; AMX on CPUs with it) when the target has a peak for that dtype.
+2. Tensor cores want 16-byte aligned K and N (8 fp16/bf16 elements, 4 tf32, 16 int8/fp8,
+   32 fp4). Misaligned dims fall back: Volta and Turing lose the tensor cores entirely (CUDA-core
+   rate); Ampere and later keep them with narrower loads, modelled by ``UNALIGNED_TC_EFFICIENCY``.
+   Padding passes use :func:`tc_alignment` and this penalty to decide.
+3. fp32 convolutions on sm_80+ use TF32 (cuDNN's default, ``torch.backends.cudnn.allow_tf32``);
+   fp32 matmuls do not (``torch.backends.cuda.matmul.allow_tf32`` defaults to False).
+4. Small GPU GEMMs do not fill every SM: utilization = tiles / (waves * SMs) with 128x128 tiles.
+5. Everything else runs on vector units (CUDA cores, SIMD) and is usually memory-bound.
+6. Free views cost nothing (no kernel); every other node pays the target's launch overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.hardware.profile import HardwareProfile
+
+__all__ = [
+    "NodeCost",
+    "UNALIGNED_TC_EFFICIENCY",
+    "alignment_efficiency",
+    "efficiency",
+    "estimate",
+    "peak_key",
+    "tc_alignment",
+]
+
+Bottleneck = Literal["compute", "memory", "latency"]
+
+# Achievable fractions of the datasheet peaks. These are model parameters, not datasheet facts:
+# large cuBLAS/cuDNN tensor-core GEMMs sustain roughly 70-80% of dense peak, STREAM-like copies
+# 80-90% of DRAM bandwidth; CPU oneDNN GEMMs about 70% of FMA peak. Elementwise kernels rarely
+# approach compute peak (they are memory-bound anyway).
+_EFFICIENCY = {
+    ("gpu", "matrix"): 0.75,
+    ("gpu", "vector"): 0.5,
+    ("gpu", "memory"): 0.8,
+    ("cpu", "matrix"): 0.7,
+    ("cpu", "vector"): 0.5,
+    ("cpu", "memory"): 0.7,
+}
+
+# Efficiency of a tensor-core kernel whose K/N are aligned to only this many bytes (sm_80+).
+# Model parameters reflecting cuBLAS's narrower-vector kernels for misaligned leading dims
+# (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication Background": Tensor Core
+# requirements); they make padding worth it, as measured on real GPUs, without overstating it.
+UNALIGNED_TC_EFFICIENCY = {16: 1.0, 8: 0.5, 4: 0.35, 2: 0.25, 1: 0.25}
+
+_TC_DTYPES = frozenset({"tf32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"})
+_PEAK_KEY = {"fp64": "fp64", "fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16",
+             "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8": "fp8", "int8": "int8",
+             "uint8": "int8", "int4": "int4", "uint4": "int4", "fp4": "fp4"}
+_GEMM_TILE = 128  # CTA tile edge of large cuBLAS/CUTLASS GEMM kernels
+
+
+def tc_alignment(peak: str) -> int:
+    """Elements per 16 bytes: the K/N multiple tensor cores want for ``peak`` dtype."""
+    bits = {"tf32": 32, "fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4,
+            "fp4": 4}.get(peak, 32)
+    return 128 // bits
+
+
+def efficiency(kind: str, unit: str) -> float:
+    """Achievable fraction of peak for a device kind and unit ("matrix", "vector", "memory")."""
+    return _EFFICIENCY[(kind, unit)]
+
+
+def peak_key(dtype: str | None) -> str:
+    return _PEAK_KEY.get(dtype or "fp32", "fp32")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCost:
+    """Estimated time of one node and why: which peak, which fraction of it, which bound."""
+
+    est_time_s: float
+    compute_time_s: float
+    memory_time_s: float
+    overhead_s: float
+    bottleneck: Bottleneck
+    peak_flops_used: float  # achievable FLOP/s after efficiency, alignment and utilization
+    bandwidth_used: float
+    unit: str  # "tensor_core" | "cuda_core" | "cpu_matrix" | "cpu_simd" | "none"
+    precision: str  # peak-table key used, e.g. "bf16", "tf32"
+    alignment_efficiency: float = 1.0
+    utilization: float = 1.0
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"est_time_s": self.est_time_s, "compute_time_s": self.compute_time_s,
+                "memory_time_s": self.memory_time_s, "overhead_s": self.overhead_s,
+                "bottleneck": self.bottleneck, "peak_flops_used": self.peak_flops_used,
+                "unit": self.unit, "precision": self.precision,
+                "alignment_efficiency": self.alignment_efficiency,
+                "utilization": self.utilization}
+
+
+def _pow2_bytes(n: int, elem_bytes: float) -> int:
+    """Largest power-of-two byte alignment (capped at 16) of a row of ``n`` elements."""
+    nbytes = int(n * elem_bytes)
+    if nbytes <= 0:
+        return 16
+    return min(16, nbytes & -nbytes)
+
+
+def _aligned_dims(a: NodeAnalysis) -> list[int]:
+    d = a.dims
+    if a.kernel_class is KernelClass.CONV:
+        g = max(1, d.get("groups", 1))
+        return [d.get("C_in", 1) // g, d.get("C_out", 1) // g]
+    if a.kernel_class is KernelClass.ATTENTION:
+        return [d.get("head_dim", 1)]
+    return [d.get("K", 1), d.get("N", 1)]
+
+
+def alignment_efficiency(a: NodeAnalysis, peak: str, profile: HardwareProfile) -> float | None:
+    """Tensor-core efficiency for the node's dims; ``None`` if tensor cores are not usable."""
+    elem_bytes = 128 // tc_alignment(peak) / 8
+    aligned = min(_pow2_bytes(n, elem_bytes) for n in _aligned_dims(a))
+    if aligned >= 16:
+        return 1.0
+    cc = profile.compute_capability
+    if cc is not None and cc < (8, 0):
+        return None  # Volta/Turing: misaligned GEMMs run without tensor cores
+    return UNALIGNED_TC_EFFICIENCY[aligned]
+
+
+def _utilization(a: NodeAnalysis, profile: HardwareProfile) -> float:
+    if not profile.is_gpu or not profile.sm_count or a.kernel_class not in GEMM_LIKE:
+        return 1.0
+    d = a.dims
+    if a.kernel_class is KernelClass.ATTENTION:
+        tiles = d.get("batch", 1) * d.get("heads", 1) * math.ceil(d.get("seq_q", 1) / _GEMM_TILE)
+    else:
+        g = max(1, d.get("groups", 1))
+        batch = 1 if a.kernel_class is KernelClass.CONV else d.get("batch", 1)  # conv M has N
+        tiles = (math.ceil(d.get("M", 1) / _GEMM_TILE)
+                 * math.ceil(max(1, d.get("N", 1) // g) / _GEMM_TILE) * g * batch)
+    tiles = max(1, tiles)
+    waves = math.ceil(tiles / profile.sm_count)
+    return tiles / (waves * profile.sm_count)
+
+
+def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
+                  ) -> tuple[float, str, str, float, float, str]:
+    """(achievable FLOP/s, unit, precision, alignment eff, utilization, note)."""
+    key = peak_key(dtype)
+    note = ""
+    kind = profile.kind
+    if a.kernel_class in GEMM_LIKE:
+        if profile.is_gpu and key == "fp32" and a.kernel_class is KernelClass.CONV \
+                and "tf32" in profile.peak_flops:
+            key, note = "tf32", "fp32 conv runs as TF32 (cuDNN default allow_tf32=True)"
+        if profile.is_gpu and key == "int4" and "int4" not in profile.peak_flops:
+            key, note = "fp16", "4-bit weights are dequantized to fp16 for the matmul"
+        if key in profile.peak_flops and (key in _TC_DTYPES or not profile.is_gpu):
+            util = _utilization(a, profile)
+            align = alignment_efficiency(a, key, profile) if profile.is_gpu else 1.0
+            if align is not None:
+                unit = "tensor_core" if profile.is_gpu else (
+                    "cpu_matrix" if key in ("bf16", "int8") and profile.has("amx_bf16")
+                    else "cpu_simd")
+                rate = profile.peak_flops[key] * efficiency(kind, "matrix") * align * util
+                return rate, unit, key, align, util, note
+            note = (f"K/N not a multiple of {tc_alignment(key)}: no tensor cores on "
+                    f"{profile.generation}")
+    vector = profile.vector_flops.get(key) or profile.vector_flops.get("fp32") \
+        or profile.peak_flops.get(key) or profile.peak_flops.get("fp32", 1e12)
+    if key not in profile.vector_flops and key not in profile.peak_flops:
+        key = "fp32"
+    unit = "cuda_core" if profile.is_gpu else "cpu_simd"
+    util = _utilization(a, profile)
+    matrix = a.kernel_class in GEMM_LIKE
+    eff = efficiency(kind, "matrix" if matrix else "vector")
+    return vector * eff * util, unit, key, 1.0, util, note
+
+
+def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None) -> NodeCost:
+    """Roofline time of node ``a`` on ``profile``; ``dtype`` overrides the node's own dtype."""
+    if a.kernel_class is KernelClass.VIEW:
+        return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
+                        peak_key(dtype or a.dtype), note="free view: no kernel")
+    rate, unit, key, align, util, note = _compute_rate(a, profile, dtype or a.dtype)
+    bandwidth = profile.bandwidth_bytes_per_s * efficiency(profile.kind, "memory")
+    compute_t = a.flops / rate if a.flops else 0.0
+    memory_t = a.bytes_total / bandwidth
+    overhead = profile.launch_overhead_s
+    bound: Bottleneck
+    if overhead >= max(compute_t, memory_t):
+        bound = "latency"
+    else:
+        bound = "compute" if compute_t >= memory_t else "memory"
+    return NodeCost(max(compute_t, memory_t) + overhead, compute_t, memory_t, overhead, bound,
+                    rate, bandwidth, unit, key, align, util, note)

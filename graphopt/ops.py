@@ -1,0 +1,92 @@
+"""The canonical op vocabulary that both frontends map into.
+
+Names are ONNX operator names (https://onnx.ai/onnx/operators/) with ONNX input order and
+attribute names, so an ONNX model needs almost no translation and a torch graph is described in
+the same terms. A few ops ONNX lacks (or that torch keeps whole) are added: ``Linear``, ``Silu``,
+``Rsqrt``, ``Attention`` (ONNX opset 23 has one; ours is SDPA-shaped), ``RMSNormalization``.
+
+Conventions the analysis relies on (a frontend must produce exactly these):
+
+* ``Linear(X[..., K], W[N, K], B?[N])`` — torch ``nn.Linear``.
+* ``Gemm(A, B, C?)`` attrs ``transA``, ``transB`` (0/1), ``alpha``, ``beta`` — ONNX Gemm and
+  torch ``addmm(C, A, B)`` (re-ordered to A, B, C).
+* ``MatMul(A, B)`` — numpy matmul semantics (``mm``, ``bmm``, ``matmul``).
+* ``Conv(X[N, C, *spatial], W[Cout, Cin/group, *k], B?)`` attrs ``group``, ``strides``,
+  ``pads`` (ONNX begin..., end...), ``dilations``, ``kernel_shape``.
+* ``ConvTranspose(X, W[Cin, Cout/group, *k], B?)`` same attrs plus ``output_padding``.
+* ``Attention(Q[B, H, Sq, D], K[B, H, Skv, D], V[B, H, Skv, Dv], mask?)`` attrs ``scale``
+  (float or None = 1/sqrt(D)), ``is_causal`` — torch ``scaled_dot_product_attention``.
+* ``Softmax``/``LogSoftmax`` attr ``axis``; ``LayerNormalization(X, scale?, bias?)`` and
+  ``RMSNormalization(X, scale?)`` attrs ``axis`` (first normalized axis), ``epsilon``;
+  ``BatchNormalization(X, scale, B, mean, var)`` attr ``training_mode``;
+  ``GroupNormalization(X, scale, bias)`` attr ``num_groups``.
+* ``Reduce*`` attrs ``axes`` (list, None = all) and ``keepdims``.
+* ``Transpose`` attr ``perm``; ``Concat``/``Gather``/``Split`` attr ``axis``.
+* ``alias=True`` on a data-movement or view op means the source runtime does it without a copy
+  (torch ``view``, ``permute``, ``expand``, ``slice``): the analysis then classes it as a view.
+* Quantized ops keep their ONNX names (``MatMulInteger``, ``QLinearMatMul``, ``MatMulNBits``,
+  ``QuantizeLinear``, ``DequantizeLinear``, ``ConvInteger``, ``QLinearConv``).
+
+An op a frontend cannot map keeps its source name as ``op_type``; the analysis classes it
+``other`` and the plan lists it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ATTENTION_OPS",
+    "BINARY_ELEMENTWISE",
+    "CONV_OPS",
+    "DATA_MOVEMENT",
+    "GEMM_OPS",
+    "NORM_OPS",
+    "POOL_OPS",
+    "QUANT_GEMM_OPS",
+    "REDUCE_OPS",
+    "ROPE_OPS",
+    "SOFTMAX_OPS",
+    "UNARY_ELEMENTWISE",
+    "VIEW_OPS",
+    "KNOWN_OPS",
+]
+
+GEMM_OPS = frozenset({"Linear", "Gemm", "MatMul"})
+QUANT_GEMM_OPS = frozenset({"MatMulInteger", "QLinearMatMul", "MatMulNBits", "DynamicQuantizeMatMul",
+                            "MatMulIntegerToFloat", "QGemm"})
+CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv"})
+NORM_OPS = frozenset({"LayerNormalization", "RMSNormalization", "BatchNormalization",
+                      "GroupNormalization", "InstanceNormalization", "SimplifiedLayerNormalization",
+                      "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LpNormalization"})
+UNARY_ELEMENTWISE = frozenset({
+    "Relu", "Gelu", "FastGelu", "Sigmoid", "HardSigmoid", "Tanh", "Exp", "Log", "Sqrt", "Rsqrt",
+    "Reciprocal", "Neg", "Abs", "Erf", "Sin", "Cos", "Silu", "HardSwish", "LeakyRelu", "Elu",
+    "Selu", "Celu", "Softplus", "Softsign", "Mish", "Clip", "Cast", "Dropout", "Not", "Floor",
+    "Ceil", "Round", "Sign", "IsNaN", "IsInf", "PRelu", "ThresholdedRelu", "QuantizeLinear",
+    "DequantizeLinear", "DynamicQuantizeLinear", "Trilu", "Bernoulli", "CastLike",
+})
+BINARY_ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Sum", "Where", "Equal", "Less",
+    "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "BitShift",
+    "BitwiseAnd", "BitwiseOr", "BiasGelu", "BiasAdd",
+})
+SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
+REDUCE_OPS = frozenset({
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "CumSum", "TopK", "Var", "Std",
+})
+POOL_OPS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+                      "LpPool", "AdaptiveAvgPool", "AdaptiveMaxPool"})
+DATA_MOVEMENT = frozenset({
+    "Transpose", "Concat", "Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements",
+    "Pad", "Slice", "Split", "Tile", "Expand", "Copy", "Resize", "Upsample", "DepthToSpace",
+    "SpaceToDepth", "Embedding", "IndexSelect", "NonZero", "OneHot", "Range", "ConstantOfShape",
+    "Roll", "Flip",
+})
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size",
+                      "Constant", "Alias"})
+ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
+ROPE_OPS = frozenset({"RotaryEmbedding"})
+
+KNOWN_OPS = (GEMM_OPS | QUANT_GEMM_OPS | CONV_OPS | NORM_OPS | UNARY_ELEMENTWISE
+             | BINARY_ELEMENTWISE | SOFTMAX_OPS | REDUCE_OPS | POOL_OPS | DATA_MOVEMENT | VIEW_OPS
+             | ATTENTION_OPS | ROPE_OPS)

@@ -1,0 +1,121 @@
+"""The plan: one frozen record per node (analysis + cost + decisions) and the model summary.
+
+Emitters read only these records. ``Plan.to_dict()`` is the JSON report (schema below); the
+same model and target always give the same dict, so the JSON bytes are deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost.roofline import NodeCost
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir import TensorInfo
+
+__all__ = ["SCHEMA_VERSION", "Decision", "NodePlan", "Plan"]
+
+#: version of the JSON report layout; bump on incompatible changes
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One decision about a node (padding, layout, precision, exec_path, device) and why.
+
+    ``fields`` hold the decision's own data (e.g. ``{"format": "bf16"}``); the reason is
+    required, including for decisions *not* to change anything.
+    """
+
+    reason: str
+    fields: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    applied: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.fields, "applied": self.applied, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """Everything graphopt knows and decided about one node."""
+
+    name: str
+    op: str  # as the model spells it
+    op_type: str  # canonical
+    analysis: NodeAnalysis
+    cost: NodeCost
+    inputs: tuple[TensorInfo | None, ...]
+    outputs: tuple[TensorInfo | None, ...]
+    decisions: Mapping[str, Decision] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        a, c = self.analysis, self.cost
+        return {
+            "name": self.name,
+            "op": self.op,
+            "op_type": self.op_type,
+            "kernel_class": a.kernel_class.value,
+            "dims": dict(a.dims),
+            "dtype": a.dtype,
+            "flops": a.flops,
+            "bytes": a.bytes_total,
+            "bytes_read": a.bytes_read,
+            "bytes_written": a.bytes_written,
+            "arithmetic_intensity": round(a.arithmetic_intensity, 6),
+            "params": a.param_count,
+            "pattern": a.pattern,
+            "flags": list(a.flags),
+            "bottleneck": c.bottleneck,
+            "est_time_s": c.est_time_s,
+            "compute_time_s": c.compute_time_s,
+            "memory_time_s": c.memory_time_s,
+            "peak_flops_used": c.peak_flops_used,
+            "cost": {"unit": c.unit, "precision": c.precision,
+                     "alignment_efficiency": c.alignment_efficiency,
+                     "utilization": c.utilization, "note": c.note},
+            "inputs": [_tensor_dict(t) for t in self.inputs],
+            "outputs": [_tensor_dict(t) for t in self.outputs],
+            "decisions": {k: d.to_dict() for k, d in sorted(self.decisions.items())},
+        }
+
+
+def _tensor_dict(t: TensorInfo | None) -> dict[str, Any] | None:
+    return None if t is None else t.to_dict()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A model planned for one target."""
+
+    model: Mapping[str, Any]
+    target: HardwareProfile
+    nodes: tuple[NodePlan, ...]
+    summary: Mapping[str, Any]
+    warnings: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def node(self, name: str) -> NodePlan:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def est_latency_s(self) -> float:
+        return float(self.summary["est_latency_s"])
+
+    def to_dict(self) -> dict[str, Any]:
+        from graphopt import __version__
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "graphopt_version": __version__,
+            "model": dict(self.model),
+            "target": self.target.to_dict(),
+            "summary": dict(self.summary),
+            "warnings": list(self.warnings),
+            **{k: v for k, v in sorted(self.extra.items())},
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
