@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from graphopt.errors import GraphoptError
-
 __version__ = "0.1.0"
 
-__all__ = ["GraphoptError", "__version__"]
+from graphopt.api import plan  # noqa: E402
+from graphopt.errors import GraphoptError  # noqa: E402
+from graphopt.plan import Decision, NodePlan, Plan  # noqa: E402
+
+__all__ = ["Decision", "GraphoptError", "NodePlan", "Plan", "__version__", "plan"]

@@ -119,3 +119,31 @@ class Plan:
             **{k: v for k, v in sorted(self.extra.items())},
             "nodes": [n.to_dict() for n in self.nodes],
         }
+
+    def to_json(self) -> str:
+        from graphopt.report import render_json
+
+        return render_json(self.to_dict())
+
+    def to_markdown(self) -> str:
+        from graphopt.report import render_markdown
+
+        return render_markdown(self.to_dict())
+
+    def to_html(self) -> str:
+        from graphopt.report import render_html
+
+        return render_html(self.to_dict())
+
+    def save(self, json: str | None = None, md: str | None = None,
+             html: str | None = None) -> list[str]:
+        """Write the requested reports, each whole or not at all; returns the paths written."""
+        from graphopt._io import atomic_write_text
+
+        written = []
+        for path, render in ((json, self.to_json), (md, self.to_markdown),
+                             (html, self.to_html)):
+            if path:
+                written.append(str(atomic_write_text(path, render())))
+        return written
+

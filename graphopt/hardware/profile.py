@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 __all__ = ["HardwareProfile", "Link"]
 
@@ -30,7 +31,8 @@ class HardwareProfile:
 
     ``peak_flops`` maps a dtype key (``fp64 fp32 tf32 fp16 bf16 fp8 int8 int4 fp4``) to the dense
     peak in FLOP/s (OP/s for integers) on the fastest unit that runs it: tensor cores on GPUs
-    for tf32/fp16/bf16/fp8/int8/fp4, CUDA cores for fp32/fp64. A dtype missing from the map is
+    for tf32/fp16/bf16/fp8/int8/fp4, CUDA cores for fp32 (fp64 on tensor cores where they
+    exist). A dtype missing from the map is
     not run natively. ``vector_flops`` are the non-tensor-core rates a kernel falls back to.
     """
 
@@ -48,7 +50,7 @@ class HardwareProfile:
     sm_count: int | None = None
     cores: int | None = None
     vector_flops: Mapping[str, float] = field(default_factory=dict)
-    l2_bytes: int | None = None
+    l2_bytes: int | None = None  # GPUs: L2; CPUs: the last-level cache
     smem_per_sm_bytes: int | None = None
     peer_link: Link | None = None
     capabilities: frozenset[str] = frozenset()

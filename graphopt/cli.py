@@ -1,0 +1,115 @@
+"""The ``graphopt`` command line: plan, targets, detect.
+
+Errors a user can fix print as one message with the fix and exit with status 2; no tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from graphopt.errors import GraphoptError
+
+__all__ = ["main"]
+
+
+def _fmt_time(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from graphopt.api import plan
+
+    result = plan(args.model, target=args.target)
+    written = result.save(json=args.json, md=args.md, html=args.html)
+    s = result.summary
+    print(f"{result.model['name']} ({result.model['source']}, {s['node_count']} nodes) on "
+          f"{result.target.display_name}: estimated {_fmt_time(s['est_latency_s'])}")
+    mix = ", ".join(f"{k} {v}" for k, v in s["bottleneck_mix"].items())
+    print(f"  bottlenecks (kernels): {mix}")
+    for n in s["costliest_nodes"][:5]:
+        print(f"  {n['share']:6.1%}  {_fmt_time(n['est_time_s']):>10}  {n['kernel_class']:<13} "
+              f"{n['name']}")
+    for w in result.warnings:
+        print(f"  warning: {w}")
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_targets(args: argparse.Namespace) -> int:
+    from graphopt.hardware import list_targets
+
+    targets = list_targets()
+    if args.json:
+        fields = ("name", "compute_capability", "generation", "sm_count", "memory_bytes",
+                  "bandwidth_bytes_per_s", "peak_flops")
+        rows: list[dict[str, Any]] = []
+        for t in targets:
+            d = t.to_dict()
+            rows.append({k: d[k] for k in fields} | {k: v for k, v in d.items()
+                                                     if k not in fields})
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<14} {'generation':<16} {'cc':<5} {'SMs/cores':>9} {'memory':>9} "
+          f"{'bandwidth':>11} {'bf16/fp16 peak':>15}")
+    for t in targets:
+        cc = "" if t.compute_capability is None else "%d.%d" % t.compute_capability
+        units = t.sm_count or t.cores or 0
+        peak = t.peak_flops.get("bf16") or t.peak_flops.get("fp16") or t.peak_flops.get("fp32", 0)
+        print(f"{t.name:<14} {t.generation:<16} {cc:<5} {units:>9} "
+              f"{t.memory_bytes / 2**30:>6.0f} GiB {t.bandwidth_bytes_per_s / 1e9:>7.0f} GB/s "
+              f"{peak / 1e12:>10.1f} TFLOP/s")
+    return 0
+
+
+def _cmd_detect(args: argparse.Namespace) -> int:
+    from graphopt.hardware.detect import detect_report
+
+    print(json.dumps(detect_report(), indent=1, sort_keys=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="graphopt", description="Plan and optimize ML models.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what each pass does")
+    sub = p.add_subparsers(dest="command", required=True)
+    pp = sub.add_parser("plan", help="analyze and cost a model on a target")
+    pp.add_argument("model", help="an .onnx file, or file.py:function returning "
+                                  "(module, example_inputs)")
+    pp.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    pp.add_argument("--json", metavar="F", help="write the JSON plan report to F")
+    pp.add_argument("--md", metavar="F", help="write the Markdown summary to F")
+    pp.add_argument("--html", metavar="F", help="write the HTML report to F")
+    pp.set_defaults(func=_cmd_plan)
+    pt = sub.add_parser("targets", help="list the hardware targets")
+    pt.add_argument("--json", action="store_true", help="print JSON")
+    pt.set_defaults(func=_cmd_targets)
+    pd = sub.add_parser("detect", help="describe this machine's CPU and GPUs")
+    pd.set_defaults(func=_cmd_detect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except GraphoptError as e:
+        print(f"graphopt: error: {e.problem}", file=sys.stderr)
+        if e.fix:
+            print(f"  fix: {e.fix}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Target names -> profiles: the one lookup the CLI and the cost model use.
+
+Names are matched case-insensitively and ignoring punctuation, so ``RTX-4090``, ``rtx_4090`` and
+``rtx4090`` are one target. ``cpu``/``host`` is the detected host CPU; ``gpu``/``cuda`` (or
+``cuda:N``) is a CUDA device of this machine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+
+from graphopt.errors import UnknownTargetError
+from graphopt.hardware.cpus import CPU_PROFILES, cpu_profiles
+from graphopt.hardware.detect import detected_gpu_profiles, host_cpu_profile
+from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
+from graphopt.hardware.profile import HardwareProfile
+
+__all__ = ["ALIASES", "get_target", "list_targets", "target_names"]
+
+logger = logging.getLogger(__name__)
+
+HOST_NAMES = ("cpu", "host")
+_DETECTED_GPU = re.compile(r"^(?:gpu|cuda)(?::(\d+))?$")
+
+# Extra spellings -> canonical table name. The bare family name picks the flagship variant.
+ALIASES: dict[str, str] = {
+    "h100": "h100-sxm",
+    "h100-sxm5": "h100-sxm",
+    "h100-80gb": "h100-sxm",
+    "a100": "a100-80gb",
+    "a100-sxm": "a100-80gb",
+    "a100-40g": "a100-40gb",
+    "a100-80g": "a100-80gb",
+    "h200-sxm": "h200",
+    "v100-sxm2": "v100",
+    "v100-32gb": "v100",
+    "tesla-t4": "t4",
+    "3090": "rtx-3090",
+    "4090": "rtx-4090",
+    "5090": "rtx-5090",
+    "geforce-rtx-3090": "rtx-3090",
+    "geforce-rtx-4090": "rtx-4090",
+    "geforce-rtx-5090": "rtx-5090",
+    "6000-ada": "rtx-6000-ada",
+    "rtx-6000": "rtx-6000-ada",
+    "milan": "epyc-7763",
+    "zen3": "epyc-7763",
+    "icelake": "xeon-8380",
+    "ice-lake": "xeon-8380",
+    "sapphire-rapids": "xeon-8480",
+    "spr": "xeon-8480",
+    "genoa": "epyc-9654",
+    "zen4": "epyc-9654",
+    "neoverse-v1": "graviton3",
+}
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _table() -> dict[str, HardwareProfile]:
+    return {**GPU_PROFILES, **CPU_PROFILES}
+
+
+def _lookup() -> dict[str, str]:
+    keys = {_key(n): n for n in _table()}
+    keys.update({_key(alias): target for alias, target in ALIASES.items()})
+    return keys
+
+
+def target_names() -> list[str]:
+    """Canonical names in listing order: GPUs, reference CPUs, then the host."""
+    return [*GPU_PROFILES, *CPU_PROFILES, "cpu"]
+
+
+def _unknown(name: str, fix: str | None = None) -> UnknownTargetError:
+    known = target_names()
+    spellings = [*known, *ALIASES, "host", "gpu"]
+    close = difflib.get_close_matches(name.strip().lower(), spellings, n=1, cutoff=0.5)
+    if fix is None:
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        fix = f"{hint}run `graphopt targets` to list them"
+    return UnknownTargetError(f"unknown target {name!r}; known targets: {', '.join(known)}", fix)
+
+
+def get_target(name: str) -> HardwareProfile:
+    """The profile for a target name or alias; unknown names raise UnknownTargetError."""
+    lowered = name.strip().lower()
+    if lowered in HOST_NAMES:
+        return host_cpu_profile()
+    m = _DETECTED_GPU.match(lowered)
+    if m:
+        gpus = detected_gpu_profiles()
+        index = int(m.group(1) or 0)
+        if index >= len(gpus):
+            raise _unknown(name, f"this machine has {len(gpus)} usable CUDA device(s); "
+                                 "name a GPU from the table instead, e.g. 'h100'")
+        return gpus[index]
+    canonical = _lookup().get(_key(lowered))
+    if canonical is None:
+        raise _unknown(name)
+    return _table()[canonical]
+
+
+def list_targets() -> list[HardwareProfile]:
+    """Every target in a stable order: GPU table, reference CPUs, then the detected host."""
+    return [*gpu_profiles(), *cpu_profiles(), host_cpu_profile()]

@@ -1,0 +1,76 @@
+"""The `graphopt` command: plan, targets, detect, and clean errors (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from graphopt.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_plan_python_spec_writes_reports(tmp_path, capsys):
+    spec = tmp_path / "m.py"
+    spec.write_text(textwrap.dedent("""
+        import torch
+        def build():
+            return torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU()).eval(), \\
+                (torch.randn(4, 16),)
+    """))
+    rc = main(["plan", f"{spec}:build", "--target", "a100", "--json", str(tmp_path / "p.json"),
+               "--md", str(tmp_path / "p.md"), "--html", str(tmp_path / "p.html")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "estimated" in out and "wrote" in out
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["target"]["name"] == "a100-80gb"
+    assert [n["kernel_class"] for n in plan["nodes"]][:1] == ["gemm"]
+    assert (tmp_path / "p.md").read_text().strip()
+
+
+def test_targets_json_fields(capsys):
+    assert main(["targets", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {r["name"] for r in rows}
+    assert {"v100", "t4", "a10", "a100-40gb", "a100-80gb", "rtx-3090", "rtx-4090", "l4", "l40s",
+            "rtx-6000-ada", "h100-sxm", "h100-pcie", "h200", "b200", "rtx-5090", "cpu"} <= names
+    for r in rows:
+        assert {"name", "compute_capability", "generation", "sm_count", "memory_bytes",
+                "bandwidth_bytes_per_s", "peak_flops"} <= set(r)
+    h100 = next(r for r in rows if r["name"] == "h100-sxm")
+    assert h100["compute_capability"] == "9.0" and h100["generation"] == "hopper"
+
+
+def test_targets_table_and_detect(capsys):
+    assert main(["targets"]) == 0
+    assert "h100-sxm" in capsys.readouterr().out
+    assert main(["detect"]) == 0
+    assert "cpu" in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["plan", "missing.onnx"], "not found"),
+     (["plan", "{tmp}/bad.onnx"], "onnx"),
+     (["plan", "{tmp}/m.py:nothere"], "no function"),
+     (["plan", "{tmp}/m.py:build", "--target", "h999"], "unknown target")],
+)
+def test_errors_are_clean(tmp_path, capsys, args, needle):
+    (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage" * 10)
+    (tmp_path / "m.py").write_text("import torch\ndef build():\n"
+                                   "    return torch.nn.Linear(4, 4), (torch.randn(2, 4),)\n")
+    rc = main([a.format(tmp=tmp_path) for a in args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err.lower() and "fix:" in err and "Traceback" not in err
+
+
+def test_console_script_runs_as_a_process(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "graphopt.cli", "plan", str(tmp_path / "x.onnx")],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "fix:" in r.stderr

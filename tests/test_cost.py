@@ -1,0 +1,109 @@
+"""The roofline cost model against hand computation, and its alignment/latency behaviour."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from graphopt.analysis import KernelClass, NodeAnalysis, annotate
+from graphopt.cost import estimate, link_between, tc_alignment, transfer_time_s
+from graphopt.cost.roofline import UNALIGNED_TC_EFFICIENCY
+from graphopt.hardware import get_target
+from tests.irbuild import G
+
+
+def _gemm(m: int, n: int, k: int, dtype: str = "bf16") -> NodeAnalysis:
+    g = G()
+    x = g.input("x", (m, k), dtype)
+    w = g.param("w", (k, n), dtype)
+    y = g.op("MatMul", [x, w], (m, n), dtype, name="mm")
+    return annotate(g.build([y]))["mm"]
+
+
+@pytest.mark.parametrize(
+    ("target", "peak", "sms", "bandwidth"),
+    [("h100-sxm", 989.4e12, 132, 3.35e12),  # H100 SXM5 datasheet: dense BF16, HBM3
+     ("a100-80gb", 312e12, 108, 2.039e12)],  # A100 80GB SXM datasheet
+)
+def test_gemm_cost_matches_hand_computation(target, peak, sms, bandwidth):
+    a = _gemm(8192, 8192, 8192)
+    p = get_target(target)
+    c = estimate(a, p)
+    flops = 2 * 8192**3
+    nbytes = 3 * 8192 * 8192 * 2
+    tiles = 64 * 64  # 128x128 tiles
+    util = tiles / (math.ceil(tiles / sms) * sms)
+    compute = flops / (peak * 0.75 * util)
+    memory = nbytes / (bandwidth * 0.8)
+    assert a.flops == flops and a.bytes_total == nbytes
+    assert c.compute_time_s == pytest.approx(compute, rel=1e-9)
+    assert c.memory_time_s == pytest.approx(memory, rel=1e-9)
+    assert c.est_time_s == pytest.approx(max(compute, memory) + p.launch_overhead_s, rel=1e-9)
+    assert c.bottleneck == "compute" and c.unit == "tensor_core" and c.precision == "bf16"
+
+
+def test_h100_faster_than_a100_for_big_gemm():
+    a = _gemm(4096, 4096, 4096)
+    assert estimate(a, get_target("h100")).est_time_s < estimate(a, get_target("a100")).est_time_s
+
+
+def test_misaligned_dims_cost_more_on_ampere_and_lose_tensor_cores_on_volta():
+    aligned, odd = _gemm(4096, 4096, 4096, "fp16"), _gemm(4096, 4095, 4095, "fp16")
+    a100 = get_target("a100-80gb")
+    ca, co = estimate(aligned, a100), estimate(odd, a100)
+    assert co.alignment_efficiency == UNALIGNED_TC_EFFICIENCY[2]
+    assert co.unit == "tensor_core" and co.compute_time_s > 3 * ca.compute_time_s
+    v100 = get_target("v100")
+    assert estimate(aligned, v100).unit == "tensor_core"
+    cv = estimate(odd, v100)
+    assert cv.unit == "cuda_core" and "no tensor cores" in cv.note
+    assert tc_alignment("fp16") == 8 and tc_alignment("tf32") == 4 and tc_alignment("int8") == 16
+
+
+def test_fp32_matmul_uses_cuda_cores_but_fp32_conv_uses_tf32_on_ampere():
+    a100 = get_target("a100-80gb")
+    assert estimate(_gemm(1024, 1024, 1024, "fp32"), a100).precision == "fp32"
+    g = G()
+    x = g.input("x", (8, 64, 32, 32))
+    w = g.param("w", (64, 64, 3, 3))
+    y = g.op("Conv", [x, w], (8, 64, 32, 32), name="conv", group=1)
+    conv = annotate(g.build([y]))["conv"]
+    c = estimate(conv, a100)
+    assert c.precision == "tf32" and c.unit == "tensor_core"
+
+
+def test_small_ops_are_latency_bound_and_views_free():
+    g = G()
+    x = g.input("x", (4, 4))
+    r = g.op("Relu", [x], (4, 4), name="relu")
+    v = g.op("Reshape", [r], (16,), name="view")
+    an = annotate(g.build([v]))
+    h100 = get_target("h100")
+    relu = estimate(an["relu"], h100)
+    assert relu.bottleneck == "latency" and relu.est_time_s == pytest.approx(
+        relu.memory_time_s + h100.launch_overhead_s)
+    view = estimate(an["view"], h100)
+    assert view.est_time_s == 0.0 and view.unit == "none"
+    assert an["view"].kernel_class is KernelClass.VIEW
+
+
+def test_large_elementwise_is_memory_bound():
+    g = G()
+    x = g.input("x", (4096, 4096), "bf16")
+    y = g.op("Add", [x, x], (4096, 4096), "bf16", name="add")
+    c = estimate(annotate(g.build([y]))["add"], get_target("h100"))
+    assert c.bottleneck == "memory"
+
+
+def test_transfer_cost_nvlink_vs_pcie():
+    h100, a100, cpu = get_target("h100-sxm"), get_target("a100-80gb"), get_target("cpu")
+    nbytes = 1 << 30
+    nv = link_between(h100, a100)
+    assert nv.bandwidth_bytes_per_s == min(h100.peer_link.bandwidth_bytes_per_s,
+                                           a100.peer_link.bandwidth_bytes_per_s)
+    pcie = link_between(h100, cpu)
+    assert pcie.bandwidth_bytes_per_s == h100.host_link.bandwidth_bytes_per_s
+    assert transfer_time_s(nbytes, h100, a100) < transfer_time_s(nbytes, h100, cpu)
+    assert transfer_time_s(nbytes, h100, h100) == 0.0
+    assert transfer_time_s(0, h100, cpu) == pytest.approx(h100.host_link.latency_s)
