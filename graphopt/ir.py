@@ -62,17 +62,17 @@ class TensorInfo:
     shape: tuple[int | str, ...] | None
     dtype: str | None
     kind: TensorKind = "activation"
+    #: element count with dynamic dimensions taken as 1 (plan with what is known)
+    numel: int = field(init=False, repr=False, compare=False)
+    is_static: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def is_static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
-
-    @property
-    def numel(self) -> int:
-        """Element count with dynamic dimensions taken as 1 (plan with what is known)."""
-        if self.shape is None:
-            return 1
-        return math.prod(d if isinstance(d, int) else 1 for d in self.shape)
+    def __post_init__(self) -> None:
+        # computed once: analysis reads these for every node, often several times
+        static = self.shape is not None and all(isinstance(d, int) for d in self.shape)
+        numel = 1 if self.shape is None else math.prod(
+            d if isinstance(d, int) else 1 for d in self.shape)
+        object.__setattr__(self, "is_static", static)
+        object.__setattr__(self, "numel", numel)
 
     @property
     def nbytes(self) -> int:

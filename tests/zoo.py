@@ -77,5 +77,5 @@ class ResidualMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for lin, norm in zip(self.lins, self.norms):
-            x = norm(x + torch.relu(lin(x)))
+            x = norm(x + lin(x))
         return x
