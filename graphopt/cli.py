@@ -60,7 +60,7 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     print(f"{'name':<14} {'generation':<16} {'cc':<5} {'SMs/cores':>9} {'memory':>9} "
           f"{'bandwidth':>11} {'bf16/fp16 peak':>15}")
     for t in targets:
-        cc = "" if t.compute_capability is None else "%d.%d" % t.compute_capability
+        cc = "" if t.compute_capability is None else "{}.{}".format(*t.compute_capability)
         units = t.sm_count or t.cores or 0
         peak = t.peak_flops.get("bf16") or t.peak_flops.get("fp16") or t.peak_flops.get("fp32", 0)
         print(f"{t.name:<14} {t.generation:<16} {cc:<5} {units:>9} "

@@ -68,9 +68,12 @@ class TensorInfo:
 
     def __post_init__(self) -> None:
         # computed once: analysis reads these for every node, often several times
-        static = self.shape is not None and all(isinstance(d, int) for d in self.shape)
-        numel = 1 if self.shape is None else math.prod(
-            d if isinstance(d, int) else 1 for d in self.shape)
+        numel, static = 1, self.shape is not None
+        for d in self.shape or ():
+            if type(d) is int:
+                numel *= d
+            else:
+                static = False
         object.__setattr__(self, "is_static", static)
         object.__setattr__(self, "numel", numel)
 
@@ -79,7 +82,7 @@ class TensorInfo:
         return math.ceil(self.numel * dtype_bytes(self.dtype))
 
     def dim(self, i: int, default: int = 1) -> int:
-        """Dimension ``i`` (negative allowed) as an int; dynamic or missing dims give ``default``."""
+        """Dimension ``i`` (negative allowed); dynamic or missing dims give ``default``."""
         if self.shape is None or not -len(self.shape) <= i < len(self.shape):
             return default
         d = self.shape[i]
@@ -92,7 +95,7 @@ class TensorInfo:
 
 @dataclass(slots=True)
 class Node:
-    """One compute node. ``inputs``/``outputs`` are tensor names ('' marks an absent optional input)."""
+    """One compute node; ``inputs``/``outputs`` are tensor names ('' = absent optional input)."""
 
     name: str
     op_type: str

@@ -24,6 +24,15 @@ Conventions the analysis relies on (a frontend must produce exactly these):
 * ``Transpose`` attr ``perm``; ``Concat``/``Gather``/``Split`` attr ``axis``.
 * ``alias=True`` on a data-movement or view op means the source runtime does it without a copy
   (torch ``view``, ``permute``, ``expand``, ``slice``): the analysis then classes it as a view.
+* A scalar operand folded by torch (``x * 0.5``, ``x.pow(2)``) is ``attrs["scalar"]`` with
+  ``attrs["scalar_position"]`` (0 or 1) so ``rsub``/``pow.Scalar`` stay unambiguous.
+* ``MatMul`` may carry extra inputs after A and B (the ``baddbmm`` addend with
+  ``bias_add=True``, ``_scaled_mm`` scales): dims come from inputs 0 and 1 only.
+* ``Attention`` from torch is SDPA-shaped; ``layout="BSHD"`` marks flash/efficient variants
+  whose Q/K/V are ``[B, S, H, D]``. ONNX's opset-23 ``Attention`` may be 3-D with
+  ``q_num_heads``; ``com.microsoft::Attention`` takes packed input with ``num_heads``.
+* Weights of torch ``MatMulNBits``/``DynamicQuantizeMatMul`` are ``[N, K]`` (ORT's are
+  ``[K, N]``): read the ``K``/``N`` attrs.
 * Quantized ops keep their ONNX names (``MatMulInteger``, ``QLinearMatMul``, ``MatMulNBits``,
   ``QuantizeLinear``, ``DequantizeLinear``, ``ConvInteger``, ``QLinearConv``).
 
@@ -51,12 +60,12 @@ __all__ = [
 ]
 
 GEMM_OPS = frozenset({"Linear", "Gemm", "MatMul"})
-QUANT_GEMM_OPS = frozenset({"MatMulInteger", "QLinearMatMul", "MatMulNBits", "DynamicQuantizeMatMul",
-                            "MatMulIntegerToFloat", "QGemm"})
+QUANT_GEMM_OPS = frozenset({"MatMulInteger", "QLinearMatMul", "MatMulNBits",
+                            "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm"})
 CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv"})
 NORM_OPS = frozenset({"LayerNormalization", "RMSNormalization", "BatchNormalization",
-                      "GroupNormalization", "InstanceNormalization", "SimplifiedLayerNormalization",
-                      "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LpNormalization"})
+                      "GroupNormalization", "InstanceNormalization", "SkipLayerNormalization",
+                      "SkipSimplifiedLayerNormalization", "LpNormalization"})
 UNARY_ELEMENTWISE = frozenset({
     "Relu", "Gelu", "FastGelu", "Sigmoid", "HardSigmoid", "Tanh", "Exp", "Log", "Sqrt", "Rsqrt",
     "Reciprocal", "Neg", "Abs", "Erf", "Sin", "Cos", "Silu", "HardSwish", "LeakyRelu", "Elu",
@@ -67,7 +76,7 @@ UNARY_ELEMENTWISE = frozenset({
 BINARY_ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Sum", "Where", "Equal", "Less",
     "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "BitShift",
-    "BitwiseAnd", "BitwiseOr", "BiasGelu", "BiasAdd",
+    "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BiasGelu", "BiasAdd",
 })
 SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
 REDUCE_OPS = frozenset({

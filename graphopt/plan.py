@@ -6,9 +6,10 @@ same model and target always give the same dict, so the JSON bytes are determini
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import NodeCost

@@ -76,6 +76,6 @@ class ResidualMLP(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for lin, norm in zip(self.lins, self.norms):
+        for lin, norm in zip(self.lins, self.norms, strict=False):
             x = norm(x + lin(x))
         return x

@@ -9,7 +9,7 @@ from graphopt.ir import Graph, Node
 
 __all__ = ["classify_op"]
 
-_RMSNORM_OPS = frozenset({"RMSNormalization", "SimplifiedLayerNormalization",
+_RMSNORM_OPS = frozenset({"RMSNormalization",
                           "SkipSimplifiedLayerNormalization"})
 _BY_FAMILY: tuple[tuple[frozenset[str], KernelClass], ...] = (
     (ops.CONV_OPS, KernelClass.CONV),

@@ -8,7 +8,7 @@ __all__ = ["GEMM_LIKE", "KernelClass"]
 
 
 class KernelClass(str, Enum):
-    """Kernel classes. The first ten are the autoopt taxonomy; the rest are what real graphs need."""
+    """Kernel classes: the first ten are autoopt's taxonomy, the rest what real graphs need."""
 
     GEMM = "gemm"
     GEMV = "gemv"  # matrix-vector: M == 1 or N == 1 (decode-time Linear)

@@ -15,7 +15,7 @@ Conventions (so both frontends agree):
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.ir import Graph, Node, TensorInfo
@@ -34,7 +34,7 @@ _ELEMENTWISE_FLOPS: dict[str, int] = {
 _SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, subtract, exp, sum, divide
 _NORM_FLOPS_PER_ELEMENT = {"LayerNormalization": 8, "GroupNormalization": 8,
                            "InstanceNormalization": 8, "BatchNormalization": 2,
-                           "RMSNormalization": 4, "SimplifiedLayerNormalization": 4,
+                           "RMSNormalization": 4,
                            "SkipLayerNormalization": 9, "SkipSimplifiedLayerNormalization": 5,
                            "LpNormalization": 3}
 
@@ -106,7 +106,7 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     n = max(len(a), len(b))
     a = (1,) * (n - len(a)) + a
     b = (1,) * (n - len(b)) + b
-    return tuple(max(x, y) for x, y in zip(a, b))
+    return tuple(max(x, y) for x, y in zip(a, b, strict=False))
 
 
 def _conv_dims(node: Node, ins: list[TensorInfo | None], out: TensorInfo | None) -> dict[str, int]:
@@ -219,7 +219,7 @@ def _rowwise(per_element: int | None):
         shape = _shape(out)
         axis = int(node.attrs.get("axis", -1))
         cols = shape[axis] if shape and -len(shape) <= axis < len(shape) else 1
-        if node.op_type in ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"):
+        if node.op_type in ("LayerNormalization", "RMSNormalization"):
             cols = math.prod(shape[axis:]) if shape else 1  # normalizes axis..end
         rows = numel // cols if cols else 0
         rate = per_element if per_element is not None else _NORM_FLOPS_PER_ELEMENT.get(

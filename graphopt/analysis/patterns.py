@@ -308,10 +308,11 @@ class _Matcher:
     def qdq_gemm(self, gemm: Node) -> None:
         if len(gemm.inputs) < 2:
             return
-        dq_w = self.prod(gemm.inputs[1])
+        dq_w = self.producer.get(gemm.inputs[1])
         if dq_w is None or dq_w.op_type != "DequantizeLinear":
             return
-        path = [dq_w]
+        # a weight's DequantizeLinear may feed several GEMMs: it joins the first one's group
+        path = [dq_w] if dq_w.name not in self.taken else []
         dq_x = self.prod(gemm.inputs[0])
         if dq_x is not None and dq_x.op_type == "DequantizeLinear":
             path.append(dq_x)
@@ -344,4 +345,17 @@ def find_patterns(graph: Graph) -> dict[str, PatternMatch]:
         for n in by_op.get(op, []):
             if n.name not in m.taken:
                 m.qdq_gemm(n)
-    return m.taken
+    return _renumber(graph, m.taken)
+
+
+def _renumber(graph: Graph, taken: dict[str, PatternMatch]) -> dict[str, PatternMatch]:
+    """Number each pattern's instances 0, 1, ... in graph order (stable across matchers)."""
+    seen: set[int] = set()
+    counts: dict[str, int] = {}
+    for n in graph.nodes:
+        match = taken.get(n.name)
+        if match is not None and id(match) not in seen:
+            seen.add(id(match))
+            match.index = counts.get(match.name, 0)
+            counts[match.name] = match.index + 1
+    return taken
