@@ -8,4 +8,14 @@ from graphopt.api import plan  # noqa: E402
 from graphopt.errors import GraphoptError  # noqa: E402
 from graphopt.plan import Decision, NodePlan, Plan  # noqa: E402
 
-__all__ = ["Decision", "GraphoptError", "NodePlan", "Plan", "__version__", "plan"]
+__all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
+           "optimize", "plan"]
+
+
+def __getattr__(name: str):
+    # optimize needs torch; importing it lazily keeps `graphopt targets` and ONNX planning fast
+    if name in ("optimize", "Optimized"):
+        from graphopt import optimized
+
+        return getattr(optimized, name)
+    raise AttributeError(f"module 'graphopt' has no attribute {name!r}")

@@ -43,6 +43,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from graphopt.api import plan
+    from graphopt.lint import lint
+
+    result = plan(args.model, target=args.target)
+    issues = lint(result)
+    if args.json:
+        print(json.dumps([i.to_dict() for i in issues], indent=1))
+    else:
+        for i in issues:
+            print(f"{i.rule} {i.node}: {i.message}\n      fix: {i.fix}")
+        print(f"{len(issues)} tensor-core issue(s) for {result.target.display_name}")
+    return 1 if issues else 0
+
+
 def _cmd_targets(args: argparse.Namespace) -> int:
     from graphopt.hardware import list_targets
 
@@ -88,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--md", metavar="F", help="write the Markdown summary to F")
     pp.add_argument("--html", metavar="F", help="write the HTML report to F")
     pp.set_defaults(func=_cmd_plan)
+    pl = sub.add_parser("lint", help="list tensor-core compliance issues and their fixes")
+    pl.add_argument("model", help="an .onnx file, or file.py:function")
+    pl.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    pl.add_argument("--json", action="store_true", help="print JSON")
+    pl.set_defaults(func=_cmd_lint)
     pt = sub.add_parser("targets", help="list the hardware targets")
     pt.add_argument("--json", action="store_true", help="print JSON")
     pt.set_defaults(func=_cmd_targets)

@@ -1,0 +1,123 @@
+"""``graphopt.optimize`` and what it returns: the optimized module, its plan, its exports."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphopt._io import atomic_write_bytes
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.plan import Plan
+
+__all__ = ["Optimized", "OptimizedModule", "optimize"]
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _runtime_flags(flags: dict[str, Any]) -> Iterator[None]:
+    """Set the torch backend flags a plan asks for while the module runs, then restore them."""
+    if not flags or not torch.cuda.is_available():
+        yield
+        return
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = bool(flags.get("allow_tf32", saved[0]))
+    torch.backends.cudnn.allow_tf32 = bool(flags.get("allow_tf32", saved[1]))
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+class OptimizedModule(torch.nn.Module):
+    """The rewritten graph, called like the original model, for inference (no autograd).
+
+    The graph was traced for the example inputs' shapes; a call with other shapes gets a
+    ``GraphoptError`` saying so instead of an error from deep inside an op.
+    """
+
+    def __init__(self, graph_module: fx.GraphModule, input_shapes: list[tuple[int, ...] | None],
+                 runtime: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.graph_module = graph_module
+        self._input_shapes = input_shapes
+        self._runtime = dict(runtime or {})
+
+    def forward(self, *args: Any) -> Any:
+        shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+        if shapes != self._input_shapes:
+            raise GraphoptError(f"the optimized module was built for inputs of shapes "
+                                f"{self._input_shapes}, got {shapes}",
+                                "call graphopt.optimize again with example inputs of the "
+                                "shapes you will run")
+        with torch.no_grad(), _runtime_flags(self._runtime):
+            return self.graph_module(*args)
+
+
+class Optimized:
+    """The result of :func:`optimize`: ``.module``, ``.plan`` and the emitters."""
+
+    def __init__(self, module: OptimizedModule, plan: Plan, example_inputs: tuple[Any, ...],
+                 info: dict[str, Any]) -> None:
+        self.module = module
+        self.plan = plan
+        self.example_inputs = example_inputs
+        self.info = info
+
+    @property
+    def numerics(self) -> list[dict[str, Any]]:
+        """Measured error of each output against the original model (and its tolerance)."""
+        return list(self.info["numerics"])
+
+    def save_report(self, json: str | None = None, md: str | None = None,
+                    html: str | None = None) -> list[str]:
+        return self.plan.save(json=json, md=md, html=html)
+
+    def export_onnx(self, path: str | os.PathLike[str], opset: int = 17) -> Path:
+        """Export the optimized module to ONNX (written whole or not at all)."""
+        target = Path(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "model.onnx"
+            try:
+                torch.onnx.export(self.module.graph_module, self.example_inputs, str(out),
+                                  dynamo=False, opset_version=opset)
+            except Exception as e:
+                raise GraphoptError(f"ONNX export of the optimized module failed: "
+                                    f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                                    "plan the original ONNX model instead, or report the op "
+                                    "named above") from None
+            return atomic_write_bytes(target, out.read_bytes())
+
+
+def optimize(model: torch.nn.Module, example_inputs: Any,
+             target: str | HardwareProfile = "h100", *, precision: str = "auto",
+             pad: str = "auto", layout: str = "auto") -> Optimized:
+    """Optimize ``model`` for ``target``; its outputs stay equal within the reported tolerance.
+
+    Args:
+        model: a ``torch.nn.Module`` in eval mode; it is never modified.
+        example_inputs: a tensor or tuple of tensors shaped like the batches you will run.
+        target: a target name (``graphopt targets``) or a ``HardwareProfile``.
+        precision: "auto" | "fp32" | "tf32" | "bf16" | "fp16".
+        pad: tensor-core padding, "auto" (cost model) | "always" | "never".
+        layout: "auto" (cost model) | "channels_last" | "keep".
+    """
+    from graphopt.rewrites.context import OptimizeOptions
+    from graphopt.rewrites.pipeline import optimize_torch
+
+    options = OptimizeOptions(precision=precision, pad=pad, layout=layout)  # type: ignore[arg-type]
+    gm, plan, info = optimize_torch(model, example_inputs, target, options)
+    args = info.pop("example_inputs")
+    shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+    runtime = info.get("notes", {}).get("precision", {}).get("runtime", {})
+    module = OptimizedModule(gm, shapes, runtime)
+    return Optimized(module, plan, args, info)

@@ -1,0 +1,171 @@
+"""``graphopt.optimize``: trace, plan, rewrite pass by pass, verify numbers, report.
+
+Each pass rewrites a private copy of the traced module. After each pass the candidate is run
+on the example inputs and compared with the user's model; a pass whose result leaves the
+tolerance of its precision is reverted, and the report says so. The user's model is never
+touched: the copy's parameters are cloned before any pass runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphopt.errors import GraphoptError
+from graphopt.frontends.torch_frontend import trace_torch
+from graphopt.hardware import get_target
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.plan import Decision, Plan
+from graphopt.planner import build_plan
+from graphopt.rewrites.context import OptimizeOptions, RewriteContext, TorchPass
+from graphopt.rewrites.verify import Comparison, compare_outputs, tolerance_for
+
+__all__ = ["default_passes", "optimize_torch", "prepare"]
+
+logger = logging.getLogger(__name__)
+
+
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs)
+    raise GraphoptError("optimize needs example inputs as a tensor or a tuple of tensors",
+                        "pass example_inputs=(tensor, ...) shaped like a real batch")
+
+
+def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareProfile,
+            options: OptimizeOptions | None = None) -> tuple[fx.GraphModule, RewriteContext]:
+    """Trace ``model``, plan it, and return a private rewritable copy plus the pass context."""
+    if not isinstance(model, torch.nn.Module):
+        raise GraphoptError(f"optimize takes a torch.nn.Module, got {type(model).__name__}",
+                            "for ONNX models use graphopt.plan (ONNX optimize comes later)")
+    if model.training:
+        raise GraphoptError(f"{type(model).__name__} is in training mode: graphopt optimizes "
+                            "for inference (BatchNorm folding, no dropout)",
+                            "call model.eval() before graphopt.optimize")
+    args = _as_args(example_inputs)
+    profile = target if isinstance(target, HardwareProfile) else get_target(target)
+    graph = trace_torch(model, args)
+    ep = graph.source_model
+    if not isinstance(ep, torch.export.ExportedProgram):
+        raise GraphoptError(f"{type(model).__name__} could not be captured by torch.export, "
+                            "only traced by make_fx: its graph cannot be re-run like the module",
+                            "make forward() exportable (see the plan's warnings) to optimize it")
+    plan = build_plan(graph, profile)
+    gm = copy.deepcopy(ep.module())  # cloned parameters: passes may never alias the user's
+    ctx = RewriteContext(plan=plan, target=profile, options=options or OptimizeOptions(),
+                         example_inputs=args)
+    return gm, ctx
+
+
+def default_passes() -> list[tuple[str, TorchPass, bool]]:
+    """(name, pass, lossy) in order: cleanup, padding, layout, precision."""
+    from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
+    from graphopt.rewrites.layout import channels_last
+    from graphopt.rewrites.padding import pad_channels
+    from graphopt.rewrites.precision import reduce_precision
+
+    return [("cleanup", fold_batchnorm_and_drop_dropout, False),
+            ("padding", pad_channels, False),
+            ("layout", channels_last, False),
+            ("precision", reduce_precision, True)]
+
+
+def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
+    with torch.no_grad():
+        return gm(*args)
+
+
+def optimize_torch(model: torch.nn.Module, example_inputs: Any,
+                   target: str | HardwareProfile = "h100",
+                   options: OptimizeOptions | None = None,
+                   passes: list[tuple[str, TorchPass, bool]] | None = None,
+                   ) -> tuple[fx.GraphModule, Plan, dict[str, Any]]:
+    """Run the passes with a numeric check after each; returns (module, plan, run info)."""
+    gm, ctx = prepare(model, example_inputs, target, options)
+    from graphopt.rewrites.precision import choose_precision
+
+    ctx.compute_dtype, why = choose_precision(ctx.target, ctx.options.precision)
+    ctx.notes["precision_choice"] = {"requested": ctx.options.precision,
+                                     "chosen": ctx.compute_dtype, "reason": why}
+    reference = _run(model, ctx.example_inputs)
+    applied: list[str] = []
+    reverted: list[dict[str, Any]] = []
+    last: list[Comparison] = []
+    for name, run_pass, lossy in passes if passes is not None else default_passes():
+        before = copy.deepcopy(gm)
+        saved = {k: dict(v) for k, v in ctx.decisions.items()}
+        if not run_pass(gm, ctx):
+            continue
+        gm.graph.lint()
+        gm.recompile()
+        tol = tolerance_for(ctx.compute_dtype if lossy else "fp32")
+        try:
+            result = compare_outputs(reference, _run(gm, ctx.example_inputs), tol)
+        except Exception as e:  # a pass produced a graph that does not run: revert it
+            logger.warning("pass %s produced a module that fails: %s", name, e)
+            result = None
+        if result is None or not all(c.within for c in result):
+            worst = "fails to run" if result is None else "; ".join(
+                c.describe() for c in result if not c.within)
+            reason = f"reverted, outputs out of tolerance: {worst}"
+            reverted.append({"pass": name, "reason": reason})
+            gm = before
+            ctx.decisions = _mark_reverted(saved, ctx.decisions, reason)
+            if lossy:
+                ctx.compute_dtype = "fp32"
+            continue
+        applied.append(name)
+        last = result
+    if not last:
+        last = compare_outputs(reference, _run(gm, ctx.example_inputs),
+                               tolerance_for(ctx.compute_dtype))
+    strip_unused(gm)
+    info = {"passes_applied": applied, "passes_reverted": reverted,
+            "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
+            "tolerance": tolerance_for(ctx.compute_dtype).to_dict(),
+            "numerics": [c.to_dict() for c in last]}
+    plan = _with_decisions(ctx)
+    plan = replace(plan, extra={**plan.extra, "optimization": info})
+    return gm, plan, {**info, "example_inputs": ctx.example_inputs}
+
+
+def strip_unused(gm: fx.GraphModule) -> None:
+    """Drop the export-time shape guard (the module wrapper checks shapes) and the parameters
+    no node reads any more (e.g. a folded BatchNorm's), so they do not cost memory."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
+    used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
+        if name not in used:
+            owner_name, _, attr = name.rpartition(".")
+            owner = gm.get_submodule(owner_name) if owner_name else gm
+            delattr(owner, attr)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+
+
+def _mark_reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],
+                   reason: str) -> dict[str, dict[str, Decision]]:
+    """Keep the decisions a reverted pass made, marked not applied, with why."""
+    out = {k: dict(v) for k, v in saved.items()}
+    for node, decisions in now.items():
+        for kind, d in decisions.items():
+            if saved.get(node, {}).get(kind) is not d and d.applied:
+                out.setdefault(node, {})[kind] = replace(d, applied=False,
+                                                         reason=f"{reason} ({d.reason})")
+    return out
+
+
+def _with_decisions(ctx: RewriteContext) -> Plan:
+    nodes = tuple(replace(n, decisions=dict(ctx.decisions.get(n.name, {})))
+                  for n in ctx.plan.nodes)
+    return replace(ctx.plan, nodes=nodes)

@@ -1,0 +1,104 @@
+"""Compare the optimized module's outputs with the original's, per output, against a tolerance.
+
+Tolerances are relative to the output's scale (its largest magnitude): fp32 rewrites must stay
+within 1e-5 of it; reduced precision within the budget below, and with a cosine similarity
+floor so a small max error cannot hide a wrong direction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+__all__ = ["Comparison", "Tolerance", "compare_outputs", "tolerance_for"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel_to_scale: float  # max |ref - out| <= rel_to_scale * max |ref|
+    min_cosine: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"rel_to_scale": self.rel_to_scale, "min_cosine": self.min_cosine}
+
+
+# fp32 rewrites (folding, padding, layout) reorder float sums at most: 1e-5 of scale.
+# TF32 keeps 10 mantissa bits, fp16 10, bf16 7 (unit roundoff 2^-11, 2^-11, 2^-8); budgets
+# leave room for error accumulated over a deep network, and cosine catches systematic drift.
+_TOLERANCES = {
+    "fp32": Tolerance(1e-5, 0.999999),
+    "tf32": Tolerance(5e-3, 0.9999),
+    "fp16": Tolerance(1e-2, 0.9995),
+    "bf16": Tolerance(4e-2, 0.999),
+}
+
+
+def tolerance_for(precision: str) -> Tolerance:
+    return _TOLERANCES.get(precision, _TOLERANCES["fp32"])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Error of one output: max abs, max rel (elementwise, guarded), cosine, and the verdict."""
+
+    index: int
+    max_abs: float
+    max_rel: float
+    cosine: float
+    scale: float
+    tolerance: Tolerance
+    same_shape_dtype: bool
+
+    @property
+    def within(self) -> bool:
+        if not self.same_shape_dtype:
+            return False
+        limit = self.tolerance.rel_to_scale * max(self.scale, 1e-30)
+        return self.max_abs <= limit and (self.cosine >= self.tolerance.min_cosine
+                                          or self.max_abs == 0.0)
+
+    def describe(self) -> str:
+        if not self.same_shape_dtype:
+            return f"output {self.index}: shape or dtype differs"
+        return (f"output {self.index}: max abs {self.max_abs:.3g} (limit "
+                f"{self.tolerance.rel_to_scale * self.scale:.3g}), cosine {self.cosine:.6f}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output": self.index, "max_abs": self.max_abs, "max_rel": self.max_rel,
+                "cosine": self.cosine, "scale": self.scale, "within": self.within,
+                "tolerance": self.tolerance.to_dict()}
+
+
+def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comparison]:
+    """Compare every tensor leaf of two output pytrees."""
+    ref_leaves, ref_spec = pytree.tree_flatten(reference)
+    out_leaves, out_spec = pytree.tree_flatten(candidate)
+    if ref_spec != out_spec:
+        return [Comparison(0, math.inf, math.inf, 0.0, 0.0, tol, False)]
+    result = []
+    for i, (r, o) in enumerate(zip(ref_leaves, out_leaves, strict=True)):
+        if not isinstance(r, torch.Tensor):
+            same = r == o
+            result.append(Comparison(i, 0.0 if same else math.inf, 0.0 if same else math.inf,
+                                     1.0 if same else 0.0, 0.0, tol, bool(same)))
+            continue
+        same = isinstance(o, torch.Tensor) and r.shape == o.shape and r.dtype == o.dtype
+        if not same:
+            result.append(Comparison(i, math.inf, math.inf, 0.0, 0.0, tol, False))
+            continue
+        rf, of = r.detach().double().flatten(), o.detach().double().flatten()
+        if rf.numel() == 0:
+            result.append(Comparison(i, 0.0, 0.0, 1.0, 0.0, tol, True))
+            continue
+        diff = (rf - of).abs()
+        scale = float(rf.abs().max())
+        denom = rf.abs().clamp_min(max(scale, 1e-30) * 1e-3)  # no blow-up near zero
+        norms = float(rf.norm() * of.norm())
+        cosine = float(rf @ of) / norms if norms > 0 else (1.0 if float(diff.max()) == 0 else 0.0)
+        result.append(Comparison(i, float(diff.max()), float((diff / denom).max()), cosine,
+                                 scale, tol, True))
+    return result
