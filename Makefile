@@ -17,7 +17,6 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/graphopt plan examples/resnet_like.py:build --target h100 \
 		--json $(OUT)/plan.json --md $(OUT)/plan.md --html $(OUT)/plan.html
-	@echo "reports written to $(OUT)/plan.json, $(OUT)/plan.md and $(OUT)/plan.html"
 
 test: setup
 	$(PY) -m pytest -q

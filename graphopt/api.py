@@ -2,26 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from graphopt.errors import GraphoptError
 from graphopt.frontends import load_graph
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.plan import Plan
+from graphopt.plan import Plan, PlanSet
 from graphopt.planner import build_plan
 
-__all__ = ["plan"]
+__all__ = ["plan", "resolve_targets"]
+
+TargetSpec = str | HardwareProfile | Sequence[str | HardwareProfile]
 
 
-def plan(model: Any, example_inputs: Any = None,
-         target: str | HardwareProfile = "h100") -> Plan:
-    """Trace or load ``model`` and plan it for ``target``.
+def resolve_targets(target: TargetSpec) -> list[HardwareProfile]:
+    """``"a100,h100"``, a list of names or profiles, or one of them -> profiles, in order."""
+    if isinstance(target, HardwareProfile):
+        return [target]
+    items = target.split(",") if isinstance(target, str) else list(target)
+    profiles = [t if isinstance(t, HardwareProfile) else get_target(t.strip())
+                for t in items if not isinstance(t, str) or t.strip()]
+    if not profiles:
+        raise GraphoptError("no target given", "name one, e.g. target='h100' (see "
+                            "`graphopt targets`)")
+    return profiles
+
+
+def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100") -> Plan | PlanSet:
+    """Trace or load ``model`` once and plan it for each target.
 
     Args:
         model: a ``torch.nn.Module`` (with ``example_inputs``), an ``.onnx`` path, an
             ``onnx.ModelProto``, or ``"file.py:function"`` returning ``(module, inputs)``.
         example_inputs: a tensor, tuple of tensors, or dict of keyword inputs (torch only).
-        target: a target name (``graphopt targets`` lists them) or a ``HardwareProfile``.
+        target: a target name (``graphopt targets`` lists them), a ``HardwareProfile``, or
+            several (``"a100,h100,b200"`` or a list): then a :class:`PlanSet` side by side.
     """
-    profile = target if isinstance(target, HardwareProfile) else get_target(target)
-    return build_plan(load_graph(model, example_inputs), profile)
+    profiles = resolve_targets(target)
+    graph = load_graph(model, example_inputs)
+    plans = tuple(build_plan(graph, p) for p in profiles)
+    return plans[0] if len(plans) == 1 else PlanSet(plans)

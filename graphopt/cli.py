@@ -25,18 +25,21 @@ def _fmt_time(s: float) -> str:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from graphopt.api import plan
+    from graphopt.plan import PlanSet
 
     result = plan(args.model, target=args.target)
     written = result.save(json=args.json, md=args.md, html=args.html)
-    s = result.summary
-    print(f"{result.model['name']} ({result.model['source']}, {s['node_count']} nodes) on "
-          f"{result.target.display_name}: estimated {_fmt_time(s['est_latency_s'])}")
-    mix = ", ".join(f"{k} {v}" for k, v in s["bottleneck_mix"].items())
-    print(f"  bottlenecks (kernels): {mix}")
-    for n in s["costliest_nodes"][:5]:
-        print(f"  {n['share']:6.1%}  {_fmt_time(n['est_time_s']):>10}  {n['kernel_class']:<13} "
-              f"{n['name']}")
-    for w in result.warnings:
+    plans = result.plans if isinstance(result, PlanSet) else (result,)
+    for p in plans:
+        s = p.summary
+        print(f"{p.model['name']} ({p.model['source']}, {s['node_count']} nodes) on "
+              f"{p.target.display_name}: estimated {_fmt_time(s['est_latency_s'])}")
+        mix = ", ".join(f"{k} {v}" for k, v in s["bottleneck_mix"].items())
+        print(f"  bottlenecks (kernels): {mix}")
+        for n in s["costliest_nodes"][:5]:
+            print(f"  {n['share']:6.1%}  {_fmt_time(n['est_time_s']):>10}  "
+                  f"{n['kernel_class']:<13} {n['name']}")
+    for w in plans[0].warnings:
         print(f"  warning: {w}")
     for path in written:
         print(f"wrote {path}")
@@ -47,7 +50,10 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from graphopt.api import plan
     from graphopt.lint import lint
 
-    result = plan(args.model, target=args.target)
+    from graphopt.api import resolve_targets
+
+    target = resolve_targets(args.target)[0]
+    result = plan(args.model, target=target)
     issues = lint(result)
     if args.json:
         print(json.dumps([i.to_dict() for i in issues], indent=1))
@@ -98,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("plan", help="analyze and cost a model on a target")
     pp.add_argument("model", help="an .onnx file, or file.py:function returning "
                                   "(module, example_inputs)")
-    pp.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    pp.add_argument("--target", default="h100",
+                    help="target name, or several separated by commas (see `graphopt targets`)")
     pp.add_argument("--json", metavar="F", help="write the JSON plan report to F")
     pp.add_argument("--md", metavar="F", help="write the Markdown summary to F")
     pp.add_argument("--html", metavar="F", help="write the HTML report to F")

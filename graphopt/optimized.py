@@ -23,19 +23,36 @@ __all__ = ["Optimized", "OptimizedModule", "optimize"]
 logger = logging.getLogger(__name__)
 
 
+# runtime flag name -> (object, attribute) it sets; the precision pass asks for these
+_FLAGS = {
+    "allow_tf32": ((torch.backends.cuda.matmul, "allow_tf32"),
+                   (torch.backends.cudnn, "allow_tf32")),
+    "allow_fp16_reduced_precision_reduction": (
+        (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),),
+    "allow_bf16_reduced_precision_reduction": (
+        (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),),
+}
+
+
 @contextlib.contextmanager
 def _runtime_flags(flags: dict[str, Any]) -> Iterator[None]:
-    """Set the torch backend flags a plan asks for while the module runs, then restore them."""
+    """Set the torch backend flags a plan asks for while the module runs, then restore them.
+
+    They only affect CUDA kernels, so on a machine without a GPU nothing is touched.
+    """
     if not flags or not torch.cuda.is_available():
         yield
         return
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = bool(flags.get("allow_tf32", saved[0]))
-    torch.backends.cudnn.allow_tf32 = bool(flags.get("allow_tf32", saved[1]))
+    saved = []
+    for key, value in flags.items():
+        for obj, attr in _FLAGS.get(key, ()):
+            saved.append((obj, attr, getattr(obj, attr)))
+            setattr(obj, attr, bool(value))
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        for obj, attr, old in reversed(saved):
+            setattr(obj, attr, old)
 
 
 class OptimizedModule(torch.nn.Module):

@@ -16,7 +16,7 @@ from graphopt.cost.roofline import NodeCost
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import TensorInfo
 
-__all__ = ["SCHEMA_VERSION", "Decision", "NodePlan", "Plan"]
+__all__ = ["SCHEMA_VERSION", "Decision", "NodePlan", "Plan", "PlanSet"]
 
 #: version of the JSON report layout; bump on incompatible changes
 SCHEMA_VERSION = 1
@@ -86,8 +86,44 @@ def _tensor_dict(t: TensorInfo | None) -> dict[str, Any] | None:
     return None if t is None else t.to_dict()
 
 
+class _Emitters:
+    """JSON/Markdown/HTML rendering and atomic saving, shared by Plan and PlanSet."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        from graphopt.report import render_json
+
+        return render_json(self.to_dict())
+
+    def to_markdown(self) -> str:
+        from graphopt.report import render_markdown
+
+        return render_markdown(self.to_dict())
+
+    def to_html(self) -> str:
+        from graphopt.report import render_html
+
+        return render_html(self.to_dict())
+
+    def save(self, json: str | None = None, md: str | None = None,
+             html: str | None = None) -> list[str]:
+        """Write the requested reports, each whole or not at all; returns the paths written."""
+        from graphopt._io import atomic_write_text
+
+        written = []
+        for path, render in ((json, self.to_json), (md, self.to_markdown),
+                             (html, self.to_html)):
+            if path:
+                written.append(str(atomic_write_text(path, render())))
+        return written
+
+
 @dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(_Emitters):
     """A model planned for one target."""
 
     model: Mapping[str, Any]
@@ -121,30 +157,18 @@ class Plan:
             "nodes": [n.to_dict() for n in self.nodes],
         }
 
-    def to_json(self) -> str:
-        from graphopt.report import render_json
 
-        return render_json(self.to_dict())
+@dataclass(frozen=True, slots=True)
+class PlanSet(_Emitters):
+    """The same model planned for several targets, reported side by side."""
 
-    def to_markdown(self) -> str:
-        from graphopt.report import render_markdown
+    plans: tuple[Plan, ...]
 
-        return render_markdown(self.to_dict())
+    def __getitem__(self, target_name: str) -> Plan:
+        for p in self.plans:
+            if p.target.name == target_name:
+                return p
+        raise KeyError(target_name)
 
-    def to_html(self) -> str:
-        from graphopt.report import render_html
-
-        return render_html(self.to_dict())
-
-    def save(self, json: str | None = None, md: str | None = None,
-             html: str | None = None) -> list[str]:
-        """Write the requested reports, each whole or not at all; returns the paths written."""
-        from graphopt._io import atomic_write_text
-
-        written = []
-        for path, render in ((json, self.to_json), (md, self.to_markdown),
-                             (html, self.to_html)):
-            if path:
-                written.append(str(atomic_write_text(path, render())))
-        return written
-
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "plans": [p.to_dict() for p in self.plans]}

@@ -33,8 +33,9 @@ def model_info(graph: Graph) -> dict[str, Any]:
     }
 
 
-def build_plan(graph: Graph, target: HardwareProfile) -> Plan:
-    """Analyze and cost ``graph`` on ``target``; decisions are left to later passes."""
+def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True) -> Plan:
+    """Analyze and cost ``graph`` on ``target``, then decide per node and per model (precision,
+    execution path, memory, quantization, runtime settings) unless ``decisions`` is False."""
     analyses = annotate(graph)
     nodes = tuple(
         NodePlan(name=n.name, op=n.source_op, op_type=n.op_type, analysis=analyses[n.name],
@@ -60,8 +61,13 @@ def build_plan(graph: Graph, target: HardwareProfile) -> Plan:
                         f"'other': {ops}")
     logger.info("planned %d nodes on %s: %.3g s", len(nodes), target.name,
                 summary["est_latency_s"])
-    return Plan(model=model_info(graph), target=target, nodes=nodes, summary=summary,
+    plan = Plan(model=model_info(graph), target=target, nodes=nodes, summary=summary,
                 warnings=tuple(warnings))
+    if not decisions:
+        return plan
+    from graphopt.decisions.decide import decide
+
+    return decide(plan)
 
 
 def summarize(nodes: tuple[NodePlan, ...]) -> dict[str, Any]:

@@ -166,6 +166,7 @@ def _mark_reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[st
 
 
 def _with_decisions(ctx: RewriteContext) -> Plan:
-    nodes = tuple(replace(n, decisions=dict(ctx.decisions.get(n.name, {})))
+    # what the passes applied (or declined) overrides what the planner would do
+    nodes = tuple(replace(n, decisions={**n.decisions, **ctx.decisions.get(n.name, {})})
                   for n in ctx.plan.nodes)
     return replace(ctx.plan, nodes=nodes)

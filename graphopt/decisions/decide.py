@@ -1,0 +1,82 @@
+"""Fill a plan's decisions for its target: per node precision and execution path; per model the
+memory plan, the quantization recommendation and the runtime settings.
+
+This is the planning half of the decisions (what graphopt would do and why); the torch rewrite
+passes record what they actually applied on top of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import replace
+
+from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
+from graphopt.decisions.exec_path import exec_path
+from graphopt.decisions.memory import memory_plan
+from graphopt.decisions.quantization import plan_precisions, recommend_quant
+from graphopt.decisions.runtime import runtime_settings
+from graphopt.plan import Plan
+
+__all__ = ["decide", "model_format"]
+
+logger = logging.getLogger(__name__)
+
+# the precision format names node_precision emits -> the cost model's dtype names
+_FORMAT_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
+                 "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "int8": "int8", "nvfp4": "fp4",
+                 "q4_k_m": "int4", "q5_k_m": "int8", "q6_k": "int8", "q8_0": "int8"}
+
+
+def model_format(plan: Plan) -> str:
+    """The model's own weight format: the dtype most of its parameters have (fp32 if none)."""
+    counts: Counter[str] = Counter()
+    for n in plan.nodes:
+        for t in n.inputs:
+            if t is not None and t.kind == "param" and t.dtype:
+                counts[t.dtype] += t.numel
+    return counts.most_common(1)[0][0] if counts else "fp32"
+
+
+def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
+    """A copy of ``plan`` with node decisions and the model-level sections filled in."""
+    target = plan.target
+    precisions = plan_precisions(plan)
+    nodes = []
+    paths: dict[tuple, object] = {}  # repeated blocks share shapes: choose each tile once
+    for n in plan.nodes:
+        decisions = dict(n.decisions)
+        prec = precisions.get(n.name)
+        dtype = None
+        if prec is not None:
+            decisions["precision"] = prec
+            dtype = _FORMAT_DTYPE.get(str(prec.fields.get("format", "")))
+        a = n.analysis
+        if a.kernel_class is not KernelClass.VIEW:
+            key = (a.kernel_class, tuple(a.dims.items()), a.flops, a.bytes_read,
+                   a.bytes_written, a.param_count, a.dtype, a.flags, dtype)
+            if key not in paths:
+                paths[key] = exec_path(a, target, dtype)
+            decisions["exec_path"] = paths[key]
+        nodes.append(replace(n, decisions=decisions))
+    decided = replace(plan, nodes=tuple(nodes))
+    memory = memory_plan(decided, precisions)
+    original = model_format(plan)
+    params = int(plan.model.get("param_count", 0))
+    quant = (recommend_quant(target, params, original, preference,
+                             activation_bytes=memory.activation_peak_bytes).to_dict()
+             if params > 0 else {"format": None, "fits": True,
+                                 "reason": "the model has no parameters to quantize"})
+    head_dims = [n.analysis.dims.get("head_dim") for n in plan.nodes
+                 if n.analysis.kernel_class is KernelClass.ATTENTION]
+    low = {str(d.fields.get("format")) for d in precisions.values()} - {"fp32", "None"}
+    settings = runtime_settings(
+        target, precision=("bf16" if "bf16" in low else next(iter(sorted(low)), "fp32")),
+        has_convs=any(n.analysis.kernel_class is KernelClass.CONV for n in plan.nodes),
+        max_batch_size=memory.max_batch_size,
+        head_dim=max((h for h in head_dims if h), default=None))
+    gemms = sum(1 for n in plan.nodes if n.analysis.kernel_class in GEMM_LIKE)
+    logger.info("decided %d nodes (%d GEMM-like) on %s", len(nodes), gemms, target.name)
+    extra = {**plan.extra, "memory": memory.to_dict(), "quantization": quant,
+             "runtime_settings": settings.to_dict()}
+    return replace(decided, extra=extra)

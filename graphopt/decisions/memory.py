@@ -1,0 +1,422 @@
+"""Memory plan of a model on a target: parameters, activation peak, workspace, reserve, max batch.
+
+Cases the plan handles (comments refer back to them):
+
+1. Parameters are counted once per unique tensor (tied weights are shared), at the chosen format:
+   a format applies to the weight matrices (rank >= 2 params) of the nodes it is assigned to;
+   1-D params (biases, norm scales) keep their dtype under block-quantized formats (llama.cpp
+   keeps norms in f32; torch's quantize_dynamic keeps fp32 biases) and follow plain float casts.
+   A tensor given two formats by two nodes is counted at the larger one (conservative).
+2. Activation peak, not the sum: walking the nodes in execution order, a tensor is live from its
+   producer (graph inputs: from the start) to its last consumer; graph outputs live to the end.
+   The peak is the largest sum of live bytes at any step, so it is at least the inputs plus
+   outputs of the largest node and at most the sum of all activations.
+3. Views (kernel class ``view``: reshapes, torch's aliasing transposes/splits) share their
+   input's storage: the alias extends the storage's lifetime and adds no bytes. A view of a
+   parameter (``W.t()``) is parameter storage, not an activation. ``Shape``/``Size``/``Constant``
+   make new (tiny) tensors and are not aliases.
+4. Workspace: the largest per-kernel scratch buffer among GEMM-like nodes. GPU GEMMs use the
+   cuBLAS workspace NVIDIA recommends, 32 MiB on Hopper and later, 4 MiB before [CUBLAS]; PyTorch
+   allocates the same (ATen ``CUDABlas.cpp``, PR #120925). Convolutions are planned at the same
+   size: cuDNN's implicit-GEMM algorithms need little or none, and PyTorch only tries algorithms
+   whose workspace it can allocate, so larger workspaces are opportunistic, not required.
+   CPUs: 0 (oneDNN/MKL scratchpads are small heap buffers, inside the CPU reserve).
+5. Usable memory = total - reserve, reserve = max(floor, fraction x total) (``ReservePolicy``).
+   GPU: max(1 GiB, 8 %). The floor covers the CUDA context with cuBLAS/cuDNN kernels loaded
+   (several hundred MiB per process) on small cards; the fraction covers the caching
+   allocator's fragmentation (2 MiB/20 MiB segment rounding) and framework buffers that grow with
+   the card. 8 % of a 24 GB card is ~1.9 GiB, the ~2 GB the VRAM-sizing notes reserve; vLLM's
+   default ``gpu_memory_utilization=0.9`` keeps 10 %. CPU: max(2 GiB, 10 %) for the OS, the
+   Python interpreter with torch loaded and other processes that share host RAM.
+6. Max batch = (usable - params - workspace) / (activation peak per sample), rounded DOWN to a
+   multiple of 8 (the batch becomes GEMM M, and tensor cores want M % 8 == 0 for 16-bit types
+   [DLPERF]). Fewer than 8 samples but at least 1: that count is returned unrounded and the note
+   says so; 0 when not even one sample fits. Activations are assumed to scale linearly with the
+   batch dimension of the traced inputs (other dims, e.g. sequence length, stay as traced).
+
+Sources:
+  [CUBLAS] NVIDIA cuBLAS API reference, ``cublasSetWorkspace``: recommended workspace 32 MiB for
+           Hopper, 4 MiB for other architectures.
+  [DLPERF] NVIDIA Deep Learning Performance Guide, "Matrix Multiplication Background":
+           dimensions multiples of 8 for FP16 Tensor Cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
+from graphopt.decisions.quant_formats import QuantFormat, get_format
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir import DTYPE_BITS, TensorInfo, dtype_bytes
+from graphopt.plan import Decision, Plan
+
+__all__ = [
+    "CPU_RESERVE",
+    "GPU_RESERVE",
+    "MemoryPlan",
+    "ReservePolicy",
+    "default_reserve_policy",
+    "gemm_workspace_bytes",
+    "memory_plan",
+    "render_breakdown",
+    "usable_memory",
+]
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+MIB = 2**20
+BATCH_MULTIPLE = 8  # case 6 [DLPERF]
+_NOT_ALIASES = frozenset({"Shape", "Size", "Constant"})  # case 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReservePolicy:
+    """reserve = max(floor_bytes, fraction x total): memory the model can never use (case 5)."""
+
+    floor_bytes: int
+    fraction: float
+    why: str
+
+    def reserve(self, total_bytes: int) -> int:
+        return min(total_bytes, max(self.floor_bytes, int(self.fraction * total_bytes)))
+
+    def describe(self) -> str:
+        return f"max({self.floor_bytes / GIB:g} GiB, {self.fraction:.0%} of total): {self.why}"
+
+
+GPU_RESERVE = ReservePolicy(1 * GIB, 0.08, "CUDA context + cuBLAS/cuDNN kernels, allocator "
+                            "fragmentation and framework buffers")
+CPU_RESERVE = ReservePolicy(2 * GIB, 0.10, "the OS, the Python/torch runtime and other processes "
+                            "sharing host RAM")
+
+
+def default_reserve_policy(target: HardwareProfile) -> ReservePolicy:
+    return GPU_RESERVE if target.is_gpu else CPU_RESERVE
+
+
+def usable_memory(target: HardwareProfile, policy: ReservePolicy | None = None) -> int:
+    """Bytes a model may use on ``target``: total minus the reserve."""
+    policy = policy or default_reserve_policy(target)
+    return target.memory_bytes - policy.reserve(target.memory_bytes)
+
+
+def gemm_workspace_bytes(target: HardwareProfile) -> tuple[int, str]:
+    """Scratch buffer one GEMM/conv kernel needs on ``target`` (case 4), with its source."""
+    if not target.is_gpu:
+        return 0, "CPU GEMM scratchpads are small heap buffers inside the reserve"
+    cc = target.compute_capability or (0, 0)
+    if cc >= (9, 0):
+        return 32 * MIB, "cuBLAS recommended workspace on Hopper and later: 32 MiB"
+    return 4 * MIB, "cuBLAS recommended workspace before Hopper: 4 MiB"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Where the target's memory goes for one planned model; ``to_dict`` is the report section."""
+
+    target: str
+    total_bytes: int
+    reserve_bytes: int
+    usable_bytes: int
+    reserve_policy: str
+    param_count: int
+    param_bytes: int
+    constant_bytes: int
+    param_format: str
+    fp32_param_bytes: int
+    activation_peak_bytes: int
+    activation_total_bytes: int
+    peak_node: str | None
+    traced_batch: int
+    workspace_bytes: int
+    workspace_reason: str
+    max_batch_size: int
+    batch_note: str
+    fits: bool
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.param_bytes + self.constant_bytes
+
+    @property
+    def required_bytes(self) -> int:
+        return self.weights_bytes + self.activation_peak_bytes + self.workspace_bytes
+
+    @property
+    def free_bytes(self) -> int:
+        return self.usable_bytes - self.required_bytes
+
+    @property
+    def activation_peak_per_sample(self) -> float:
+        return self.activation_peak_bytes / max(1, self.traced_batch)
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.fp32_param_bytes - self.param_bytes
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.fp32_param_bytes / self.param_bytes if self.param_bytes else 1.0
+
+    def breakdown(self) -> list[tuple[str, int, float]]:
+        """(component, bytes, % of total): parameters, activations, workspace, reserve, free."""
+        rows = [("parameters", self.weights_bytes),
+                ("activations (peak)", self.activation_peak_bytes),
+                ("workspace", self.workspace_bytes),
+                ("reserve", self.reserve_bytes),
+                ("free", self.free_bytes)]
+        total = max(1, self.total_bytes)
+        return [(name, b, 100.0 * b / total) for name, b in rows]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "total_bytes": self.total_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "reserve_policy": self.reserve_policy,
+            "usable_bytes": self.usable_bytes,
+            "param_count": self.param_count,
+            "param_bytes": self.param_bytes,
+            "constant_bytes": self.constant_bytes,
+            "param_format": self.param_format,
+            "fp32_param_bytes": self.fp32_param_bytes,
+            "saved_bytes": self.saved_bytes,
+            "compression_ratio": round(self.compression_ratio, 4),
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "activation_total_bytes": self.activation_total_bytes,
+            "activation_peak_per_sample_bytes": round(self.activation_peak_per_sample, 1),
+            "peak_node": self.peak_node,
+            "traced_batch": self.traced_batch,
+            "workspace_bytes": self.workspace_bytes,
+            "workspace_reason": self.workspace_reason,
+            "required_bytes": self.required_bytes,
+            "free_bytes": self.free_bytes,
+            "fits": self.fits,
+            "max_batch_size": self.max_batch_size,
+            "batch_note": self.batch_note,
+            "breakdown": [{"component": n, "bytes": b, "percent": round(p, 2)}
+                          for n, b, p in self.breakdown()],
+            "notes": list(self.notes),
+        }
+
+
+PrecisionSpec = Mapping[str, "str | float | Decision"] | str | None
+
+
+def _bits_of(value: str | float | Decision) -> tuple[float, bool]:
+    """(bits per weight, applies to 1-D params too) for one precision value (case 1)."""
+    if isinstance(value, Decision):
+        value = str(value.fields.get("format", "fp32"))
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise GraphoptError(f"bits per weight must be positive, got {value}",
+                                "pass e.g. 16, 8 or 4.5, or a format name like 'bf16'")
+        return float(value), value >= 16
+    fmt: QuantFormat = get_format(value)
+    return fmt.bits_per_weight, fmt.family == "float"
+
+
+def _param_bytes(plan: Plan, precision: PrecisionSpec) -> tuple[int, int, int, int, str]:
+    """(params, param bytes, constant bytes, fp32 param bytes, format label) -- case 1."""
+    chosen: dict[str, float] = {}
+    tensors: dict[str, TensorInfo] = {}
+    for n in plan.nodes:
+        spec: str | float | Decision | None
+        if precision is None or isinstance(precision, str):
+            spec = precision
+        else:
+            spec = precision.get(n.name)
+        for t in n.inputs:
+            if t is None or t.kind not in ("param", "constant"):
+                continue
+            tensors.setdefault(t.name, t)
+            if t.kind != "param":
+                continue
+            own = float(DTYPE_BITS.get(t.dtype or "", 32))
+            bits = own
+            if spec is not None:
+                b, all_ranks = _bits_of(spec)
+                if all_ranks or len(t.shape or ()) >= 2:
+                    bits = b
+            chosen[t.name] = max(chosen.get(t.name, 0.0), bits)
+    params = [t for t in tensors.values() if t.kind == "param"]
+    count = sum(t.numel for t in params)
+    pbytes = sum(math.ceil(t.numel * chosen.get(t.name, 32.0) / 8) for t in params)
+    cbytes = sum(t.nbytes for t in tensors.values() if t.kind == "constant")
+    if precision is None:
+        label = "as traced"
+    elif isinstance(precision, str):
+        label = get_format(precision).key
+    else:
+        label = "per-node"
+    return count, pbytes, cbytes, 4 * count, label
+
+
+def _size(t: TensorInfo, activation_dtype: str | None) -> int:
+    if activation_dtype and (t.dtype or "fp32").startswith(("fp", "bf", "tf")):
+        return math.ceil(t.numel * dtype_bytes(activation_dtype))
+    return t.nbytes
+
+
+def _activation_peak(plan: Plan, activation_dtype: str | None
+                     ) -> tuple[int, int, str | None, int]:
+    """(peak bytes, sum of all activation storages, node at the peak, unknown shapes) -- 2, 3."""
+    nodes = plan.nodes
+    last = max(0, len(nodes) - 1)
+    root: dict[str, str] = {}  # tensor -> the storage it lives in
+    size: dict[str, int] = {}
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    unknown = 0
+    outputs = {o["name"] for o in plan.model.get("outputs", [])}
+
+    def storage(t: TensorInfo, step: int) -> str | None:
+        nonlocal unknown
+        if t.kind in ("param", "constant"):
+            return None
+        r = root.get(t.name)
+        if r is None:
+            r = root[t.name] = t.name
+            size[r], start[r], end[r] = _size(t, activation_dtype), step, step
+            unknown += t.shape is None
+        return r
+
+    for i, n in enumerate(nodes):
+        for t in n.inputs:
+            if t is None:
+                continue
+            r = storage(t, 0)  # first seen as an input: a graph input, live from the start
+            if r is not None:
+                end[r] = max(end[r], i)
+        data = next((t for t in n.inputs if t is not None), None)
+        alias = n.analysis.kernel_class is KernelClass.VIEW and n.op_type not in _NOT_ALIASES
+        for t in n.outputs:
+            if t is None:
+                continue
+            if alias and data is not None:  # case 3: share the input's storage (or none)
+                src = root.get(data.name, data.name) if data.kind not in ("param", "constant") \
+                    else None
+                if src is None:
+                    root[t.name] = t.name
+                    size[t.name], start[t.name], end[t.name] = 0, i, i
+                else:
+                    root[t.name] = src
+                continue
+            storage(t, i)
+    for name in outputs:
+        r = root.get(name)
+        if r is not None:
+            end[r] = last
+    delta = [0] * (len(nodes) + 1)
+    for r, b in size.items():
+        delta[start[r]] += b
+        delta[end[r] + 1] -= b
+    peak, live, peak_step = 0, 0, 0
+    for step in range(max(1, len(nodes))):
+        live += delta[step]
+        if live > peak:
+            peak, peak_step = live, step
+    peak_node = nodes[peak_step].name if nodes else None
+    return peak, sum(size.values()), peak_node, unknown
+
+
+def _traced_batch(plan: Plan, batch_dim: int) -> int:
+    for inp in plan.model.get("inputs", []):
+        shape = inp.get("shape") or []
+        if len(shape) > batch_dim and isinstance(shape[batch_dim], int) and shape[batch_dim] > 0:
+            return int(shape[batch_dim])
+    return 1
+
+
+def _workspace(plan: Plan, target: HardwareProfile) -> tuple[int, str]:
+    if not any(n.analysis.kernel_class in GEMM_LIKE for n in plan.nodes):
+        return 0, "no GEMM or convolution nodes"
+    return gemm_workspace_bytes(target)
+
+
+def _max_batch(avail: int, per_sample: float) -> tuple[int, str]:
+    """Case 6."""
+    if avail <= 0:
+        return 0, "the parameters and workspace alone exceed usable memory: not even batch 1"
+    if per_sample <= 0:
+        return 0, "no batch-dependent activations were found: batch size not limited by memory"
+    raw = int(avail // per_sample)
+    if raw >= BATCH_MULTIPLE:
+        return raw - raw % BATCH_MULTIPLE, (f"{raw} samples fit; rounded down to a multiple of "
+                                            f"{BATCH_MULTIPLE} for tensor-core M alignment")
+    if raw >= 1:
+        return raw, (f"only {raw} sample(s) fit: fewer than {BATCH_MULTIPLE}, so no "
+                     "tensor-core-aligned batch; returned unrounded")
+    return 0, "one sample's activations exceed the memory left: not even batch 1"
+
+
+def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype: str | None = None,
+                batch_dim: int = 0, reserve_policy: ReservePolicy | None = None) -> MemoryPlan:
+    """Memory breakdown of ``plan`` on its target.
+
+    Args:
+        precision: weight format for every node (``"bf16"``, ``"q4_k_m"``, bits like ``8``), or a
+            mapping node name -> format / bits / precision ``Decision`` (nodes left out keep their
+            dtype), or ``None`` for the traced dtypes.
+        activation_dtype: float activations re-sized to this dtype (``None``: as traced).
+        batch_dim: the inputs' batch dimension, for the max-batch estimate.
+        reserve_policy: override of the target's default reserve (module docstring, case 5).
+    """
+    if batch_dim < 0:
+        raise GraphoptError(f"batch_dim must be >= 0, got {batch_dim}", "pass the batch axis")
+    if activation_dtype is not None and activation_dtype not in DTYPE_BITS:
+        raise GraphoptError(f"unknown activation dtype {activation_dtype!r}",
+                            f"use one of: {', '.join(k for k in DTYPE_BITS if k[0] in 'fb')}")
+    target = plan.target
+    policy = reserve_policy or default_reserve_policy(target)
+    total = target.memory_bytes
+    reserve = policy.reserve(total)
+    usable = total - reserve
+    count, pbytes, cbytes, fp32_bytes, label = _param_bytes(plan, precision)
+    peak, act_total, peak_node, unknown = _activation_peak(plan, activation_dtype)
+    ws, ws_reason = _workspace(plan, target)
+    batch = _traced_batch(plan, batch_dim)
+    max_batch, note = _max_batch(usable - pbytes - cbytes - ws, peak / batch)
+    notes = ["activations assumed to scale linearly with the batch dimension"]
+    if unknown:
+        notes.append(f"{unknown} tensors of unknown shape counted as one element")
+    fits = pbytes + cbytes + peak + ws <= usable
+    logger.info("memory plan on %s: params %d B, activation peak %d B (at %s), fits=%s, "
+                "max batch %d", target.name, pbytes, peak, peak_node, fits, max_batch)
+    return MemoryPlan(
+        target=target.name, total_bytes=total, reserve_bytes=reserve, usable_bytes=usable,
+        reserve_policy=policy.describe(), param_count=count, param_bytes=pbytes,
+        constant_bytes=cbytes, param_format=label, fp32_param_bytes=fp32_bytes,
+        activation_peak_bytes=peak, activation_total_bytes=act_total, peak_node=peak_node,
+        traced_batch=batch, workspace_bytes=ws, workspace_reason=ws_reason,
+        max_batch_size=max_batch, batch_note=note, fits=fits, notes=tuple(notes))
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def render_breakdown(mp: MemoryPlan) -> str:
+    """The breakdown as a Markdown table (component, bytes, human size, % of total)."""
+    lines = [f"Memory on {mp.target} ({_human(mp.total_bytes)}; reserve {mp.reserve_policy})",
+             "",
+             "| component | bytes | size | % of total |",
+             "|---|---:|---:|---:|"]
+    for name, b, pct in mp.breakdown():
+        lines.append(f"| {name} | {b} | {_human(b)} | {pct:.2f} |")
+    lines.append(f"| **total** | {mp.total_bytes} | {_human(mp.total_bytes)} | 100.00 |")
+    lines += ["", f"fits: {'yes' if mp.fits else 'no'}; max batch: {mp.max_batch_size} "
+              f"({mp.batch_note}); parameters {mp.param_format}: {_human(mp.param_bytes)} vs "
+              f"{_human(mp.fp32_param_bytes)} in fp32 (x{mp.compression_ratio:.2f})"]
+    return "\n".join(lines)
