@@ -47,10 +47,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    from graphopt.api import plan
+    from graphopt.api import plan, resolve_targets
     from graphopt.lint import lint
-
-    from graphopt.api import resolve_targets
 
     target = resolve_targets(args.target)[0]
     result = plan(args.model, target=target)
