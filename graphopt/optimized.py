@@ -7,6 +7,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ class OptimizedModule(torch.nn.Module):
         self.graph_module = graph_module
         self._input_shapes = input_shapes
         self._runtime = dict(runtime or {})
+        self.eval()  # an inference module: BatchNorm folded, dropout gone
 
     def forward(self, *args: Any) -> Any:
         shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
@@ -89,6 +91,27 @@ class Optimized:
         self.plan = plan
         self.example_inputs = example_inputs
         self.info = info
+
+    @property
+    def runtime_settings(self) -> Any:
+        """The torch runtime settings for running this module on its target (issue 4 rules)."""
+        from graphopt.decisions.runtime import runtime_settings
+
+        memory = self.plan.extra.get("memory", {})
+        heads = [n.analysis.dims.get("head_dim") for n in self.plan.nodes
+                 if n.analysis.kernel_class.value == "attention"]
+        return runtime_settings(
+            self.plan.target, precision=self.info.get("compute_dtype", "fp32"),
+            has_convs=any(n.analysis.kernel_class.value == "conv" for n in self.plan.nodes),
+            max_batch_size=memory.get("max_batch_size"),
+            head_dim=max((h for h in heads if h), default=None))
+
+    def runtime(self) -> contextlib.AbstractContextManager[dict[str, str]]:
+        """``with opt.runtime(): ...`` applies :attr:`runtime_settings` and restores the
+        previous torch state on exit (also after an exception)."""
+        from graphopt.decisions.runtime import apply_runtime_settings
+
+        return apply_runtime_settings(self.runtime_settings)
 
     @property
     def numerics(self) -> list[dict[str, Any]]:
@@ -137,4 +160,8 @@ def optimize(model: torch.nn.Module, example_inputs: Any,
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
     runtime = info.get("notes", {}).get("precision", {}).get("runtime", {})
     module = OptimizedModule(gm, shapes, runtime)
-    return Optimized(module, plan, args, info)
+    result = Optimized(module, plan, args, info)
+    # the report shows the settings for the precision actually applied, not the planner's guess
+    result.plan = replace(plan, extra={**plan.extra,
+                                       "runtime_settings": result.runtime_settings.to_dict()})
+    return result

@@ -23,6 +23,7 @@ from tests.test_report_render import (
     EVIL_TENSOR,
     _hostile_everywhere,
     make_multi,
+    make_optimized,
     make_plan,
 )
 
@@ -201,6 +202,48 @@ def test_markup_in_every_field_stays_text(chromium: str, tmp_path: Path) -> None
     text = dom.root.all("body")[0].text
     for raw in bad:
         assert raw in text, raw
+
+
+def _table_rows(dom: Dom, cls: str) -> list[list[str]]:
+    table = dom.root.all("table", cls)[0]
+    return [[td.text for td in tr.all("td")] for tr in table.all("tbody")[0].all("tr")]
+
+
+def test_deployment_panels_and_decisions(chromium: str, tmp_path: Path) -> None:
+    plan = make_optimized()
+    names = [n["name"] for n in plan["nodes"]]
+    dom = _load(chromium, tmp_path, plan, f"open={names.index('lm_head')}")
+    assert _table_rows(dom, "mem-table") == [
+        ["parameters", "1.41 MiB", "1,478,840", "<0.01%"],
+        ["activations (peak)", "132 KiB", "135,040", "<0.01%"],
+        ["workspace", "32 MiB", "33,554,432", "0.04%"],
+        ["reserve", "6.4 GiB", "6,871,947,673", "8.00%"],
+        ["free", "73.6 GiB", "78,992,229,935", "91.96%"]]
+    assert _table_rows(dom, "numerics") == [["0", "0.00399", "0.163", "0.425", "0.99999951", "✓"]]
+    assert ["matmul_allow_tf32", "True", "rule 1: TF32 <ok> & precision 'bf16' tolerates it"] \
+        in _table_rows(dom, "rt")
+    assert [r[0] for r in _table_rows(dom, "alts")] == ["fp32", "fp8_e4m3", "nvfp4"]
+    # the decisions column: precision and exec path in one chip, then the other decisions
+    cells = {r["name"]: r["cells"][-1] for r in dom.rows}
+    assert cells["lm_head"] == "bf16 · tma_wgmma"
+    assert cells["layers.0.attn.q_proj"] == "bf16 · tma_wgmmapadding: not applied"
+    assert len(dom.details) == 1
+    for text in ("precision: bf16", "tensor cores run bf16 at 15x fp32 <fast>",
+                 "exec_path: tma_wgmma", "TMA loads + wgmma <tile 64x128x64>",
+                 "grid 132×1×1 · block 256×1×1 · 128 KiB shared memory · vector width 8",
+                 "64×128×64 (m×n×k) · stages 4 · 90.0% of tile slots useful"):
+        assert text in dom.details[0], text
+
+
+def test_multi_target_deployment_columns(chromium: str, tmp_path: Path) -> None:
+    report = make_multi()
+    report["plans"][1]["quantization"].update(format="int8", display="INT8")
+    dom = _load(chromium, tmp_path, report)
+    rows = {r[0]: r[1:] for r in _table_rows(dom, "dep")}
+    assert rows["recommended"] == ["FP8 (E4M3)", "INT8"]
+    assert rows["max batch size"] == ["1,169,904", "1,169,904"]
+    assert rows["sdpa_backends"] == ["flash, efficient, math"] * 2
+    assert len(dom.root.all("details", "more")) == len(dom.root.all("table", "mem-table")) == 2
 
 
 def test_paging_of_large_tables(chromium: str, tmp_path: Path) -> None:

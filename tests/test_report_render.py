@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from graphopt.report.html import render_html
-from graphopt.report.markdown import decision_summary, fmt_seconds, render_markdown
+from graphopt.report.markdown import (
+    decision_head,
+    decision_summary,
+    fmt_cosine,
+    fmt_pct,
+    fmt_seconds,
+    render_markdown,
+)
 
 EVIL_NODE = "<script>alert(1)</script>"
 EVIL_TENSOR = "</script><b>x"
@@ -63,8 +70,16 @@ def _node(name: str, op: str, kc: str, flops: int, nbytes: int, target: dict[str
 def make_plan(target: str = "h100-sxm", extra_nodes: int = 0) -> dict[str, Any]:
     """A small transformer-ish plan with one hostile node; ``extra_nodes`` pads it out."""
     tgt = TARGETS[target]
-    prec = {"precision": {"format": "bf16", "applied": True,
-                          "reason": "tensor cores run bf16 at 15x fp32 <fast>"}}
+    prec = {"precision": {"format": "bf16", "applied": True, "runs_on": "torch",
+                          "reason": "tensor cores run bf16 at 15x fp32 <fast>"},
+            "exec_path": {"path": "tma_wgmma", "applied": True, "tma": True,
+                          "reason": "TMA loads + wgmma <tile 64x128x64>",
+                          "instruction": "wgmma.mma_async.m64n128k16.f32.bf16.bf16",
+                          "tile": {"m": 64, "n": 128, "k": 64, "stages": 4, "swap_ab": False,
+                                   "efficiency": 0.9, "instruction": "wgmma.mma_async."
+                                   "m64n128k16.f32.bf16.bf16"},
+                          "launch": {"grid": [132, 1, 1], "block": [256, 1, 1],
+                                     "smem_bytes": 131072, "vector_width": 8}}}
     nodes = [
         _node("layers.0.attn.q_proj", "linear", "gemm", 2 * 512 * 4096 * 4096,
               2 * (512 * 4096 * 2 + 4096 * 4096), tgt,
@@ -99,7 +114,64 @@ def make_plan(target: str = "h100-sxm", extra_nodes: int = 0) -> dict[str, Any]:
             "target": tgt, "summary": summarize(nodes),
             "warnings": ["1 nodes have dynamic dimensions <i>x</i> & co",
                          "ops graphopt does not know are kept: WeirdOp x1"],
-            "nodes": nodes}
+            "nodes": nodes, **deployment(tgt["display_name"])}
+
+
+def deployment(name: str) -> dict[str, Any]:
+    """memory / quantization / runtime_settings shaped like graphopt's (from a real report)."""
+    parts = [("parameters", 1478840, 0.0), ("activations (peak)", 135040, 0.0),
+             ("workspace", 33554432, 0.04), ("reserve", 6871947673, 8.0),
+             ("free", 78992229935, 91.96)]
+    alt = [("fp32", 32.0, True, True, True, "FP32 runs on every target"),
+           ("fp8_e4m3", 8.0, True, True, True, f"{name} has fp8"),
+           ("nvfp4", 4.5, True, False, False, f"NVFP4 needs one of [fp4], which {name} lacks")]
+    rule1 = {"value": True, "reason": "rule 1: TF32 <ok> & precision 'bf16' tolerates it"}
+    return {
+        "memory": {"total_bytes": 85899345920, "usable_bytes": 79027398247, "fits": True,
+                   "required_bytes": 35168312, "param_bytes": 1478840, "param_format": "per-node",
+                   "fp32_param_bytes": 2953072, "compression_ratio": 1.9969, "traced_batch": 2,
+                   "activation_peak_bytes": 135040, "activation_peak_per_sample_bytes": 67520.0,
+                   "peak_node": "gelu", "workspace_bytes": 33554432, "max_batch_size": 1169904,
+                   "workspace_reason": "cuBLAS workspace: 32 MiB", "reserve_bytes": 6871947673,
+                   "reserve_policy": "max(1 GiB, 8% of total)", "target": "h100-sxm",
+                   "batch_note": "1169910 samples fit; rounded down to a multiple of 8",
+                   "breakdown": [{"component": c, "bytes": b, "percent": p} for c, b, p in parts],
+                   "notes": ["activations <assumed> linear in the batch"]},
+        "quantization": {"format": "fp8_e4m3", "display": "FP8 (E4M3)", "bits_per_weight": 8.0,
+                         "weight_bytes": 738268, "est_memory_bytes": 34427740, "fits": True,
+                         "usable_bytes": 79027398247, "missing_bytes": 0,
+                         "preference": "balanced", "original_format": "fp32",
+                         "reason": f"balanced: the best format <= 8.5 bpw that fits on {name}",
+                         "alternatives": [{"format": f, "bits_per_weight": b, "fits": ok,
+                                           "native": nat, "eligible": el, "note": note,
+                                           "est_memory_bytes": 34427740}
+                                          for f, b, ok, nat, el, note in alt]},
+        "runtime_settings": {"target": "h100-sxm", "device": "cuda", "matmul_allow_tf32": rule1,
+                             "cudnn_allow_tf32": rule1, "num_threads": {"value": None,
+                                                                        "reason": "rule 6"},
+                             "sdpa_backends": {"value": ["flash", "efficient", "math"],
+                                               "reason": "rule 4: head_dim 72 fits flash"},
+                             "batch_size": {"value": 1169904, "reason": "rule 5"}},
+    }
+
+
+def make_optimized() -> dict[str, Any]:
+    """A plan after graphopt.optimize: the optimization section from a real run, plus notes."""
+    plan = make_plan()
+    plan["optimization"] = {
+        "passes_applied": ["precision", "padding"], "compute_dtype": "bf16",
+        "passes_reverted": [{"pass": "layout", "reason": "reverted: output <0> cosine 0.98"}],
+        "tolerance": {"rel_to_scale": 0.04, "min_cosine": 0.999},
+        "numerics": [{"output": 0, "max_abs": 0.003986328840255737, "within": True,
+                      "max_rel": 0.42490918188764704, "cosine": 0.999999512698278,
+                      "scale": 4.066221237182617,
+                      "tolerance": {"rel_to_scale": 0.04, "min_cosine": 0.999}}],
+        "notes": {"precision": {"casts_inserted": 4, "fp32_islands": 2, "requested": "bf16",
+                                "runtime": {"allow_tf32": False}},
+                  "padding": {"padded_nodes": ["linear", "linear_2", "sdpa"], "carried": 1,
+                              "slices": ["slice_out"], "mode": "auto"},
+                  "layout": {"conversions": 2, "inserted": 2, "regions": [{"id": 0}]}}}
+    return plan
 
 
 def summarize(nodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -147,8 +219,8 @@ def test_markdown_summary_sections() -> None:
     for text in ("# graphopt plan: `tiny-llama <test>`", "NVIDIA H100 SXM", "Estimated latency",
                  fmt_seconds(plan["summary"]["est_latency_s"]), "## Bottleneck mix",
                  "## Time by kernel class", "## Costliest nodes", "## Unsupported ops",
-                 "`WeirdOp`", "## Warnings", "## Nodes", "precision: bf16",
-                 "padding: not applied", "| `lm_head` |"):
+                 "`WeirdOp`", "## Warnings", "## Nodes", "| bf16 · tma_wgmma |",
+                 "bf16 · tma_wgmma; padding: not applied |", "| `lm_head` |"):
         assert text in md, text
     # the costliest node leads the per-node table
     table = md[md.index("## Nodes"):]
@@ -160,7 +232,7 @@ def test_markdown_keeps_hostile_text_inert() -> None:
     # names only inside code spans; free text has its markup characters escaped
     assert md.count(EVIL_NODE) == md.count(f"`{EVIL_NODE}`") > 0
     assert "<i>" not in md and "\\<i\\>x\\</i\\> \\& co" in md
-    assert "<b>nhwc" not in md and "\\<b\\>nhwc\\</b\\>" in md
+    assert md.count("<b>nhwc") == md.count("`<b>nhwc</b>`") and "\\<b\\>nhwc\\</b\\>" in md
     markdown_it = pytest.importorskip("markdown_it")
     rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
     assert "<script" not in rendered and "<b>" not in rendered and "<i>" not in rendered
@@ -180,6 +252,80 @@ def test_markdown_multi_target_columns() -> None:
     assert cmp_table.splitlines()[2] == "|  | NVIDIA H100 SXM | NVIDIA A100 SXM |"
     assert "| **est. latency** |" in cmp_table and "1.00×" in cmp_table
     assert md.count("### Costliest nodes") == 2 and "## NVIDIA A100 SXM" in md
+
+
+def test_markdown_deployment_sections() -> None:
+    md = render_markdown(make_optimized())
+    for text in (
+            "**passes applied:** precision, padding", "**outputs within:** 1 of 1 — ✓",
+            "| `layout` | reverted: output \\<0\\> cosine 0.98 |",
+            "| 0 | 0.00399 | 0.163 | 0.425 | 0.99999951 | ✓ |", "casts inserted 4; fp32 islands 2",
+            "runtime: allow_tf32=False", "carried 1; padded nodes 3; slices 1",
+            "**layout:** conversions 2; inserted 2; regions 1",
+            "| parameters | 1.41 MiB | 1,478,840 | \\<0.01% |",
+            "| free | 73.6 GiB | 78,992,229,935 | 91.96% |",
+            "**max batch size:** 1,169,904 — 1169910 samples fit",
+            "**parameters vs fp32:** 2.00× smaller — 2.82 MiB in fp32 → 1.41 MiB (per-node)",
+            "- activations \\<assumed\\> linear", "**recommended:** FP8 (E4M3) — fp8_e4m3",
+            "| `fp8_e4m3` ← | 8 | 32.8 MiB | yes | yes | yes |",
+            "| `nvfp4` | 4.5 | 32.8 MiB | yes | no | no | NVFP4 needs one of \\[fp4\\]",
+            "_For device `cuda`, target `h100-sxm`._",
+            "| `matmul_allow_tf32` | `True` | rule 1: TF32 \\<ok\\> \\& precision 'bf16' tolerates",
+            "| `num_threads` | `not set` | rule 6 |",
+            "| `sdpa_backends` | `flash, efficient, math` |",
+            "  - **exec_path** `tma_wgmma`: TMA loads + wgmma \\<tile 64x128x64\\> (instruction: ",
+            "launch: grid 132×1×1 · block 256×1×1 · 128 KiB shared memory · vector width 8; tile: "
+            "64×128×64 (m×n×k) · stages 4 · 90.0% of tile slots useful; tma: yes)"):
+        assert text in md, text
+    heads = [md.index(f"## {h}\n") for h in ("Optimization", "Memory", "Quantization",
+                                               "Runtime settings", "Nodes")]
+    assert heads == sorted(heads)
+
+
+def test_quantization_without_parameters() -> None:
+    plan = make_plan()
+    plan["quantization"] = {"format": None, "reason": "the model has no parameters <none>",
+                            "alternatives": []}
+    md = render_markdown(plan)
+    assert "**recommended:** none" in md and "no parameters \\<none\\>" in md
+    page = render_html(plan)
+    assert "no parameters &lt;none&gt;" in page and "Formats considered" not in page
+
+
+def test_multi_target_deployment_side_by_side() -> None:
+    report = make_multi()
+    a100 = report["plans"][1]
+    a100["memory"]["max_batch_size"] = 1170344
+    a100["quantization"].update(format="int8", display="INT8")
+    md = render_markdown(report)
+    table = md[md.index("## Memory, format and runtime settings compared"):
+               md.index("## NVIDIA H100 SXM\n")]
+    for row in ("| max batch size | 1,169,904 | 1,170,344 |", "| recommended | FP8 (E4M3) | INT8 |",
+                "| `matmul_allow_tf32` | True | True |", "| `num_threads` | not set | not set |",
+                "| `sdpa_backends` | flash, efficient, math | flash, efficient, math |"):
+        assert row in table, row
+    assert md.count("### Memory") == 2 and md.count("### Runtime settings") == 2
+    page = render_html(report)
+    dep = page[page.index('<table class="cmp dep">'):]
+    dep = dep[:dep.index("</table>")]
+    assert ('<td>max batch size</td><td class="num">1,169,904</td><td class="num">1,170,344</td>'
+            in dep)
+    assert '<td class="mono">sdpa_backends</td>' in dep and "INT8" in dep
+    assert page.count('<details class="more">') == 2  # per-target panels, folded
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (0.999999512698278, "0.99999951"), (0.98765, "0.9877"), (1.0, "1"), (None, "—")])
+def test_fmt_cosine(value: Any, expected: str) -> None:
+    assert fmt_cosine(value) == expected
+
+
+def test_fmt_pct_and_decision_head() -> None:
+    assert [fmt_pct(0.0, 5), fmt_pct(0.0, 0), fmt_pct(91.96, 1)] == ["<0.01%", "0.00%", "91.96%"]
+    assert decision_head({"precision": {"format": "bf16"}, "exec_path": {"path": "wgmma"},
+                          "padding": {"applied": False}}) == "bf16 · wgmma"
+    assert decision_head({"precision": {"format": "fp32", "applied": False}}) == "fp32"
+    assert decision_head({"layout": {"format": "nhwc"}}) == decision_head(None) == ""
 
 
 @pytest.mark.parametrize(("decision", "expected"), [
@@ -210,7 +356,7 @@ def test_html_escapes_untrusted_names() -> None:
 
 def _hostile_everywhere() -> tuple[dict[str, Any], list[str]]:
     """A plan with markup in every string a model or a caller can put in it."""
-    plan = make_plan()
+    plan = make_optimized()
     bad = ["<img src=x onerror=alert(3)>", "<svg onload=alert(4)>", "<u>pat</u>", "<i>flag</i>",
            "<marquee>op</marquee>", "<em>dtype</em>", "<s>kind</s>", "<q>src</q>"]
     plan["target"] = {**plan["target"], "display_name": bad[0], "generation": bad[0]}
@@ -225,6 +371,13 @@ def _hostile_everywhere() -> tuple[dict[str, Any], list[str]]:
     s["patterns"] = {bad[2]: 1}
     s["time_by_kernel_class_s"] = {**s["time_by_kernel_class_s"], bad[1]: 1e-6}
     s["costliest_nodes"][0]["kernel_class"] = bad[1]
+    plan["memory"]["notes"] = [bad[2]]
+    plan["memory"]["breakdown"][0]["component"] = bad[3]
+    plan["quantization"].update(display=bad[4], reason=bad[5])
+    plan["quantization"]["alternatives"][0].update(format=bad[6], note=bad[7])
+    plan["runtime_settings"][bad[1]] = {"value": bad[0], "reason": bad[2]}
+    plan["optimization"]["passes_reverted"] = [{"pass": bad[3], "reason": bad[4]}]
+    plan["optimization"]["notes"][bad[5]] = {bad[6]: bad[7], "n": [bad[0]]}
     return plan, bad
 
 
@@ -254,11 +407,35 @@ def test_html_is_self_contained_and_csp_pins_the_script() -> None:
 
 
 def test_html_is_deterministic() -> None:
-    plan = make_plan()
+    plan = make_optimized()
     page = render_html(plan)
     assert render_html(copy.deepcopy(plan)) == page
     assert render_html(_reversed_dicts(plan)) == page
     assert render_markdown(_reversed_dicts(plan)) == render_markdown(plan)
+
+
+def test_html_deployment_panels() -> None:
+    page = render_html(make_optimized())
+    for text in ('<table class="mem-table">', "1,478,840</td>", "&lt;0.01%", "91.96%",
+                 "1,169,904", "FP8 (E4M3)", '<tr class="pick"><td class="mono">fp8_e4m3</td>',
+                 '<td class="mono">matmul_allow_tf32</td><td class="mono">True</td>',
+                 "rule 1: TF32 &lt;ok&gt; &amp; precision &#x27;bf16&#x27; tolerates it",
+                 "flash, efficient, math", '<table class="numerics">', ">0.99999951</td>",
+                 ">0.163</td>", "reverted: output &lt;0&gt; cosine 0.98",
+                 "fp32 islands <b>2</b>", "padded nodes <b>3</b>", "conversions <b>2</b>",
+                 "max abs ≤ 4% of the output&#x27;s scale, cosine ≥ 0.999",
+                 "activations &lt;assumed&gt; linear in the batch"):
+        assert text in page, text
+    assert page.count('class="panel') == 8 and "<details" not in page
+    data = embedded_data(page)
+    names = [row[0] for row in data["rows"]]
+    per = data["rows"][names.index("lm_head")][data["fields"].index("per")][0]
+    assert per[data["tfields"].index("dhead")] == "bf16 · tma_wgmma"
+    decisions = per[data["tfields"].index("decisions")]
+    assert [d[0] for d in decisions] == ["precision", "exec_path"]
+    assert [d[5] for d in decisions] == [1, 1]
+    assert ["launch", "grid 132×1×1 · block 256×1×1 · 128 KiB shared memory · vector width 8"] \
+        in decisions[1][3]
 
 
 def test_html_roofline_frame() -> None:

@@ -2,8 +2,9 @@
 
 Node and tensor names come from untrusted models, so every name is written as a code span and
 every free text is backslash-escaped: a model cannot inject HTML or markdown structure into a
-page that renders this file. The number formatters here are shared with the HTML renderer so the
-two reports print the same values.
+page that renders this file. The number and decision formatters here are shared with the HTML
+renderer so the two reports print the same values; the per-plan sections (summary, memory,
+quantization, runtime settings, optimization, nodes) live in ``sections_md``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,29 @@ from typing import Any
 
 __all__ = [
     "BOTTLENECKS",
+    "HEAD_KINDS",
+    "decision_fields",
+    "decision_head",
     "decision_summary",
     "finite",
     "fmt_bytes",
+    "fmt_cosine",
     "fmt_count",
     "fmt_dims",
+    "fmt_err",
+    "fmt_pct",
     "fmt_rate",
     "fmt_seconds",
     "fmt_shape",
     "fmt_si",
+    "fmt_value",
+    "md_code",
+    "md_table",
+    "md_text",
+    "ordered_kinds",
     "plans_of",
     "render_markdown",
+    "yes_no",
 ]
 
 logger = logging.getLogger(__name__)
@@ -37,6 +50,7 @@ BOTTLENECKS = ("compute", "memory", "latency")
 _VALUE_KEYS = ("choice", "value", "selected", "action", "decision", "format", "path", "layout",
                "dtype", "precision", "device", "to", "status")
 _DIM_ORDER = ("batch", "M", "N", "K")
+HEAD_KINDS = ("precision", "exec_path")  # shown together as "bf16 · tma_wgmma"
 
 
 # --------------------------------------------------------------------------- shared formatters
@@ -134,9 +148,124 @@ def plans_of(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [report]
 
 
-def _share(part: Any, whole: Any) -> str:
-    p, w = finite(part), finite(whole)
-    return "—" if p is None or not w else f"{100.0 * p / w:.1f}%"
+def yes_no(value: Any) -> str:
+    return "yes" if value is True else "no" if value is False else "—"
+
+
+def fmt_value(value: Any) -> str:
+    """A runtime setting as it would be written in code; ``None`` means "leave it alone"."""
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt_value(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def fmt_pct(percent: Any, nbytes: Any = None) -> str:
+    """A percentage given x100 (``8.0`` is 8 %); non-zero bytes never print as ``0.00%``."""
+    p = finite(percent)
+    if p is None:
+        return "—"
+    return "<0.01%" if p < 0.005 and (finite(nbytes) or 0) > 0 else f"{p:.2f}%"
+
+
+def fmt_err(value: Any) -> str:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    v = finite(value)
+    return "—" if v is None else f"{v:.3g}"
+
+
+def fmt_cosine(value: Any) -> str:
+    """Enough digits to show how far from 1 it is: 0.99999951, 0.9987, 1."""
+    c = finite(value)
+    if c is None:
+        return "—"
+    if c >= 1.0:
+        return "1"
+    digits = min(12, max(4, 1 - math.floor(math.log10(1.0 - c)))) if c > 0 else 4
+    return f"{c:.{digits}f}"
+
+
+def _dims3(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "×".join(str(v) for v in value)
+    return str(value)
+
+
+def _tile(tile: Mapping[str, Any], instruction: Any) -> str:
+    parts = []
+    if all(k in tile for k in ("m", "n", "k")):
+        parts.append(f"{tile['m']}×{tile['n']}×{tile['k']} (m×n×k)")
+    for key, label in (("stages", "stages"), ("k_iters", "k iterations"), ("waves", "waves")):
+        if tile.get(key) is not None:
+            parts.append(f"{label} {tile[key]}")
+    if tile.get("swap_ab"):
+        parts.append("A/B swapped")
+    if finite(tile.get("efficiency")) is not None:
+        parts.append(f"{100 * tile['efficiency']:.1f}% of tile slots useful")
+    if tile.get("instruction") and tile.get("instruction") != instruction:
+        parts.append(str(tile["instruction"]))
+    known = {"m", "n", "k", "stages", "k_iters", "waves", "swap_ab", "efficiency", "instruction"}
+    parts += [f"{k}={fmt_value(tile[k])}" for k in sorted(tile) if k not in known]
+    return " · ".join(parts)
+
+
+def _launch(launch: Mapping[str, Any]) -> str:
+    parts = [f"{k} {_dims3(launch[k])}" for k in ("grid", "block", "cluster") if k in launch]
+    if launch.get("smem_bytes") is not None:
+        parts.append(f"{fmt_bytes(launch['smem_bytes'])} shared memory")
+    if launch.get("vector_width") is not None:
+        parts.append(f"vector width {launch['vector_width']}")
+    known = {"grid", "block", "cluster", "smem_bytes", "vector_width"}
+    return " · ".join(parts + [f"{k}={fmt_value(launch[k])}" for k in sorted(launch)
+                               if k not in known])
+
+
+def decision_fields(decision: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A decision's fields besides its value, reason and applied; tile and launch compacted."""
+    out, value_key = [], next((k for k in _VALUE_KEYS if k in decision), None)
+    for key in sorted(decision, key=str):
+        v = decision[key]
+        if key in ("reason", "applied", value_key) or v is None or v in ("", {}, []):
+            continue
+        if key == "tile" and isinstance(v, Mapping):
+            text = _tile(v, decision.get("instruction"))
+        elif key == "launch" and isinstance(v, Mapping):
+            text = _launch(v)
+        elif isinstance(v, bool):
+            text = yes_no(v)
+        elif isinstance(v, Mapping):
+            text = ", ".join(f"{k}={fmt_value(v[k])}" for k in sorted(v, key=str))
+        else:
+            text = fmt_value(v)
+        if text:
+            out.append((str(key), text))
+    return out
+
+
+def ordered_kinds(decisions: Mapping[str, Any]) -> list[str]:
+    """Precision and execution path first (what a reader looks for), then the rest by name."""
+    rest = sorted((k for k in decisions if k not in HEAD_KINDS), key=str)
+    return [k for k in HEAD_KINDS if k in decisions] + rest
+
+
+def decision_head(decisions: Any) -> str:
+    """``bf16 · tma_wgmma``: the precision format and the execution path of a node."""
+    if not isinstance(decisions, Mapping):
+        return ""
+    parts = []
+    for kind, key in zip(HEAD_KINDS, ("format", "path"), strict=True):
+        d = decisions.get(kind)
+        if isinstance(d, Mapping):
+            parts.append(str(d.get(key) or decision_summary(d)))
+        elif d is not None:
+            parts.append(str(d))
+    return " · ".join(parts)
 
 
 # --------------------------------------------------------------------------- markdown escaping
@@ -145,14 +274,14 @@ _MD_SPECIAL = re.compile(r"([\\`*\[\]<>|&#~!])")
 _LOOSE_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
 
 
-def _text(value: Any) -> str:
+def md_text(value: Any) -> str:
     """Free text made inert: structure characters backslash-escaped, one line."""
     s = " ".join(str(value).split())
     s = _MD_SPECIAL.sub(r"\\\1", s)
     return _LOOSE_UNDERSCORE.sub(r"\\_", s)
 
 
-def _code(value: Any) -> str:
+def md_code(value: Any) -> str:
     """A name as a code span (no markdown or HTML is interpreted inside) safe in a table cell."""
     s = " ".join(str(value).split()).replace("|", "\\|")
     if not s:
@@ -162,7 +291,7 @@ def _code(value: Any) -> str:
     return f"{fence}{pad}{s}{pad}{fence}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
     """A GFM table; ``align`` holds one of ``l``/``r`` per column (default left)."""
     marks = ["---:" if a == "r" else "---" for a in align.ljust(len(header), "l")]
     out = ["| " + " | ".join(header) + " |", "| " + " | ".join(marks) + " |"]
@@ -173,13 +302,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = ""
 # --------------------------------------------------------------------------- sections
 
 def _model_lines(model: Mapping[str, Any]) -> list[str]:
-    out = [f"- **Model:** {_code(model.get('name', '?'))} ({_text(model.get('source', '?'))}), "
+    out = [f"- **Model:** {md_code(model.get('name', '?'))} ({md_text(model.get('source', '?'))}), "
            f"{fmt_count(model.get('num_nodes'))} nodes, {fmt_si(model.get('param_count'))} params"]
     for label, key in (("Inputs", "inputs"), ("Outputs", "outputs")):
         tensors = model.get(key) or []
         if tensors:
-            items = ", ".join(f"{_code(t.get('name', '?'))} {fmt_shape(t.get('shape'))} "
-                              f"{_text(t.get('dtype') or '?')}" for t in tensors
+            items = ", ".join(f"{md_code(t.get('name', '?'))} {fmt_shape(t.get('shape'))} "
+                              f"{md_text(t.get('dtype') or '?')}" for t in tensors
                               if isinstance(t, Mapping))
             out.append(f"- **{label}:** {items}")
     return out
@@ -190,86 +319,16 @@ def _target_line(target: Mapping[str, Any]) -> str:
     for k, v in sorted((target.get("peak_flops") or {}).items()):
         if (finite(v) or 0.0) > 0:
             by_value.setdefault(float(v), []).append(str(k))
-    peak_txt = ", ".join(f"{_text('/'.join(ks))} {fmt_rate(v, 'FLOP/s')}"
+    peak_txt = ", ".join(f"{md_text('/'.join(ks))} {fmt_rate(v, 'FLOP/s')}"
                          for v, ks in sorted(by_value.items(), reverse=True))
     cc = target.get("compute_capability")
-    bits = [_text(target.get("kind", "?")), _text(target.get("generation", "?"))]
+    bits = [md_text(target.get("kind", "?")), md_text(target.get("generation", "?"))]
     if cc:
-        bits.append(f"cc {_text(cc)}")
-    return (f"- **Target:** {_text(target.get('display_name') or target.get('name', '?'))} "
-            f"({_code(target.get('name', '?'))}; {', '.join(bits)}); peak {peak_txt or '—'}; "
+        bits.append(f"cc {md_text(cc)}")
+    return (f"- **Target:** {md_text(target.get('display_name') or target.get('name', '?'))} "
+            f"({md_code(target.get('name', '?'))}; {', '.join(bits)}); peak {peak_txt or '—'}; "
             f"{fmt_rate(target.get('bandwidth_bytes_per_s'))} memory bandwidth, "
             f"{fmt_bytes(target.get('memory_bytes'))} memory")
-
-
-def _plan_summary(plan: Mapping[str, Any], h: str) -> list[str]:
-    s = plan.get("summary") or {}
-    lat = s.get("est_latency_s")
-    out = [f"- **Estimated latency:** {fmt_seconds(lat)}",
-           f"- **Total work:** {fmt_si(s.get('total_flops'), 'FLOP')}, "
-           f"{fmt_bytes(s.get('total_bytes'))} moved", ""]
-    mix, tmix = s.get("bottleneck_mix") or {}, s.get("time_by_bottleneck_s") or {}
-    out += [f"{h} Bottleneck mix", ""]
-    out += _table(["bottleneck", "nodes", "est. time", "share"],
-                  [[b, fmt_count(mix.get(b, 0)), fmt_seconds(tmix.get(b, 0.0)),
-                    _share(tmix.get(b, 0.0), lat)] for b in BOTTLENECKS], "lrrr")
-    times, counts = s.get("time_by_kernel_class_s") or {}, s.get("kernel_class_counts") or {}
-    if times or counts:
-        classes = sorted(set(times) | set(counts), key=lambda c: (-(finite(times.get(c)) or 0), c))
-        out += [f"{h} Time by kernel class", ""]
-        out += _table(["kernel class", "nodes", "est. time", "share"],
-                      [[_code(c), fmt_count(counts.get(c, 0)), fmt_seconds(times.get(c)),
-                        _share(times.get(c), lat)] for c in classes], "lrrr")
-    costly = s.get("costliest_nodes") or []
-    if costly:
-        out += [f"{h} Costliest nodes", ""]
-        out += _table(["#", "node", "kernel class", "est. time", "share"],
-                      [[str(i), _code(n.get("name", "?")), _code(n.get("kernel_class", "?")),
-                        fmt_seconds(n.get("est_time_s")),
-                        f"{100.0 * (finite(n.get('share')) or 0.0):.1f}%"]
-                       for i, n in enumerate(costly, 1)], "rllrr")
-    for title, key, head in (("Patterns found", "patterns", "pattern"),
-                             ("Unsupported ops", "unsupported_ops", "op"),
-                             ("Flagged nodes", "flagged_nodes", "flag")):
-        counts_map = s.get(key) or {}
-        if counts_map:
-            out += [f"{h} {title}", ""]
-            out += _table([head, "count"], [[_code(k), fmt_count(v)]
-                                            for k, v in sorted(counts_map.items())], "lr")
-    warnings = plan.get("warnings") or []
-    if warnings:
-        out += [f"{h} Warnings", ""] + [f"- {_text(w)}" for w in warnings] + [""]
-    return out
-
-
-def _node_table(plan: Mapping[str, Any], h: str, max_nodes: int) -> list[str]:
-    nodes = [n for n in plan.get("nodes") or [] if isinstance(n, Mapping)]
-    if not nodes:
-        return []
-    order = sorted(range(len(nodes)), key=lambda i: (-(finite(nodes[i].get("est_time_s")) or 0), i))
-    shown = order[: max(0, max_nodes)]
-    title = "Nodes" if len(shown) == len(nodes) else f"Nodes (top {len(shown)} by est. time)"
-    out = [f"{h} {title}", ""]
-    if len(shown) < len(nodes):
-        out += [f"_{len(nodes) - len(shown):,} more nodes not shown; "
-                f"the HTML or JSON report lists all {len(nodes):,}._", ""]
-    lat = (plan.get("summary") or {}).get("est_latency_s")
-    rows = []
-    for i in shown:
-        n = nodes[i]
-        decisions = n.get("decisions") or {}
-        dec = "; ".join(f"{_text(k)}: {_text(decision_summary(decisions[k]))}"
-                        for k in sorted(decisions))
-        op = n.get("op_type") or n.get("op") or "?"  # canonical: aten.linear.default -> Linear
-        rows.append([_code(n.get("name", "?")), _code(op), _code(n.get("kernel_class", "?")),
-                     _text(fmt_dims(n.get("dims"))), _text(n.get("dtype") or "—"),
-                     fmt_si(n.get("flops")), fmt_bytes(n.get("bytes")),
-                     f"{finite(n.get('arithmetic_intensity')) or 0.0:.3g}",
-                     _text(n.get("bottleneck", "?")), fmt_seconds(n.get("est_time_s")),
-                     _share(n.get("est_time_s"), lat), dec or "—"])
-    return out + _table(["node", "op", "kernel class", "dims", "dtype", "FLOPs", "bytes",
-                         "FLOP/B", "bottleneck", "est. time", "share", "decisions"],
-                        rows, "lllllrrrlrrl")
 
 
 def _comparison(plans: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -284,10 +343,10 @@ def _comparison(plans: Sequence[Mapping[str, Any]]) -> list[str]:
 
     def top_class(s: Mapping[str, Any]) -> str:
         t = s.get("time_by_kernel_class_s") or {}
-        return _code(min(t, key=lambda c: (-(finite(t[c]) or 0), c))) if t else "—"
+        return md_code(min(t, key=lambda c: (-(finite(t[c]) or 0), c))) if t else "—"
 
     rows = [
-        row("kind", [_text(f"{t.get('kind', '?')} / {t.get('generation', '?')}") for t in tgts]),
+        row("kind", [md_text(f"{t.get('kind', '?')} / {t.get('generation', '?')}") for t in tgts]),
         row("peak FLOP/s", [fmt_rate(max((finite(v) or 0 for v in
                                           (t.get("peak_flops") or {}).values()), default=None),
                                      "FLOP/s") for t in tgts]),
@@ -303,8 +362,8 @@ def _comparison(plans: Sequence[Mapping[str, Any]]) -> list[str]:
                                 for s in sums]),
         row("warnings", [fmt_count(len(p.get("warnings") or [])) for p in plans]),
     ]
-    header = ["", *[_text(t.get("display_name") or t.get("name", "?")) for t in tgts]]
-    return _table(header, rows, "l" + "r" * len(plans))
+    header = ["", *[md_text(t.get("display_name") or t.get("name", "?")) for t in tgts]]
+    return md_table(header, rows, "l" + "r" * len(plans))
 
 
 def render_markdown(report: Mapping[str, Any], *, max_nodes: int = 50) -> str:
@@ -314,24 +373,28 @@ def render_markdown(report: Mapping[str, Any], *, max_nodes: int = 50) -> str:
         report: the v1 report dict (a plan, or ``{"plans": [...]}``).
         max_nodes: per-node tables list only the costliest ``max_nodes`` nodes (with a note).
     """
+    from graphopt.report import sections_md as sec  # it imports this module's formatters
+
     plans = plans_of(report)
     if not plans:
         return "# graphopt plan\n\n_The report holds no plans._\n"
     first = plans[0]
     model = first.get("model") or {}
     version = first.get("graphopt_version") or report.get("graphopt_version") or "?"
-    out = [f"# graphopt plan: {_code(model.get('name', '?'))}", "",
-           f"_graphopt {_text(version)}, report schema v{_text(report.get('schema_version', 1))}_",
-           "", *_model_lines(model)]
+    out = [f"# graphopt plan: {md_code(model.get('name', '?'))}", "",
+           f"_graphopt {md_text(version)}, report schema v"
+           f"{md_text(report.get('schema_version', 1))}_", "", *_model_lines(model)]
     if len(plans) == 1:
-        out += [_target_line(first.get("target") or {}), *_plan_summary(first, "##")]
-        out += _node_table(first, "##", max_nodes)
+        out += [_target_line(first.get("target") or {}), *sec.plan_summary(first, "##")]
+        out += sec.deployment_md(first, "##") + sec.node_table(first, "##", max_nodes)
     else:
         out += ["", "## Targets compared", "", *_comparison(plans)]
+        deploy = sec.deployment_table(plans)
+        out += ["## Memory, format and runtime settings compared", "", *deploy] if deploy else []
         for plan in plans:
             tgt = plan.get("target") or {}
-            out += [f"## {_text(tgt.get('display_name') or tgt.get('name', '?'))}", "",
-                    _target_line(tgt), *_plan_summary(plan, "###")]
-            out += _node_table(plan, "###", max_nodes)
+            out += [f"## {md_text(tgt.get('display_name') or tgt.get('name', '?'))}", "",
+                    _target_line(tgt), *sec.plan_summary(plan, "###")]
+            out += sec.deployment_md(plan, "###") + sec.node_table(plan, "###", max_nodes)
     logger.debug("rendered markdown for %d plan(s)", len(plans))
     return "\n".join(out).rstrip("\n") + "\n"
