@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import replace
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
+from graphopt.cost.roofline import estimate
 from graphopt.decisions.exec_path import exec_path
 from graphopt.decisions.memory import memory_plan
 from graphopt.decisions.quantization import plan_precisions, recommend_quant
@@ -44,6 +45,7 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
     precisions = plan_precisions(plan)
     nodes = []
     paths: dict[tuple, object] = {}  # repeated blocks share shapes: choose each tile once
+    decided_time = 0.0
     for n in plan.nodes:
         decisions = dict(n.decisions)
         prec = precisions.get(n.name)
@@ -58,8 +60,14 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
             if key not in paths:
                 paths[key] = exec_path(a, target, dtype)
             decisions["exec_path"] = paths[key]
+        # the same roofline at the decided precision: what the decisions would buy
+        decided_time += (estimate(a, target, dtype).est_time_s if dtype and dtype != a.dtype
+                         else n.cost.est_time_s)
         nodes.append(replace(n, decisions=decisions))
-    decided = replace(plan, nodes=tuple(nodes))
+    summary = dict(plan.summary)
+    summary["est_latency_with_decisions_s"] = decided_time
+    summary["predicted_speedup"] = (plan.est_latency_s / decided_time) if decided_time else 1.0
+    decided = replace(plan, nodes=tuple(nodes), summary=summary)
     memory = memory_plan(decided, precisions)
     original = model_format(plan)
     params = int(plan.model.get("param_count", 0))

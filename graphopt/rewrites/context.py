@@ -13,6 +13,7 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import Decision, Plan
+from graphopt.plan import NodePlan as PlanNode
 
 __all__ = ["OptimizeOptions", "RewriteContext", "TorchPass"]
 
@@ -22,7 +23,8 @@ LayoutMode = Literal["auto", "channels_last", "keep"]
 
 _CHOICES = {"precision": ("auto", "fp32", "tf32", "bf16", "fp16"),
             "pad": ("auto", "always", "never"),
-            "layout": ("auto", "channels_last", "keep")}
+            "layout": ("auto", "channels_last", "keep"),
+            "quantize": ("auto", "int8", "none")}
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class OptimizeOptions:
     precision: Precision = "auto"
     pad: PadMode = "auto"
     layout: LayoutMode = "auto"
+    #: dynamic INT8 Linear on the host CPU: "auto" where the cost model says it pays
+    quantize: Literal["auto", "int8", "none"] = "auto"
     #: padding must be predicted at least this much faster (Inductor's pad_mm uses 1.1x)
     pad_margin: float = 1.1
 
@@ -69,6 +73,9 @@ class RewriteContext:
         name = node if isinstance(node, str) else node.name
         plan_node = self._by_name.get(name)
         return None if plan_node is None else plan_node.analysis
+
+    def plan_node(self, node: fx.Node | str) -> PlanNode | None:
+        return self._by_name.get(node if isinstance(node, str) else node.name)
 
     def est_time_s(self, node: fx.Node | str) -> float:
         name = node if isinstance(node, str) else node.name

@@ -23,7 +23,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import Decision, Plan
 from graphopt.planner import build_plan
 from graphopt.rewrites.context import OptimizeOptions, RewriteContext, TorchPass
-from graphopt.rewrites.verify import Comparison, compare_outputs, tolerance_for
+from graphopt.rewrites.verify import compare_outputs, tolerance_for
 
 __all__ = ["default_passes", "optimize_torch", "prepare"]
 
@@ -64,17 +64,24 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
     return gm, ctx
 
 
-def default_passes() -> list[tuple[str, TorchPass, bool]]:
-    """(name, pass, lossy) in order: cleanup, padding, layout, precision."""
+#: a pass: (name, function, tolerance) where tolerance is "fp32" (exact rewrites), "compute"
+#: (the chosen compute dtype's budget) or a dtype key of verify.tolerance_for
+PassSpec = tuple[str, TorchPass, str]
+
+
+def default_passes() -> list[PassSpec]:
+    """Cleanup, padding, layout (exact), then precision and INT8 (lossy, verified)."""
     from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
     from graphopt.rewrites.layout import channels_last
     from graphopt.rewrites.padding import pad_channels
     from graphopt.rewrites.precision import reduce_precision
+    from graphopt.rewrites.quantize import dynamic_int8
 
-    return [("cleanup", fold_batchnorm_and_drop_dropout, False),
-            ("padding", pad_channels, False),
-            ("layout", channels_last, False),
-            ("precision", reduce_precision, True)]
+    return [("cleanup", fold_batchnorm_and_drop_dropout, "fp32"),
+            ("padding", pad_channels, "fp32"),
+            ("layout", channels_last, "fp32"),
+            ("precision", reduce_precision, "compute"),
+            ("quantize", dynamic_int8, "int8")]
 
 
 def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
@@ -85,7 +92,7 @@ def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                    target: str | HardwareProfile = "h100",
                    options: OptimizeOptions | None = None,
-                   passes: list[tuple[str, TorchPass, bool]] | None = None,
+                   passes: list[PassSpec] | None = None,
                    ) -> tuple[fx.GraphModule, Plan, dict[str, Any]]:
     """Run the passes with a numeric check after each; returns (module, plan, run info)."""
     gm, ctx = prepare(model, example_inputs, target, options)
@@ -97,15 +104,15 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     reference = _run(model, ctx.example_inputs)
     applied: list[str] = []
     reverted: list[dict[str, Any]] = []
-    last: list[Comparison] = []
-    for name, run_pass, lossy in passes if passes is not None else default_passes():
+    final_tol = tolerance_for("fp32")  # the loosest budget of the passes that applied
+    for name, run_pass, tol_key in passes if passes is not None else default_passes():
         before = copy.deepcopy(gm)
         saved = {k: dict(v) for k, v in ctx.decisions.items()}
         if not run_pass(gm, ctx):
             continue
         gm.graph.lint()
         gm.recompile()
-        tol = tolerance_for(ctx.compute_dtype if lossy else "fp32")
+        tol = tolerance_for(ctx.compute_dtype if tol_key == "compute" else tol_key)
         try:
             result = compare_outputs(reference, _run(gm, ctx.example_inputs), tol)
         except Exception as e:  # a pass produced a graph that does not run: revert it
@@ -118,19 +125,18 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
             reverted.append({"pass": name, "reason": reason})
             gm = before
             ctx.decisions = _mark_reverted(saved, ctx.decisions, reason)
-            if lossy:
+            if tol_key == "compute":
                 ctx.compute_dtype = "fp32"
             continue
         applied.append(name)
-        last = result
-    if not last:
-        last = compare_outputs(reference, _run(gm, ctx.example_inputs),
-                               tolerance_for(ctx.compute_dtype))
+        if tol.rel_to_scale > final_tol.rel_to_scale:
+            final_tol = tol
     strip_unused(gm)
+    final = compare_outputs(reference, _run(gm, ctx.example_inputs), final_tol)
     info = {"passes_applied": applied, "passes_reverted": reverted,
             "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
-            "tolerance": tolerance_for(ctx.compute_dtype).to_dict(),
-            "numerics": [c.to_dict() for c in last]}
+            "tolerance": final_tol.to_dict(),
+            "numerics": [c.to_dict() for c in final]}
     plan = _with_decisions(ctx)
     plan = replace(plan, extra={**plan.extra, "optimization": info})
     return gm, plan, {**info, "example_inputs": ctx.example_inputs}

@@ -34,6 +34,9 @@ _TOLERANCES = {
     "tf32": Tolerance(5e-3, 0.9999),
     "fp16": Tolerance(1e-2, 0.9995),
     "bf16": Tolerance(4e-2, 0.999),
+    # dynamic INT8: 8-bit weights per channel and activations per call (~1-2% of scale measured
+    # on a 1024x1024 Linear); cosine guards the direction
+    "int8": Tolerance(5e-2, 0.999),
 }
 
 

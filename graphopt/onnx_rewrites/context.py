@@ -1,0 +1,80 @@
+"""What every ONNX-level rewrite reads (plan, target, options, calibration) and records.
+
+ONNX passes are functional (TVM style): ``pass_(model, ctx) -> ModelProto | None`` returns a new
+model, or None when nothing applies; the input model is never modified. Node names in ``ctx.plan``
+are the names the ONNX frontend gave (it writes them into its copy of the model, so they match
+``ctx.plan`` one to one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.plan import Decision, NodePlan, Plan
+
+__all__ = ["OnnxContext", "OnnxOptions", "OnnxPass"]
+
+Quantize = Literal["auto", "none", "int8_dynamic", "int8_static", "fp8", "int4"]
+_CHOICES = {"precision": ("auto", "fp32", "tf32", "bf16", "fp16"),
+            "pad": ("auto", "always", "never"),
+            "layout": ("auto", "channels_last", "keep"),
+            "quantize": ("auto", "none", "int8_dynamic", "int8_static", "fp8", "int4")}
+
+
+@dataclass(frozen=True)
+class OnnxOptions:
+    """User options of an ONNX optimize run (same names as the torch path, plus ``quantize``
+    and the accuracy guard's tolerance)."""
+
+    precision: str = "auto"
+    pad: str = "auto"
+    layout: str = "auto"
+    quantize: Quantize = "auto"
+    #: the guard's budget: max |ref - out| <= tolerance * max |ref| per output
+    tolerance: float | None = None
+    pad_margin: float = 1.1
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise GraphoptError(f"{name}={getattr(self, name)!r} is not an option",
+                                    f"use one of: {', '.join(allowed)}")
+
+
+@dataclass
+class OnnxContext:
+    """Shared state of one ONNX optimize run."""
+
+    plan: Plan
+    target: HardwareProfile
+    options: OnnxOptions
+    #: sample inputs (name -> array), the first used by the guard; calibration data for static
+    #: INT8 when the user gave it (None otherwise)
+    samples: list[dict[str, np.ndarray]]
+    calibration: list[dict[str, np.ndarray]] | None = None
+    compute_dtype: str = "fp32"
+    decisions: dict[str, dict[str, Decision]] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._by_name = {n.name: n for n in self.plan.nodes}
+
+    def plan_node(self, name: str) -> NodePlan | None:
+        return self._by_name.get(name)
+
+    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
+               **fields: Any) -> Decision:
+        d = Decision(reason=reason, fields=fields, applied=applied)
+        self.decisions.setdefault(node, {})[kind] = d
+        return d
+
+
+#: an ONNX pass: returns the rewritten model, or None when it changed nothing
+OnnxPass = Callable[[onnx.ModelProto, OnnxContext], "onnx.ModelProto | None"]

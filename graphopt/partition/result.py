@@ -1,0 +1,78 @@
+"""The result of splitting a model across devices: where each node runs and when."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphopt.partition.devices import DeviceSet
+
+__all__ = ["Partition", "ScheduledNode", "Transfer"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledNode:
+    """A node placed on a device with its estimated start and finish time (seconds)."""
+
+    node: str
+    device: str
+    start_s: float
+    finish_s: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A tensor crossing from one device to another."""
+
+    tensor: str
+    src_device: str
+    dst_device: str
+    nbytes: int
+    start_s: float
+    finish_s: float
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Assignment of every plan node to a device, with the schedule it implies.
+
+    ``strategy`` is "heft" (list scheduling over the DAG) or "pipeline" (contiguous stages in
+    execution order). For "pipeline", ``stages`` lists the node names of each stage in order
+    and ``stage_devices`` the device of each stage.
+    """
+
+    strategy: str
+    devices: DeviceSet
+    schedule: tuple[ScheduledNode, ...]
+    transfers: tuple[Transfer, ...]
+    makespan_s: float
+    memory_used: dict[str, int]
+    busy_s: dict[str, float]
+    stages: tuple[tuple[str, ...], ...] = ()
+    stage_devices: tuple[str, ...] = ()
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def assignment(self) -> dict[str, str]:
+        """Node name -> device name."""
+        return {s.node: s.device for s in self.schedule}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's ``partition`` section (the Gantt chart is drawn from ``schedule``)."""
+        return {
+            "strategy": self.strategy,
+            "makespan_s": self.makespan_s,
+            "devices": [
+                {**d.to_dict(), "memory_used_bytes": self.memory_used.get(d.name, 0),
+                 "busy_s": self.busy_s.get(d.name, 0.0)}
+                for d in self.devices.devices],
+            "schedule": [{"node": s.node, "device": s.device, "start_s": s.start_s,
+                          "finish_s": s.finish_s} for s in self.schedule],
+            "transfers": [{"tensor": t.tensor, "src": t.src_device, "dst": t.dst_device,
+                           "bytes": t.nbytes, "start_s": t.start_s, "finish_s": t.finish_s}
+                          for t in self.transfers],
+            "stages": [list(s) for s in self.stages],
+            "stage_devices": list(self.stage_devices),
+            "notes": dict(self.notes),
+        }

@@ -1,0 +1,66 @@
+"""Dynamic INT8 Linear on the host CPU: where it applies, where it must not, and its error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import graphopt
+from graphopt.decisions.cpu_int8 import int8_pays_on_cpu
+from graphopt.hardware import get_target
+
+
+def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                            torch.nn.Linear(512, 512), torch.nn.GELU(),
+                            torch.nn.Linear(512, 128)).eval()
+    return m, (torch.randn(32, 256),)
+
+
+def _quantized(opt) -> list[str]:
+    return [n.name for n in opt.plan.nodes
+            if "quantize" in n.decisions and n.decisions["quantize"].applied]
+
+
+def test_forced_int8_on_host_cpu_is_within_int8_tolerance():
+    model, x = _mlp()
+    opt = graphopt.optimize(model, x, target="cpu", quantize="int8")
+    assert len(_quantized(opt)) == 3
+    assert "quantize" in opt.info["passes_applied"]
+    assert opt.info["tolerance"]["rel_to_scale"] == 5e-2
+    with torch.no_grad():
+        ref, out = model(*x), opt.module(*x)
+    rel = float((ref - out).abs().max() / ref.abs().max())
+    assert 0 < rel <= 5e-2  # lossy, but within the stated budget
+    cos = torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0)
+    assert float(cos) >= 0.999
+
+
+def test_auto_follows_the_cost_model_and_the_isa():
+    model, x = _mlp()
+    opt = graphopt.optimize(model, x, target="cpu")
+    pays, _ = int8_pays_on_cpu(get_target("cpu"))
+    planned = [n.name for n in opt.plan.nodes
+               if n.decisions.get("precision") is not None
+               and n.decisions["precision"].fields.get("format") == "int8"]
+    if not pays:
+        assert _quantized(opt) == [] and planned == []
+    else:  # first and last Linear stay fp32 (sensitive); the middle one is quantized
+        assert _quantized(opt) == ["linear_1"]
+
+
+@pytest.mark.parametrize("target", ["h100", "xeon-8480"])
+def test_not_applied_off_the_host(target):
+    model, x = _mlp()
+    opt = graphopt.optimize(model, x, target=target, precision="fp32", quantize="int8")
+    assert _quantized(opt) == []
+    reasons = [n.decisions["quantize"].reason for n in opt.plan.nodes
+               if "quantize" in n.decisions]
+    assert reasons and all("host CPU" in r for r in reasons)
+
+
+def test_none_disables_it():
+    model, x = _mlp()
+    opt = graphopt.optimize(model, x, target="cpu", quantize="none")
+    assert _quantized(opt) == [] and "quantize" not in opt.info["passes_applied"]
