@@ -13,9 +13,8 @@ this script prints. Two parts:
    time after the layout pass (> 1: the pass made it faster).
 
 Timing: the variants of a case are interleaved round by round (a noisy neighbour on a shared
-machine hits all of them), each round times enough calls for ~20 ms; the script prints ratios
-of the MINIMUM round (least disturbed) and, in part 2, of the median too; ``spread`` is
-max/min of the baseline's rounds (how noisy the run was).
+machine hits all of them alike), each round times enough calls for ~50 ms; ratios are medians
+of per-round (paired) ratios, and ``load`` is how many cores other processes used meanwhile.
 
 Usage: python benchmarks/bench_layout_cpu.py [--rounds 15] [--threads N] [--only TEXT]
 """
@@ -46,8 +45,7 @@ from graphopt.rewrites.pipeline import prepare  # noqa: E402
 
 BATCH = 8
 CL = torch.channels_last
-ROUND_S = 0.08  # seconds per timed round: several 10 ms jiffies for the quiet-round check
-QUIET_SHARE = 0.1  # a round is quiet if other processes used < 10% of our cores during it
+ROUND_S = 0.05  # seconds per timed round (a few calls of the fast cases)
 
 
 def machine() -> str:
@@ -74,12 +72,14 @@ def _cpu_jiffies() -> tuple[int, int]:
         return 0, 0
 
 
-def timed_rounds(fns: list[Callable[[], object]], rounds: int) -> list[list[float]]:
-    """Seconds per call of each fn, one entry per QUIET round; fns interleaved in a round.
+def timed_rounds(fns: list[Callable[[], object]], rounds: int
+                 ) -> tuple[list[list[float]], float]:
+    """(seconds per call of each fn, one per round; CPU share other processes took meanwhile).
 
-    A round is quiet when other processes used under ``QUIET_SHARE`` of the machine's CPU time
-    during it (from /proc/stat; 10 ms jiffies, hence rounds of ~``ROUND_S``). Noisy rounds are
-    dropped; if fewer than 3 rounds of a fn were quiet, all its rounds are kept.
+    The fns are interleaved within a round (in rotating order: the fn after a big one may find
+    the allocator's cache trimmed), so round i of every fn saw about the same neighbours:
+    ratios are taken round by round (paired) and their median reported. The
+    other-load share (from /proc/stat, in cores) says how noisy the run was.
     """
     for fn in fns:  # warm-up: oneDNN primitive creation, allocator
         fn()
@@ -87,23 +87,24 @@ def timed_rounds(fns: list[Callable[[], object]], rounds: int) -> list[list[floa
     t0 = time.perf_counter()
     fns[0]()
     iters = max(1, min(200, int(ROUND_S / max(time.perf_counter() - t0, 1e-6))))
-    hz = 100.0  # USER_HZ: jiffies per second on Linux
-    cores = torch.get_num_threads()
-    quiet: list[list[float]] = [[] for _ in fns]
-    every: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            busy0, mine0 = _cpu_jiffies()
+    times: list[list[float]] = [[] for _ in fns]
+    busy0, mine0 = _cpu_jiffies()
+    start = time.perf_counter()
+    for r in range(rounds):
+        for i in [(r + k) % len(fns) for k in range(len(fns))]:  # rotating order
+            fn = fns[i]
             t0 = time.perf_counter()
             for _ in range(iters):
                 fn()
-            wall = time.perf_counter() - t0
-            busy1, mine1 = _cpu_jiffies()
-            others = max(0, (busy1 - busy0) - (mine1 - mine0)) / hz
-            every[i].append(wall / iters)
-            if others <= QUIET_SHARE * wall * cores:
-                quiet[i].append(wall / iters)
-    return [q if len(q) >= 3 else e for q, e in zip(quiet, every, strict=True)]
+            times[i].append((time.perf_counter() - t0) / iters)
+    busy1, mine1 = _cpu_jiffies()
+    others = max(0, (busy1 - busy0) - (mine1 - mine0)) / 100.0  # USER_HZ = 100
+    return times, others / (time.perf_counter() - start)
+
+
+def paired(num: list[float], den: list[float]) -> float:
+    """Median over rounds of num[i] / den[i]."""
+    return statistics.median(n / d for n, d in zip(num, den, strict=True))
 
 
 # ---------------------------------------------------------------------------- part 1: convs
@@ -132,10 +133,11 @@ def conv_class(conv: nn.Conv2d, shape: tuple[int, ...]) -> str:
 
 
 def per_conv(rounds: int, only: str) -> None:
-    print(f"\n1. per conv, batch {BATCH}, fp32 (min over {rounds} rounds; gain = saving / "
-          "(copy in + copy out))")
+    print(f"\n1. per conv, batch {BATCH}, fp32, {rounds} interleaved rounds. nchw/cl ms: fastest "
+          "round; ratio = NCHW/channels_last and gain = (NCHW - cl) / (copy in + copy out), "
+          "both medians of per-round values; load = other processes' CPU use (cores)")
     print(f"{'conv':<30} {'class':<11} {'nchw ms':>8} {'cl ms':>8} {'ratio':>6} "
-          f"{'in ms':>6} {'out ms':>6} {'gain':>6}")
+          f"{'in ms':>6} {'out ms':>6} {'gain':>6} {'load':>5}")
     for name, conv, shape in conv_cases():
         if only and only not in name:
             continue
@@ -147,13 +149,15 @@ def per_conv(rounds: int, only: str) -> None:
         x_cl = x.contiguous(memory_format=CL)
         with torch.no_grad():
             y_cl = conv_cl(x_cl)
-            t = timed_rounds([lambda: conv(x), lambda: conv_cl(x_cl),  # noqa: B023
-                              lambda: x.contiguous(memory_format=CL),  # noqa: B023
-                              lambda: y_cl.contiguous()], rounds)  # noqa: B023
-        nchw, cl, cin, cout = (min(ts) for ts in t)
-        print(f"{name:<30} {conv_class(conv, shape):<11} {nchw * 1e3:8.2f} {cl * 1e3:8.2f} "
-              f"{nchw / cl:6.2f} {cin * 1e3:6.2f} {cout * 1e3:6.2f} "
-              f"{(nchw - cl) / (cin + cout):6.2f}", flush=True)
+            (nchw, cl, cin, cout), load = timed_rounds(
+                [lambda: conv(x), lambda: conv_cl(x_cl),  # noqa: B023
+                 lambda: x.contiguous(memory_format=CL),  # noqa: B023
+                 lambda: y_cl.contiguous()], rounds)  # noqa: B023
+        gain = statistics.median((n - c) / (i + o) for n, c, i, o in zip(nchw, cl, cin, cout,
+                                                                         strict=True))
+        print(f"{name:<30} {conv_class(conv, shape):<11} {min(nchw) * 1e3:8.2f} "
+              f"{min(cl) * 1e3:8.2f} {paired(nchw, cl):6.2f} {min(cin) * 1e3:6.2f} "
+              f"{min(cout) * 1e3:6.2f} {gain:6.2f} {load:5.2f}", flush=True)
 
 
 # ------------------------------------------------------------------- part 2: blocks and nets
@@ -167,6 +171,20 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + x)
+
+
+class ConvStack(nn.Module):
+    """``n`` conv3x3-relu layers with a residual around them."""
+
+    def __init__(self, c: int, n: int) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for conv in self.convs:
+            y = torch.relu(conv(y))
+        return y + x
 
 
 class Bottleneck(nn.Module):
@@ -200,12 +218,32 @@ class SmallResNet(nn.Module):
         return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(self.body(x), 1), 1))
 
 
+class MobileNetLike(nn.Module):
+    """Stem 3x3/2, then depthwise 3x3 + pointwise 1x1 pairs (stride 2 every other), pool, fc."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, 2, 1), nn.ReLU6()]
+        c = 32
+        for out, stride in ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1)):
+            layers += [nn.Conv2d(c, c, 3, stride, 1, groups=c), nn.ReLU6(),
+                       nn.Conv2d(c, out, 1), nn.ReLU6()]
+            c = out
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean((2, 3)))
+
+
 def net_cases() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     return [
         ("basic block 64ch @56", BasicBlock(64), (BATCH, 64, 56, 56)),
         ("basic block 128ch @56", BasicBlock(128), (BATCH, 128, 56, 56)),
         ("basic block 128ch @28", BasicBlock(128), (BATCH, 128, 28, 28)),
         ("basic block 512ch @7", BasicBlock(512), (BATCH, 512, 7, 7)),
+        ("3 convs 64ch @56 + residual", ConvStack(64, 3), (BATCH, 64, 56, 56)),
+        ("4 convs 128ch @28 + residual", ConvStack(128, 4), (BATCH, 128, 28, 28)),
         ("bottleneck 256/64 @56", Bottleneck(256, 64), (BATCH, 256, 56, 56)),
         ("resnext bottleneck 256/128 g32 @28", Bottleneck(256, 128, 32), (BATCH, 256, 28, 28)),
         ("single conv3x3 64 @56", nn.Conv2d(64, 64, 3, padding=1), (BATCH, 64, 56, 56)),
@@ -213,6 +251,7 @@ def net_cases() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
          (BATCH, 128, 56, 56)),
         ("small resnet @224 (to 128ch @28)", SmallResNet(), (BATCH, 3, 224, 224)),
         ("resnet-18-like @224 (to 512ch @7)", SmallResNet(deep=True), (BATCH, 3, 224, 224)),
+        ("mobilenet-like @224 (to 256ch @28)", MobileNetLike(), (BATCH, 3, 224, 224)),
     ]
 
 
@@ -232,10 +271,11 @@ def through_graphopt(model: nn.Module, x: torch.Tensor, layout: str
 
 
 def per_net(rounds: int, only: str) -> None:
-    print(f"\n2. blocks and nets through graphopt, target cpu, batch {BATCH}, fp32; ratio = "
-          "BN-folded module time / time after the layout pass (min and median rounds)")
-    print(f"{'model':<36} {'base ms':>8} {'auto':>6} {'(med)':>6} {'forced':>7} {'(med)':>6} "
-          f"{'spread':>6}  auto decision (model gain/cost)")
+    print(f"\n2. blocks and nets through graphopt, target cpu, batch {BATCH}, fp32, {rounds} "
+          "interleaved rounds; ratio = BN-folded module time / time after the layout pass, "
+          "median of per-round ratios (and of fastest rounds)")
+    print(f"{'model':<36} {'base ms':>8} {'auto':>6} {'(min)':>6} {'forced':>7} {'(min)':>6} "
+          f"{'load':>5}  auto decision (model gain/cost)")
     for name, model, shape in net_cases():
         if only and only not in name:
             continue
@@ -248,13 +288,42 @@ def per_net(rounds: int, only: str) -> None:
         with torch.no_grad():
             ref = base(x)
             err = float((forced(x) - ref).abs().max() / ref.abs().max())
-            t = timed_rounds([lambda: base(x), lambda: auto(x), lambda: forced(x)],  # noqa: B023
-                             rounds)
-        (b_min, a_min, f_min), (b_med, a_med, f_med) = ([f(ts) for ts in t]
-                                                        for f in (min, statistics.median))
-        print(f"{name:<36} {b_min * 1e3:8.2f} {b_min / a_min:6.2f} {b_med / a_med:6.2f} "
-              f"{b_min / f_min:7.2f} {b_med / f_med:6.2f} {max(t[0]) / b_min:6.2f}  {decided}"
+            (tb, ta, tf), load = timed_rounds([lambda: base(x), lambda: auto(x),  # noqa: B023
+                                               lambda: forced(x)], rounds)  # noqa: B023
+        print(f"{name:<36} {min(tb) * 1e3:8.2f} {paired(tb, ta):6.2f} {min(tb) / min(ta):6.2f} "
+              f"{paired(tb, tf):7.2f} {min(tb) / min(tf):6.2f} {load:5.2f}  {decided}"
               f"{'' if err < 1e-5 else f'  REL ERR {err:.1e}'}", flush=True)
+
+
+def boundary_in_context(rounds: int, only: str) -> None:
+    print(f"\n3. boundary copies inside a block vs alone, batch {BATCH}, fp32, {rounds} rounds: "
+          "factor = (block with entry+exit copies - block fed channels_last and returning it) "
+          "/ (the same two copies timed alone), median of per-round values")
+    print(f"{'block':<36} {'nchw ms':>8} {'steady':>7} {'bound':>7} {'copies':>7} "
+          f"{'factor':>7} {'load':>5}")
+    for name, model, shape in net_cases()[:4]:
+        if only and only not in name:
+            continue
+        torch.manual_seed(0)
+        model = model.eval()
+        model_cl = copy.deepcopy(model)
+        for mod in model_cl.modules():
+            if isinstance(mod, nn.Conv2d):
+                mod.weight.data = mod.weight.data.contiguous(memory_format=CL)
+        x = torch.randn(shape)
+        x_cl = x.contiguous(memory_format=CL)
+        with torch.no_grad():
+            y_cl = model_cl(x_cl)
+            (nchw, steady, bound, cin, cout), load = timed_rounds(
+                [lambda: model(x), lambda: model_cl(x_cl),  # noqa: B023
+                 lambda: model_cl(x.contiguous(memory_format=CL)).contiguous(),  # noqa: B023
+                 lambda: x.contiguous(memory_format=CL), lambda: y_cl.contiguous()],  # noqa: B023
+                rounds)
+        factor = statistics.median((b - s) / (i + o) for b, s, i, o in zip(bound, steady, cin,
+                                                                          cout, strict=True))
+        print(f"{name:<36} {min(nchw) * 1e3:8.2f} {min(steady) * 1e3:7.2f} "
+              f"{min(bound) * 1e3:7.2f} {(min(cin) + min(cout)) * 1e3:7.2f} {factor:7.2f} "
+              f"{load:5.2f}", flush=True)
 
 
 def main() -> None:
@@ -262,7 +331,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--only", default="", help="run cases whose name contains this")
-    ap.add_argument("--part", type=int, default=0, help="1 or 2 (default: both)")
+    ap.add_argument("--part", type=int, default=0, help="1, 2 or 3 (default: all)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -273,6 +342,8 @@ def main() -> None:
         per_conv(args.rounds, args.only)
     if args.part in (0, 2):
         per_net(args.rounds, args.only)
+    if args.part in (0, 3):
+        boundary_in_context(args.rounds, args.only)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,11 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     mode = ctx.options.quantize
     if mode == "none":
         return False
+    if mode == "auto" and ctx.options.precision != "auto":
+        # an explicit precision is a numerics contract: INT8 only when asked for by name
+        ctx.notes["quantize"] = {"applied": 0, "reason": f"precision={ctx.options.precision} "
+                                 "was requested explicitly; pass quantize='int8' to add INT8"}
+        return False
     changed = False
     for node in list(gm.graph.nodes):
         if not is_aten(node, "linear"):
