@@ -140,7 +140,8 @@ class Optimized:
 
 def optimize(model: torch.nn.Module, example_inputs: Any,
              target: str | HardwareProfile = "h100", *, precision: str = "auto",
-             pad: str = "auto", layout: str = "auto", quantize: str = "auto") -> Optimized:
+             pad: str = "auto", layout: str = "auto", quantize: str = "auto",
+             measure: bool | None = None) -> Optimized:
     """Optimize ``model`` for ``target``; its outputs stay equal within the reported tolerance.
 
     Args:
@@ -152,12 +153,14 @@ def optimize(model: torch.nn.Module, example_inputs: Any,
         layout: "auto" (cost model) | "channels_last" | "keep".
         quantize: dynamic INT8 Linear on the host CPU, "auto" (where the cost model says it
             pays: VNNI/AMX CPUs) | "int8" (every eligible Linear) | "none".
+        measure: time each auto-decided pass and revert it if slower; default: only when the
+            target is this machine's CPU ("cpu").
     """
     from graphopt.rewrites.context import OptimizeOptions
     from graphopt.rewrites.pipeline import optimize_torch
 
     options = OptimizeOptions(precision=precision, pad=pad, layout=layout,  # type: ignore[arg-type]
-                              quantize=quantize)  # type: ignore[arg-type]
+                              quantize=quantize, measure=measure)  # type: ignore[arg-type]
     gm, plan, info = optimize_torch(model, example_inputs, target, options)
     args = info.pop("example_inputs")
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]

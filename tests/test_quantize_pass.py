@@ -39,7 +39,7 @@ def test_forced_int8_on_host_cpu_is_within_int8_tolerance():
 
 def test_auto_follows_the_cost_model_and_the_isa():
     model, x = _mlp()
-    opt = graphopt.optimize(model, x, target="cpu")
+    opt = graphopt.optimize(model, x, target="cpu", measure=False)  # the cost model alone
     pays, _ = int8_pays_on_cpu(get_target("cpu"))
     planned = [n.name for n in opt.plan.nodes
                if n.decisions.get("precision") is not None
@@ -64,3 +64,18 @@ def test_none_disables_it():
     model, x = _mlp()
     opt = graphopt.optimize(model, x, target="cpu", quantize="none")
     assert _quantized(opt) == [] and "quantize" not in opt.info["passes_applied"]
+
+
+def test_measured_guard_reverts_a_slower_pass(monkeypatch):
+    """On the host target, an auto pass that measures slower is reverted with the timing."""
+    from graphopt.rewrites import pipeline
+
+    model, x = _mlp()
+    monkeypatch.setattr(pipeline, "faster_or_equal", lambda before, after, args: (False, 1e-3,
+                                                                                   2e-3))
+    opt = graphopt.optimize(model, x, target="cpu", quantize="auto", measure=True)
+    if not int8_pays_on_cpu(get_target("cpu"))[0]:
+        pytest.skip("this CPU has no VNNI/AMX: the cost model never proposes INT8 here")
+    assert _quantized(opt) == []
+    assert any("measured slower" in r["reason"] for r in opt.info["passes_reverted"])
+

@@ -38,6 +38,9 @@ class OptimizeOptions:
     quantize: Literal["auto", "int8", "none"] = "auto"
     #: padding must be predicted at least this much faster (Inductor's pad_mm uses 1.1x)
     pad_margin: float = 1.1
+    #: time each auto-decided pass on this machine and revert it if slower; None = only when
+    #: the target is this machine's CPU (the only case where the measurement means anything)
+    measure: bool | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():

@@ -23,6 +23,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import Decision, Plan
 from graphopt.planner import build_plan
 from graphopt.rewrites.context import OptimizeOptions, RewriteContext, TorchPass
+from graphopt.rewrites.measure import faster_or_equal
 from graphopt.rewrites.verify import compare_outputs, tolerance_for
 
 __all__ = ["default_passes", "optimize_torch", "prepare"]
@@ -128,6 +129,14 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
             if tol_key == "compute":
                 ctx.compute_dtype = "fp32"
             continue
+        slower = _measured_slower(name, before, gm, ctx)
+        if slower is not None:
+            reverted.append({"pass": name, "reason": slower})
+            gm = before
+            ctx.decisions = _mark_reverted(saved, ctx.decisions, slower)
+            if tol_key == "compute":
+                ctx.compute_dtype = "fp32"
+            continue
         applied.append(name)
         if tol.rel_to_scale > final_tol.rel_to_scale:
             final_tol = tol
@@ -157,6 +166,28 @@ def strip_unused(gm: fx.GraphModule) -> None:
             delattr(owner, attr)
     gm.delete_all_unused_submodules()
     gm.recompile()
+
+
+# which option decides each pass: a pass forced by its option is never measured away
+_PASS_OPTION = {"padding": "pad", "layout": "layout", "precision": "precision",
+                "quantize": "quantize"}
+
+
+def _measured_slower(name: str, before: fx.GraphModule, after: fx.GraphModule,
+                     ctx: RewriteContext) -> str | None:
+    """A reason to revert ``name`` if it measured slower on this machine, else None."""
+    option = _PASS_OPTION.get(name)
+    measure = ctx.options.measure
+    if measure is None:
+        measure = ctx.target.kind == "cpu" and ctx.target.name == "cpu"
+    if not measure or option is None or getattr(ctx.options, option) != "auto":
+        return None
+    keep, tb, ta = faster_or_equal(before, after, ctx.example_inputs)
+    ctx.notes.setdefault("measured", {})[name] = {"before_s": tb, "after_s": ta, "kept": keep}
+    if keep:
+        return None
+    return (f"reverted, measured slower on this machine: {ta * 1e3:.3g} ms after vs "
+            f"{tb * 1e3:.3g} ms before ({tb / ta:.2f}x)")
 
 
 def _mark_reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],
