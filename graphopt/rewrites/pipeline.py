@@ -122,18 +122,13 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         if result is None or not all(c.within for c in result):
             worst = "fails to run" if result is None else "; ".join(
                 c.describe() for c in result if not c.within)
-            reason = f"reverted, outputs out of tolerance: {worst}"
+            reason: str | None = f"reverted, outputs out of tolerance: {worst}"
+        else:
+            reason = _measured_slower(name, before, gm, ctx)
+        if reason is not None:
             reverted.append({"pass": name, "reason": reason})
             gm = before
             ctx.decisions = _mark_reverted(saved, ctx.decisions, reason)
-            if tol_key == "compute":
-                ctx.compute_dtype = "fp32"
-            continue
-        slower = _measured_slower(name, before, gm, ctx)
-        if slower is not None:
-            reverted.append({"pass": name, "reason": slower})
-            gm = before
-            ctx.decisions = _mark_reverted(saved, ctx.decisions, slower)
             if tol_key == "compute":
                 ctx.compute_dtype = "fp32"
             continue
