@@ -18,6 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from graphopt.report.html import render_html
+from tests.test_report_partition import ROWS, with_partition
 from tests.test_report_render import (
     EVIL_NODE,
     EVIL_TENSOR,
@@ -244,6 +245,23 @@ def test_multi_target_deployment_columns(chromium: str, tmp_path: Path) -> None:
     assert rows["max batch size"] == ["1,169,904", "1,169,904"]
     assert rows["sdpa_backends"] == ["flash, efficient, math"] * 2
     assert len(dom.root.all("details", "more")) == len(dom.root.all("table", "mem-table")) == 2
+
+
+def test_partition_timeline_and_device_chip(chromium: str, tmp_path: Path) -> None:
+    dom = _load(chromium, tmp_path, with_partition(make_plan()))
+    [svg] = dom.root.all("svg", "gantt")
+    assert [t.text for t in svg.all("text", "dev")] == ["cuda:0cuda:0 · h100-sxm",
+                                                         "cuda:1cuda:1 · a100-sxm"]
+    assert len(svg.all("rect", "link")) == 2 and len(svg.all("rect", "gx")) == 2
+    bars = svg.all("rect", "gb")
+    # lane by lane (cuda:0, cuda:1), each in start order
+    assert [b.attrs["data-node"] for b in bars] == [r[0] for r in sorted(ROWS, key=lambda r: r[1:])]
+    assert EVIL_NODE in [b.text.split("\n")[0] for b in bars]  # the tooltip, as text
+    assert len(dom.scripts) == 2 and dom.root.all("table", "part-dev")
+    # the decisions column: precision · exec path · device in one chip
+    cells = {r["name"]: r["cells"][-1] for r in dom.rows}
+    assert cells["lm_head"] == "bf16 · tma_wgmma · cuda:0"
+    assert cells[EVIL_NODE] == "cuda:1layout: <b>nhwc</b>"
 
 
 def test_paging_of_large_tables(chromium: str, tmp_path: Path) -> None:

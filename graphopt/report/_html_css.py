@@ -161,5 +161,22 @@ details.more summary{cursor:pointer;color:var(--accent);margin:0 0 10px;font-wei
 .dgrid .wide{grid-column:1/-1}
 .dec dl.ex{display:grid;grid-template-columns:max-content 1fr;gap:0 12px;margin:3px 0 0;
 font-family:var(--mono);font-size:11.5px;color:var(--faint)}
+.part{margin:0 0 16px}
+.pgrid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:4px 28px}
+.pgrid>div{min-width:0}.scroll,.gwrap{overflow-x:auto}
+.ptop{display:flex;flex-wrap:wrap;gap:4px 28px}.ptop>div:first-child{flex:1 1 360px}
+.ptop>div:last-child{flex:0 1 auto;max-width:100%;margin-top:6px}
+svg.gantt{width:100%;min-width:640px;height:auto;display:block;font-family:var(--sans)}
+.gantt .lane{fill:var(--line2)}.gantt .lane.link{fill:var(--bg)}
+.gantt .ll{fill:var(--fg);font:11px var(--mono)}.gantt .ll.link{fill:var(--muted);font-size:9px}
+.gantt .gt{stroke:var(--line);stroke-width:1}
+.gantt .ax{fill:var(--muted);font-size:10.5px}
+.gantt [data-node]{cursor:pointer}
+.gantt .gb:hover,.gantt .gx:hover{stroke:var(--fg);stroke-width:1}
+.gkeys{margin:8px 0 0}
+.panel h4 .hint{text-transform:none;letter-spacing:0;font-weight:400;color:var(--faint);
+margin-left:6px}
+.gantt .gb,.gantt .gx{stroke:var(--panel);stroke-width:.6}.gantt .m{stroke:none}
+.gantt .gx,.sw.cp{fill:var(--fg);background:var(--fg)}
 footer{color:var(--faint);font-size:11.5px;text-align:center;padding:10px 0 24px}
 """

@@ -79,16 +79,18 @@ function bnCell(r, t) {
   return td;
 }
 function decCell(r, t) {
-  // precision and exec path as one chip ("bf16 \u00b7 tma_wgmma"), other decisions after it
-  const td = el("td", "decs"), ds = per(r, t, "decisions") || [], head = per(r, t, "dhead");
-  const hs = ds.filter((d) => d[5]);
+  // precision, exec path and device as one chip ("bf16 \u00b7 tma_wgmma \u00b7 cuda:0"),
+  // the other decisions after it
+  const td = el("td", "decs"), ds = per(r, t, "decisions") || [];
+  const dev = ds.find((d) => d[0] === "device"), hs = ds.filter((d) => d[5] || d === dev);
+  const head = [per(r, t, "dhead"), dev ? dev[1] : ""].filter((x) => x).join(DOT);
   if (head) {
     const c = el("span", hs.length && hs[0][4] === 1 ? "chip yes" : "chip", head);
     c.title = hs.map((d) => d[0] + ": " + (d[2] || "")).join("\n");
     td.appendChild(c);
   }
   for (const d of ds) {
-    if (d[5]) continue;
+    if (d[5] || d === dev) continue;
     const c = el("span", chipCls(d), d[0] + ": " + d[1]);
     c.title = d[2] || "";
     td.appendChild(c);
@@ -382,6 +384,14 @@ for (const b of document.querySelectorAll("button[data-class]")) {
 }
 for (const b of document.querySelectorAll(".jump[data-idx]")) {
   b.addEventListener("click", () => focus(R[Number(b.dataset.idx)]));
+}
+const BYNAME = new Map();
+for (const r of R) if (!BYNAME.has(r.name)) BYNAME.set(r.name, r);
+for (const b of document.querySelectorAll("svg.gantt [data-node]")) {
+  b.addEventListener("click", () => {
+    const r = BYNAME.get(b.getAttribute("data-node"));
+    if (r) focus(r);
+  });
 }
 window.addEventListener("hashchange", () => { S = readHash(); controls(); update(); });
 S = readHash();

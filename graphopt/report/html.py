@@ -333,7 +333,8 @@ def render_html(report: Mapping[str, Any], *, page_size: int = 200) -> str:
         costly, findings = issues(plan, index)
         sections.append(f'<section class="grid"><div class="col">{_time_panel(plan, colors)}'
                         f'{costly}</div><div class="col">{_roofline(plan, t, colors)}'
-                        f"{findings}</div></section>{deployment(plan, collapsed=multi)}")
+                        f"{findings}</div></section>"
+                        f"{deployment(plan, collapsed=multi, colors=colors)}")
     options = "".join(f'<option value="{esc(c)}">{esc(c)}</option>' for c in colors)
     bn_label = "All bottlenecks" + (f" ({target_name(first.get('target') or {})})"
                                     if len(plans) > 1 else "")

@@ -1,5 +1,5 @@
 """HTML panels of a plan: summary cards, findings, target comparison and the deployment panels
-(memory, quantization, runtime settings, optimization).
+(memory, quantization, runtime settings, optimization; the partition from ``partition_html``).
 
 Every text goes through ``esc`` (``html.escape`` with quotes): reasons and notes name the model's
 tensors and targets, so they are untrusted like node names. The facts come from ``sections_md``,
@@ -23,6 +23,8 @@ from graphopt.report.markdown import (
     fmt_si,
     fmt_value,
 )
+from graphopt.report.partition_html import partition_panel
+from graphopt.report.partition_md import partition_facts
 from graphopt.report.sections_md import (
     deployment_rows,
     memory_facts,
@@ -126,6 +128,11 @@ def cards(plan: Mapping[str, Any]) -> str:
                f"{fmt_bytes(q.get('est_memory_bytes'))}") if q.get("format") else "no weights"
         out.append(card("Recommended weights", str(q.get("display") or q.get("format") or "none"),
                         sub, small=True))
+    part = _section(plan, "partition")
+    if part:
+        facts = {k: v for k, v, _ in partition_facts(part)}
+        out.append(card("Split across devices", f"{facts['devices']} · {facts['strategy']}",
+                        f"makespan {facts['makespan']} · {facts['transfers']}", small=True))
     if opt:
         facts = {k: v for k, v, _ in optimization_facts(opt)}
         out.append(card("Optimized", facts["compute dtype"], f"passes: {facts['passes applied']}"
@@ -243,19 +250,24 @@ def _optimization(opt: Mapping[str, Any]) -> str:
                f"</table>" if groups else "") + "</div>")
 
 
-def deployment(plan: Mapping[str, Any], collapsed: bool = False) -> str:
-    """Memory + quantization, then runtime settings + optimization, as a two-column grid."""
+def deployment(plan: Mapping[str, Any], collapsed: bool = False,
+               colors: Mapping[str, str] | None = None) -> str:
+    """Memory + quantization, then runtime settings + optimization, as a two-column grid; the
+    partition across devices (if any) full width below it. ``colors``: the kernel-class colours
+    of the page (default: those of this plan alone)."""
     mem, q, rt, opt = (_section(plan, k) for k in ("memory", "quantization", "runtime_settings",
                                                    "optimization"))
     left = (_memory(mem) if mem else "") + (_runtime(rt) if rt else "")
     right = (_optimization(opt) if opt else "") + (_quantization(q) if q else "")
-    if not left and not right:
+    part = partition_panel(plan, colors)
+    if not left and not right and not part:
         return ""
     grid = (f'<section class="grid deploy"><div class="col">{left}</div>'
-            f'<div class="col">{right}</div></section>')
+            f'<div class="col">{right}</div></section>' if left or right else "") + part
     if not collapsed:
         return grid
-    return (f'<details class="more"><summary>Memory, quantization and runtime settings on '
+    what = "Memory, quantization, runtime settings" + (" and partition" if part else "")
+    return (f'<details class="more"><summary>{what} on '
             f'{esc(target_name(plan.get("target") or {}))}</summary>{grid}</details>')
 
 

@@ -1,5 +1,6 @@
-"""The deployment sections of a plan (memory, quantization, runtime settings, optimization) and
-the per-node decisions, as markdown; the fact lists here are shared with the HTML renderer.
+"""The deployment sections of a plan (memory, quantization, runtime settings, optimization, and
+the partition from ``partition_md``) and the per-node decisions, as markdown; the fact lists here
+are shared with the HTML renderer.
 
 Both renderers print the same facts from the same functions (``memory_facts``, ``quant_facts``,
 ``optimization_facts``, ``deployment_rows``, ``decision_head``...), so the two reports cannot
@@ -33,6 +34,7 @@ from graphopt.report.markdown import (
     ordered_kinds,
     yes_no,
 )
+from graphopt.report.partition_md import partition_md
 
 __all__ = [
     "deployment_md",
@@ -322,7 +324,7 @@ def deployment_md(plan: Mapping[str, Any], h: str) -> list[str]:
         section = plan.get(key)
         if isinstance(section, Mapping) and section:
             out += render(section, h)
-    return out
+    return out + partition_md(plan, h)
 
 
 def deployment_table(plans: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -341,11 +343,14 @@ def deployment_table(plans: Sequence[Mapping[str, Any]]) -> list[str]:
 # --------------------------------------------------------------------------- nodes
 
 def _decision_cell(decisions: Any) -> str:
+    """``bf16 · tma_wgmma · cuda:0; padding: not applied``: the head, its device, the rest."""
     if not isinstance(decisions, Mapping):
         return "—"
-    bits = [md_text(decision_head(decisions))] if decision_head(decisions) else []
+    head = [decision_head(decisions)] if decision_head(decisions) else []
+    head += [decision_summary(decisions["device"])] if "device" in decisions else []
+    bits = [md_text(" · ".join(head))] if head else []
     bits += [f"{md_text(k)}: {md_text(decision_summary(decisions[k]))}"
-             for k in ordered_kinds(decisions) if k not in HEAD_KINDS]
+             for k in ordered_kinds(decisions) if k not in (*HEAD_KINDS, "device")]
     return "; ".join(bits) or "—"
 
 

@@ -1,0 +1,261 @@
+"""The ``partition`` panel of the HTML report: facts, per-device table, pipeline stages, copies,
+and a timeline (Gantt chart) drawn as inline SVG.
+
+The chart has one lane per device, with a bar per node from its start to its finish coloured by
+its kernel class, and one thin lane per link direction with a bar per copy. Every bar carries a
+``<title>`` tooltip; a node's bar also carries its name in ``data-node``, which the page script
+turns into a jump to the node table. Large graphs: above ``DETAIL_BARS`` rows the bars narrower
+than one pixel are merged per pixel column and lane (the column's dominant class, opacity = how
+busy it is), so a 50k-node schedule draws at most a few elements per pixel column. Every text is
+escaped; all numbers are formatted with fixed precision, so the same report gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from graphopt.report.markdown import finite, fmt_bytes, fmt_seconds
+from graphopt.report.partition_md import (
+    device_rows,
+    items,
+    largest_transfers,
+    link_rows,
+    partition_facts,
+    partition_of,
+    span_s,
+    stage_rows,
+)
+
+__all__ = ["DETAIL_BARS", "gantt", "partition_panel"]
+
+DETAIL_BARS = 2000  # up to this many rows every bar is drawn; above, sub-pixel bars are merged
+_W, _PL, _PR, _PT = 1000, 118, 14, 8  # viewBox width, label column, right and top padding
+_LANE, _LINK, _GAP, _AXIS = 22, 9, 5, 24  # lane heights, gap between lanes, axis band (px)
+_MIN_W = 0.8  # a bar is drawn at least this wide, so a 1 ns node still shows
+_LABEL = 17  # lane labels longer than this are cut (the full name is in the tooltip)
+_NO_CLASS = "#9aa3ad"
+_COPY = "#2b2f36"  # copies: near-black (the CSS follows the theme), apart from every class
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _colors(plan: Mapping[str, Any]) -> dict[str, str]:
+    """The page's kernel-class colours, so the timeline matches the roofline and the table."""
+    from graphopt.report.html import _class_colors  # html.py imports this module's caller
+
+    return _class_colors([plan])
+
+
+def _ticks(span: float) -> list[float]:
+    """About eight ticks at 1, 2 or 5 times a power of ten."""
+    raw = span / 8
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    return [i * step for i in range(int(span / step + 1e-9) + 1)]
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _LABEL else text[: _LABEL - 1] + "…"
+
+
+Row = tuple[float, float, str, str, str]  # start, finish, fill, node or tensor, class or link
+
+
+def _tip(cls: str, lane: str, row: Row) -> str:
+    a, b, _, label, detail = row
+    times = f"{fmt_seconds(a)} → {fmt_seconds(b)} ({fmt_seconds(b - a)})"
+    return f"{label}\n{lane} · {detail}\n{times}" if cls == "gb" else f"{label}: {detail}\n{times}"
+
+
+def _lane(rows: list[Row], y: float, h: float, scale: float, merge: bool, cls: str,
+          lane: str) -> list[str]:
+    """One lane's bars; with ``merge``, bars under a pixel wide become one bar per column run."""
+    out: list[str] = []
+    cols: dict[int, list[Any]] = {}  # column -> [count, busy s, {fill: s}, first, last]
+    pw = _W - _PL - _PR
+    for row in sorted(rows, key=lambda r: (r[0], r[1], r[3])):
+        start, finish, fill, label, _ = row
+        x, w = _PL + start * scale, (finish - start) * scale
+        if merge and w < 1.0:
+            c = min(max(int(x - _PL), 0), pw - 1)
+            acc = cols.setdefault(c, [0, 0.0, {}, label, label])
+            acc[0] += 1
+            acc[1] += finish - start
+            acc[2][fill] = acc[2].get(fill, 0.0) + (finish - start)
+            acc[4] = label
+            continue
+        data = f' data-node="{_esc(label)}"' if cls == "gb" else ""
+        out.append(f'<rect class="{cls}"{data} x="{x:.2f}" y="{y:.1f}" '
+                   f'width="{max(w, _MIN_W):.2f}" height="{h}" fill="{fill}"><title>'
+                   f"{_esc(_tip(cls, lane, row))}</title></rect>")
+    runs: list[list[Any]] = []  # [first col, last col, fill, opacity, count, busy, first, last]
+    for c in sorted(cols):
+        n, busy, fills, first, last = cols[c]
+        fill = min(fills, key=lambda f: (-fills[f], f))
+        opacity = min(1.0, max(0.3, round(busy * scale, 1)))  # share of the column that is busy
+        prev = runs[-1] if runs else None
+        if prev and prev[1] == c - 1 and prev[2] == fill and prev[3] == opacity:
+            prev[1], prev[4], prev[5], prev[7] = c, prev[4] + n, prev[5] + busy, last
+        else:
+            runs.append([c, c, fill, opacity, n, busy, first, last])
+    for c0, c1, fill, opacity, n, busy, first, last in runs:
+        what = "copies" if cls == "gx" else "nodes"
+        tip = (f"{n:,} short {what} on {lane}, {fmt_seconds(busy)} busy\nfirst: {first}"
+               + (f"\nlast: {last}" if n > 1 else ""))
+        out.append(f'<rect class="{cls} m" x="{_PL + c0}" y="{y:.1f}" width="{c1 - c0 + 1}" '
+                   f'height="{h}" fill="{fill}" fill-opacity="{opacity:.1f}"><title>'
+                   f"{_esc(tip)}</title></rect>")
+    return out
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if type(x) in (float, int) and math.isfinite(x) else finite(x)
+
+
+def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, dict[str, float]]:
+    """The SVG and the busy time per kernel class (for the legend)."""
+    part = partition_of(plan)
+    span = span_s(part)
+    sched, xfers = items(part, "schedule"), items(part, "transfers")
+    if span <= 0 or not sched:
+        return "", {}
+    kc = {str(n.get("name")): str(n.get("kernel_class") or "?") for n in plan.get("nodes") or []
+          if isinstance(n, Mapping)}
+    devices = [str(d.get("name", "?")) for d in items(part, "devices")]
+    devices += sorted({str(s.get("device")) for s in sched} - set(devices))
+    targets = {str(d.get("name")): str(d.get("target") or "?") for d in items(part, "devices")}
+    links = [(r.src, r.dst) for r in link_rows(part)]
+    pw = _W - _PL - _PR
+    scale = pw / span
+    merge = len(sched) + len(xfers) > DETAIL_BARS
+    lanes: dict[str, list[Row]] = {d: [] for d in devices}
+    by_class: dict[str, float] = {}
+    for s in sched:
+        a, b = _num(s.get("start_s")), _num(s.get("finish_s"))
+        if a is None or b is None:
+            continue
+        name = str(s.get("node", "?"))
+        cls = kc.get(name, "?")
+        by_class[cls] = by_class.get(cls, 0.0) + max(b - a, 0.0)
+        lanes[str(s.get("device"))].append((a, max(b, a), colors.get(cls, _NO_CLASS), name, cls))
+    copies: dict[tuple[str, str], list[Row]] = {k: [] for k in links}
+    for t in xfers:
+        a, b = _num(t.get("start_s")), _num(t.get("finish_s"))
+        key = (str(t.get("src", "?")), str(t.get("dst", "?")))
+        if a is None or b is None or key not in copies:
+            continue
+        copies[key].append((a, max(b, a), _COPY, str(t.get("tensor", "?")),
+                            f"{key[0]} → {key[1]}, {fmt_bytes(t.get('bytes'))}"))
+    # lane backgrounds, then the time grid, then the bars on top of both
+    back, bars, y = [], [], float(_PT)
+    rows = [(dev, lanes[dev], _LANE, "gb", "dev", f"{dev} · {targets.get(dev, '?')}")
+            for dev in devices]
+    rows += [(f"{a} → {b}", copies[a, b], _LINK, "gx", "link", f"copies {a} → {b}")
+             for a, b in links]
+    for label, lane, h, cls, kind, tip in rows:
+        back.append(f'<rect class="lane {kind}" x="{_PL}" y="{y:.1f}" width="{pw}" '
+                    f'height="{h}"/><text class="ll {kind}" x="{_PL - 8}" '
+                    f'y="{y + h / 2 + (4 if kind == "dev" else 3):.1f}" text-anchor="end">'
+                    f"{_esc(_cut(label))}<title>{_esc(tip)}</title></text>")
+        bars += _lane(lane, y, h, scale, merge, cls, label)
+        y += h + _GAP
+    bottom = y - _GAP
+    for tick in _ticks(span):
+        x = _PL + tick * scale
+        back.append(f'<line class="gt" x1="{x:.1f}" y1="{_PT}" x2="{x:.1f}" '
+                    f'y2="{bottom + 4:.1f}"/><text class="ax" x="{x:.1f}" y="{bottom + 16:.1f}" '
+                    f'text-anchor="middle">{"0" if tick == 0 else _esc(fmt_seconds(tick))}</text>')
+    svg = (f'<svg class="gantt" viewBox="0 0 {_W} {bottom + _AXIS:.0f}" role="img" '
+           f'aria-label="Timeline of {len(sched):,} nodes on {len(devices)} devices" '
+           f'data-merged="{int(merge)}">{"".join(back + bars)}</svg>')
+    return svg, by_class
+
+
+def gantt(plan: Mapping[str, Any], colors: Mapping[str, str] | None = None) -> str:
+    """The timeline SVG: device lanes, then one thin lane per link direction, then the axis."""
+    return _timeline(plan, _colors(plan) if colors is None else colors)[0]
+
+
+def _legend(by_class: Mapping[str, float], colors: Mapping[str, str], copies: bool) -> str:
+    keys = [f'<span><i class="sw" style="background:{colors.get(c, _NO_CLASS)}"></i>{_esc(c)}'
+            f"</span>" for c in sorted(by_class, key=lambda c: (-by_class[c], c))]
+    if copies:
+        keys.append('<span><i class="sw cp"></i>copy between devices</span>')
+    return f'<div class="keys gkeys">{"".join(keys)}</div>'
+
+
+def _bar(frac: float) -> str:
+    return (f'<span class="sharebar"><span style="width:{100 * frac:.1f}%"></span></span>')
+
+
+def _table(head: list[str], align: str, rows: list[str], cls: str) -> str:
+    ths = "".join(f'<th{" class=num" if a == "r" else ""}>{_esc(h)}</th>'
+                  for h, a in zip(head, align, strict=True))
+    return (f'<table class="{cls}"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}'
+            f"</tbody></table>")
+
+
+def _td(text: str, cls: str = "", extra: str = "") -> str:
+    attr = f' class="{cls}"' if cls else ""
+    return f"<td{attr}>{_esc(text)}{extra}</td>"
+
+
+def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = None) -> str:
+    """The full-width panel for a plan split across devices, or "" when it is not split."""
+    part = partition_of(plan)
+    if not part:
+        return ""
+    colors = _colors(plan) if colors is None else colors
+    facts = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}"
+                    + (f' <span class="faint">{_esc(d)}</span>' if d else "") + "</dd>"
+                    for k, v, d in partition_facts(part))
+    devs = [f'<tr>{_td(r.name, "mono")}{_td(r.target, "mono faint")}{_td(r.used, "num")}'
+            f'{_td(r.usable, "num faint")}{_td(r.used_pct, "num", _bar(r.used_frac))}'
+            f'{_td(r.busy, "num")}{_td(r.util, "num", _bar(r.util_frac))}{_td(r.nodes, "num")}'
+            f"</tr>" for r in device_rows(part)]
+    left = f'<dl class="facts">{facts}</dl>'
+    right = _table(["device", "target", "memory used", "usable", "used", "busy", "utilization",
+                    "nodes"], "llrrrrrr", devs, "part-dev") if devs else ""
+    chart, by_class = _timeline(plan, colors)
+    legend = _legend(by_class, colors, bool(items(part, "transfers")))
+    timeline = (f'<h4>Timeline<span class="hint">hover a bar for the node; click it to open the '
+                f'node below</span></h4><div class="gwrap">{chart}</div>{legend}'
+                if chart else "")
+    if chart and 'data-merged="1"' in chart:
+        timeline += ('<div class="cap">Bars narrower than a pixel are merged per pixel column; '
+                     "the fainter, the less of the column is busy.</div>")
+    stages = [f'<tr>{_td(s.stage, "num")}{_td(s.device, "mono")}{_td(s.nodes, "num")}'
+              f'<td class="mono trunc" title="{_esc(s.first)} … {_esc(s.last)}">'
+              f'{_esc(s.first)} … {_esc(s.last)}</td>{_td(s.time, "num", _bar(s.frac))}</tr>'
+              for s in stage_rows(part)]
+    below = ("<h4>Pipeline stages</h4>" + _table(
+        ["stage", "device", "nodes", "nodes from … to", "stage time"], "rlrlr", stages,
+        "part-stages") if stages else "")
+    links = [f'<tr>{_td(r.src, "mono")}{_td(r.dst, "mono")}{_td(r.copies, "num")}'
+             f'{_td(r.size, "num")}{_td(r.time, "num")}{_td(r.busy_pct, "num")}</tr>'
+             for r in link_rows(part)]
+    top = [f'<tr><td class="mono trunc" title="{_esc(t)}">{_esc(t)}</td>{_td(a, "mono")}'
+           f'{_td(b, "mono")}{_td(size, "num")}{_td(start, "num")}{_td(dur, "num")}</tr>'
+           for t, a, b, size, start, dur in largest_transfers(part)]
+    if links:
+        n = len(items(part, "transfers"))
+        below += "<h4>Transfers</h4>" + _table(
+            ["from", "to", "copies", "bytes", "time on link", "of makespan"], "llrrrr", links,
+            "part-links")
+        below = (f'<div class="scroll">{below}</div><div class="scroll"><h4>'
+                 f"{'Largest copies' if n > len(top) else 'Copies'}<span class=\"hint\">"
+                 f"{len(top)} of {n:,}, largest first</span></h4>"
+                 + _table(["tensor", "from", "to", "size", "start", "time"], "lllrrr", top,
+                          "part-xfer") + "</div>")
+    elif below:
+        below = f'<div class="scroll">{below}</div>'
+    hint = f"{part.get('strategy') or '?'} · makespan {fmt_seconds(part.get('makespan_s'))}"
+    return (f'<section class="panel part"><h3>Partition across devices<span class="hint">'
+            f'{_esc(hint)}</span></h3><div class="ptop"><div>{left}</div><div class="scroll">'
+            f'{right}</div></div>{timeline}'
+            + (f'<div class="pgrid">{below}</div>' if below else "") + "</section>")
