@@ -8,14 +8,13 @@ __all__ = ["link_between", "transfer_time_s"]
 
 
 def link_between(a: HardwareProfile, b: HardwareProfile) -> Link:
-    """The path data takes from ``a`` to ``b``.
+    """The path data takes from a device of profile ``a`` to another device of profile ``b``
+    (two distinct devices, even when they share a profile: two H100s talk over NVLink).
 
     Two GPUs that both have a peer link (NVLink) use the slower of the two; otherwise data goes
     through the host over each side's PCIe link, so bandwidth is the slower link's and the
     latencies add. A CPU is the host: only the GPU's link is crossed.
     """
-    if a is b:
-        return Link("local", float("inf"), 0.0)
     if a.peer_link is not None and b.peer_link is not None:
         fast = min((a.peer_link, b.peer_link), key=lambda link: link.bandwidth_bytes_per_s)
         return Link(fast.name, fast.bandwidth_bytes_per_s,
@@ -29,7 +28,8 @@ def link_between(a: HardwareProfile, b: HardwareProfile) -> Link:
 
 
 def transfer_time_s(nbytes: float, a: HardwareProfile, b: HardwareProfile) -> float:
-    """Seconds to move ``nbytes`` from ``a`` to ``b`` (latency + size / bandwidth)."""
+    """Seconds to move ``nbytes`` from ``a`` to ``b`` (latency + size / bandwidth); the same
+    profile object on both sides means the same device: nothing moves."""
     if a is b:
         return 0.0
     return link_between(a, b).transfer_time_s(nbytes)

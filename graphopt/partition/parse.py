@@ -1,0 +1,151 @@
+"""Devices from the ``--devices`` flag or from this machine.
+
+Grammar (comma-separated): ``NAME[=TARGET][:CAP]``.
+
+1. ``cuda:0=h100`` -- a device named ``cuda:0`` with the h100 profile.
+2. ``cuda:1=a100:40GB`` -- the same with a memory cap; CAP is a number with a unit
+   (GB/MB/TB = 10^9/10^6/10^12 bytes, GiB/MiB/TiB = powers of 2; case-insensitive).
+3. ``cpu`` / ``cpu:64GB`` / ``cpu:1`` -- a name starting with ``cpu`` and no TARGET is the host
+   CPU profile; ``gpu``/``cuda:N`` alone is this machine's CUDA device; any other bare name
+   (``h100``) is a target name used as both name and target.
+
+Usable memory = min(cap, total - reserve) with the reserve policy of
+:func:`graphopt.decisions.memory.usable_memory`; a cap above the device's total memory is a
+mistake, not a wish, and is refused. Links come from :func:`graphopt.cost.link_between` for each
+ordered pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+from graphopt.cost.transfer import link_between
+from graphopt.decisions.memory import usable_memory
+from graphopt.errors import GraphoptError
+from graphopt.hardware import get_target, host_cpu_profile
+from graphopt.hardware.profile import HardwareProfile, Link
+from graphopt.partition.devices import Device, DeviceSet
+
+__all__ = ["detect_devices", "make_device_set", "parse_devices", "parse_size"]
+
+logger = logging.getLogger(__name__)
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+_EXAMPLE = "e.g. --devices cuda:0=h100,cuda:1=a100:40GB,cpu:64GB"
+
+
+def parse_size(text: str) -> int:
+    """``"40GB"`` -> 40_000_000_000 bytes; a missing or unknown unit is an error."""
+    m = _SIZE.match(text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise GraphoptError(f"memory cap {text!r} is not a size with a unit",
+                            "write it like 40GB, 40GiB, 512MiB or 1TB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _looks_like_size(text: str) -> bool:
+    return _SIZE.match(text) is not None
+
+
+def _split_item(item: str) -> tuple[str, str | None, str | None]:
+    """``NAME[=TARGET][:CAP]`` -> (name, target or None, cap text or None)."""
+    if "=" in item:
+        name, _, rest = item.partition("=")
+        target, cap = rest, None
+        head, sep, tail = rest.rpartition(":")
+        if sep and _looks_like_size(tail):
+            target, cap = head, tail
+        elif sep and not (tail.strip().isdigit() and head.strip().lower() in ("cuda", "gpu")):
+            # (cuda:0=cuda:1 names this machine's second GPU)
+            unit = " has no unit" if tail.strip().isdigit() else " is not a memory cap"
+            raise GraphoptError(f"device {item!r}: {tail!r} after ':'{unit}",
+                                f"write NAME=TARGET:CAP with a unit, {_EXAMPLE}")
+        return name.strip(), target.strip(), cap
+    head, sep, tail = item.rpartition(":")
+    if sep and _looks_like_size(tail) and not tail.strip().isdigit():
+        return head.strip(), None, tail
+    return item.strip(), None, None
+
+
+def _profile_for(name: str, target: str | None) -> HardwareProfile:
+    if target:
+        return get_target(target)
+    if name.lower().startswith("cpu") or name.lower() == "host":
+        return host_cpu_profile()
+    return get_target(name)  # cuda:N / gpu (this machine) or a target name; raises if unknown
+
+
+def _device(name: str, profile: HardwareProfile, cap: int | None) -> Device:
+    usable = usable_memory(profile)
+    if cap is not None:
+        if cap > profile.memory_bytes:
+            raise GraphoptError(
+                f"device {name}: cap {cap / 2**30:.1f} GiB is larger than its "
+                f"{profile.memory_bytes / 2**30:.1f} GiB of memory ({profile.display_name})",
+                f"give a cap of at most {profile.memory_bytes / 2**30:.1f} GiB or drop it")
+        if cap <= 0:
+            raise GraphoptError(f"device {name}: cap must be positive", "drop the cap or raise it")
+        usable = min(cap, usable)
+    return Device(name, profile, usable)
+
+
+def make_device_set(devices: list[Device]) -> DeviceSet:
+    """A DeviceSet with the link of each ordered pair of distinct devices.
+
+    Two devices of the same model share one profile object, and ``link_between`` reads an
+    identical object as "the same device"; a copy of the profile gives the real link between
+    two cards (NVLink, or PCIe through the host).
+    """
+    names = [d.name for d in devices]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise GraphoptError(f"device name(s) {', '.join(dup)} given twice",
+                            f"give each device its own name, {_EXAMPLE}")
+    if not devices:
+        raise GraphoptError("no devices given", f"name at least one, {_EXAMPLE}")
+    links: dict[tuple[str, str], Link] = {}
+    for a in devices:
+        for b in devices:
+            if a.name != b.name:
+                pb = dataclasses.replace(b.profile) if a.profile is b.profile else b.profile
+                links[(a.name, b.name)] = link_between(a.profile, pb)
+    return DeviceSet(tuple(devices), links)
+
+
+def parse_devices(spec: str) -> DeviceSet:
+    """Parse ``--devices`` (``cuda:0=h100,cuda:1=a100:40GB,cpu:64GB``) into a DeviceSet."""
+    items = [s for s in (spec or "").split(",") if s.strip()]
+    if not items:
+        raise GraphoptError("--devices is empty", f"list the devices, {_EXAMPLE}")
+    devices = []
+    for item in items:
+        name, target, cap_text = _split_item(item)
+        if not name or (target is not None and not target):
+            raise GraphoptError(f"device {item.strip()!r} has an empty name or target",
+                                f"write NAME[=TARGET][:CAP], {_EXAMPLE}")
+        cap = parse_size(cap_text) if cap_text is not None else None
+        devices.append(_device(name, _profile_for(name, target), cap))
+    ds = make_device_set(devices)
+    logger.info("devices: %s", ", ".join(
+        f"{d.name}={d.profile.name} ({d.memory_bytes / 2**30:.1f} GiB usable)" for d in devices))
+    return ds
+
+
+def detect_devices() -> DeviceSet:
+    """This machine: the host CPU plus every CUDA device torch sees that graphopt can describe."""
+    from graphopt.hardware.detect import detect_gpus, gpu_profile_for
+
+    devices = []
+    for info in detect_gpus():
+        try:
+            profile = gpu_profile_for(info)
+        except GraphoptError as exc:
+            logger.warning("skipping cuda:%d (%s): %s", info.index, info.name, exc.problem)
+            continue
+        devices.append(_device(f"cuda:{info.index}", profile, None))
+    devices.append(_device("cpu", host_cpu_profile(), None))
+    return make_device_set(devices)
