@@ -94,8 +94,13 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                    target: str | HardwareProfile = "h100",
                    options: OptimizeOptions | None = None,
                    passes: list[PassSpec] | None = None,
-                   ) -> tuple[fx.GraphModule, Plan, dict[str, Any]]:
-    """Run the passes with a numeric check after each; returns (module, plan, run info)."""
+                   ) -> tuple[torch.nn.Module, Plan, dict[str, Any]]:
+    """Run the passes with a numeric check after each; returns (module, plan, run info).
+
+    The module is the rewritten graph, or, on the host CPU when even the rewritten graph
+    measures slower than the user's model (tiny models where no rewrite pays), a copy of
+    the model itself: never slower on the target it was optimized for.
+    """
     gm, ctx = prepare(model, example_inputs, target, options)
     from graphopt.rewrites.precision import choose_precision
 
@@ -136,14 +141,21 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         if tol.rel_to_scale > final_tol.rel_to_scale:
             final_tol = tol
     strip_unused(gm)
-    final = compare_outputs(reference, _run(gm, ctx.example_inputs), final_tol)
+    module: torch.nn.Module = gm
+    fallback = _slower_than_original(model, gm, ctx)
+    if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
+        module = copy.deepcopy(model)
+        reverted.append({"pass": "all", "reason": fallback})
+        ctx.decisions = _mark_reverted({}, ctx.decisions, fallback)
+        applied, final_tol = [], tolerance_for("fp32")
+    final = compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
     info = {"passes_applied": applied, "passes_reverted": reverted,
             "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
             "tolerance": final_tol.to_dict(),
             "numerics": [c.to_dict() for c in final]}
     plan = _with_decisions(ctx)
     plan = replace(plan, extra={**plan.extra, "optimization": info})
-    return gm, plan, {**info, "example_inputs": ctx.example_inputs}
+    return module, plan, {**info, "example_inputs": ctx.example_inputs}
 
 
 def strip_unused(gm: fx.GraphModule) -> None:
@@ -160,7 +172,33 @@ def strip_unused(gm: fx.GraphModule) -> None:
             owner = gm.get_submodule(owner_name) if owner_name else gm
             delattr(owner, attr)
     gm.delete_all_unused_submodules()
+    _plain_codegen(gm)
     gm.recompile()
+
+
+def _plain_codegen(gm: fx.GraphModule) -> None:
+    """Call the graph with plain positional tensors when the signature allows it.
+
+    Export's pytree codegen flattens inputs and rebuilds outputs on every call (~40 us on this
+    CPU); for ``forward(*tensors) -> tensor | tuple[tensor, ...]`` it is pure overhead.
+    """
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is None:
+        return
+    in_spec, out_spec = info.in_spec, info.out_spec
+    args_spec, kwargs_spec = in_spec.children() if in_spec.num_children == 2 else (None, None)
+    if args_spec is None or kwargs_spec.num_children or \
+            not all(c.is_leaf() for c in args_spec.children()):
+        return
+    single = out_spec.is_leaf()
+    if not single and not (out_spec.type is tuple
+                           and all(c.is_leaf() for c in out_spec.children())):
+        return
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    if single:
+        (values,) = output.args
+        output.args = (values[0],)
+    gm.graph._codegen = fx.graph.CodeGen()
 
 
 # which option decides each pass: a pass forced by its option is never measured away
@@ -183,6 +221,22 @@ def _measured_slower(name: str, before: fx.GraphModule, after: fx.GraphModule,
         return None
     return (f"reverted, measured slower on this machine: {ta * 1e3:.3g} ms after vs "
             f"{tb * 1e3:.3g} ms before ({tb / ta:.2f}x)")
+
+
+def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
+                          ctx: RewriteContext) -> str | None:
+    measure = ctx.options.measure
+    if measure is None:
+        measure = ctx.target.kind == "cpu" and ctx.target.name == "cpu"
+    if not measure:
+        return None
+    keep, t_model, t_graph = faster_or_equal(model, gm, ctx.example_inputs)
+    ctx.notes.setdefault("measured", {})["whole_model"] = {
+        "original_s": t_model, "optimized_s": t_graph, "kept": keep}
+    if keep:
+        return None
+    return (f"the optimized graph measured slower than the original on this machine "
+            f"({t_graph * 1e3:.3g} ms vs {t_model * 1e3:.3g} ms): returning the original model")
 
 
 def _mark_reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],
