@@ -9,7 +9,7 @@ from graphopt.errors import GraphoptError  # noqa: E402
 from graphopt.plan import Decision, NodePlan, Plan  # noqa: E402
 
 __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
-           "optimize", "plan"]
+           "optimize", "ort_session", "plan"]
 
 
 def __getattr__(name: str):
@@ -18,4 +18,8 @@ def __getattr__(name: str):
         from graphopt import optimized
 
         return getattr(optimized, name)
+    if name == "ort_session":  # onnxruntime is imported only when a session is asked for
+        from graphopt.onnx_rewrites.session import ort_session
+
+        return ort_session
     raise AttributeError(f"module 'graphopt' has no attribute {name!r}")

@@ -12,7 +12,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import Plan, PlanSet
 from graphopt.planner import build_plan
 
-__all__ = ["plan", "resolve_targets"]
+__all__ = ["plan", "resolve_targets", "with_partition"]
 
 TargetSpec = str | HardwareProfile | Sequence[str | HardwareProfile]
 
@@ -30,7 +30,8 @@ def resolve_targets(target: TargetSpec) -> list[HardwareProfile]:
     return profiles
 
 
-def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100") -> Plan | PlanSet:
+def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
+         devices: str | None = None, strategy: str = "heft") -> Plan | PlanSet:
     """Trace or load ``model`` once and plan it for each target.
 
     Args:
@@ -39,8 +40,21 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100") ->
         example_inputs: a tensor, tuple of tensors, or dict of keyword inputs (torch only).
         target: a target name (``graphopt targets`` lists them), a ``HardwareProfile``, or
             several (``"a100,h100,b200"`` or a list): then a :class:`PlanSet` side by side.
+        devices: split the model across devices (``"cuda:0=h100,cuda:1=a100:40GB,cpu:64GB"``);
+            each node's ``decisions.device`` and the report's ``partition`` section say where
+            it runs. The plan itself is for ``target``.
+        strategy: "heft" (list scheduling over the DAG) or "pipeline" (contiguous stages).
     """
     profiles = resolve_targets(target)
     graph = load_graph(model, example_inputs)
-    plans = tuple(build_plan(graph, p) for p in profiles)
+    plans = tuple(with_partition(build_plan(graph, p), devices, strategy) for p in profiles)
     return plans[0] if len(plans) == 1 else PlanSet(plans)
+
+
+def with_partition(plan_: Plan, devices: str | None, strategy: str = "heft") -> Plan:
+    """``plan_`` with its nodes assigned to ``devices`` (unchanged when devices is None)."""
+    if not devices:
+        return plan_
+    from graphopt.partition import apply_partition, parse_devices, split
+
+    return apply_partition(plan_, split(plan_, parse_devices(devices), strategy=strategy))

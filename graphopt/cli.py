@@ -1,4 +1,4 @@
-"""The ``graphopt`` command line: plan, targets, detect.
+"""The ``graphopt`` command line: plan, lint, optimize, targets, detect.
 
 Errors a user can fix print as one message with the fix and exit with status 2; no tracebacks.
 """
@@ -27,7 +27,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from graphopt.api import plan
     from graphopt.plan import PlanSet
 
-    result = plan(args.model, target=args.target)
+    result = plan(args.model, target=args.target, devices=args.devices, strategy=args.strategy)
     written = result.save(json=args.json, md=args.md, html=args.html)
     plans = result.plans if isinstance(result, PlanSet) else (result,)
     for p in plans:
@@ -60,6 +60,63 @@ def _cmd_lint(args: argparse.Namespace) -> int:
             print(f"{i.rule} {i.node}: {i.message}\n      fix: {i.fix}")
         print(f"{len(issues)} tensor-core issue(s) for {result.target.display_name}")
     return 1 if issues else 0
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    from graphopt.api import resolve_targets, with_partition
+    from graphopt.frontends import load_python_spec
+    from graphopt.onnx_rewrites.context import OnnxOptions
+    from graphopt.onnx_rewrites.pipeline import optimize_onnx, save_onnx
+    from graphopt.onnx_rewrites.session import config_path
+
+    targets = resolve_targets(args.target)
+    if len(targets) > 1:
+        raise GraphoptError("optimize writes one model for one target",
+                            "give one --target (run optimize once per target)")
+    options = OnnxOptions(precision=args.precision, pad=args.pad, layout=args.layout,
+                          quantize=args.quantize, tolerance=args.tolerance)
+    model: Any = args.model
+    samples = None
+    path, sep, func = args.model.rpartition(":")
+    if sep and path.endswith(".py") and func.isidentifier():
+        from graphopt.onnx_export import export_torch
+
+        module, inputs = load_python_spec(args.model)
+        exported = export_torch(module, inputs)
+        how = ("the TorchScript exporter" if exported.exporter == "legacy" else
+               f"torch.onnx.export(dynamo=True) ({exported.fallback_reason})")
+        print(f"exported {type(module).__name__} with {how} in {exported.seconds:.1f} s "
+              f"({len(exported.model.graph.node)} nodes)")
+        model, samples = exported.model, [exported.feeds]
+    proto, plan, info = optimize_onnx(model, targets[0], options, args.calibration,
+                                      samples=samples)
+    plan = with_partition(plan, args.devices, args.strategy)
+    written = [str(save_onnx(proto, args.output, info["session"])),
+               str(config_path(args.output))]
+    written += plan.save(json=args.json, md=args.md, html=args.html)
+    applied = ", ".join(info["passes_applied"]) or "none"
+    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: {applied}")
+    print(f"  precision: {info['precision_choice']['reason']}")
+    for r in info["passes_reverted"]:
+        print(f"  reverted {r['pass']}: {r['reason']}")
+    for g in info["guard"]:
+        if g["rounds"]:
+            print(f"  guard {g['pass']}: {g['reason']} ({g['rounds']} round(s))")
+        for f in g["fallbacks"]:
+            print(f"    kept {f['node']} in higher precision: {f['reason'][:160]}")
+    tol = info["tolerance"]
+    print(f"  numerics vs the original in ONNX Runtime on {info['samples']} batch(es) "
+          f"(tolerance {tol['rel_to_scale']:g} of scale, cosine >= {tol['min_cosine']}):")
+    for n in info["numerics"]:
+        print(f"    {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
+              f"cosine {n['cosine']:.6f}, SNR {n['snr_db']:.1f} dB, "
+              f"{'within' if n['within'] else 'OUT OF'} tolerance")
+    layout = info["session"]["reasons"].get("layout")
+    if layout:
+        print(f"  layout: {layout}")
+    for path_written in written:
+        print(f"wrote {path_written}")
+    return 0 if all(n["within"] for n in info["numerics"]) else 1
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
@@ -95,6 +152,14 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_devices(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", metavar="SPEC",
+                   help="split across devices, e.g. cuda:0=h100,cuda:1=a100:40GB,cpu:64GB "
+                        "(NAME[=TARGET][:MEMORY CAP]); the report says where each op runs")
+    p.add_argument("--strategy", default="heft", choices=("heft", "pipeline"),
+                   help="heft: list scheduling over the DAG; pipeline: contiguous stages")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="graphopt", description="Plan and optimize ML models.")
     p.add_argument("-v", "--verbose", action="store_true", help="log what each pass does")
@@ -104,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(module, example_inputs)")
     pp.add_argument("--target", default="h100",
                     help="target name, or several separated by commas (see `graphopt targets`)")
+    _add_devices(pp)
     pp.add_argument("--json", metavar="F", help="write the JSON plan report to F")
     pp.add_argument("--md", metavar="F", help="write the Markdown summary to F")
     pp.add_argument("--html", metavar="F", help="write the HTML report to F")
@@ -113,6 +179,31 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_cmd_lint)
+    po = sub.add_parser("optimize", help="optimize a model for a target and write it as ONNX")
+    po.add_argument("model", help="an .onnx file, or file.py:function returning "
+                                  "(module, example_inputs) (exported to ONNX first)")
+    po.add_argument("-o", "--output", required=True, metavar="OUT.onnx",
+                    help="the optimized model; its session config goes beside it as "
+                         "OUT.graphopt.json (graphopt.ort_session loads both)")
+    po.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    po.add_argument("--precision", default="auto",
+                    choices=("auto", "fp32", "tf32", "bf16", "fp16"))
+    po.add_argument("--pad", default="auto", choices=("auto", "always", "never"))
+    po.add_argument("--layout", default="auto", choices=("auto", "channels_last", "keep"))
+    po.add_argument("--quantize", default="auto",
+                    choices=("auto", "none", "int8_dynamic", "int8_static", "fp8", "int4"))
+    po.add_argument("--calibration", metavar="F",
+                    help="calibration batches: an .npz with one array per model input (named "
+                         "like it, batches along axis 0) or a folder of .npz files, one batch "
+                         "each; needed by --quantize int8_static, used by the accuracy guard")
+    po.add_argument("--tolerance", type=float, metavar="X",
+                    help="accuracy budget: max |ref - out| <= X * max |ref| per output "
+                         "(default: the precision's, e.g. 0.01 for fp16)")
+    _add_devices(po)
+    po.add_argument("--json", metavar="F", help="write the JSON plan report to F")
+    po.add_argument("--md", metavar="F", help="write the Markdown summary to F")
+    po.add_argument("--html", metavar="F", help="write the HTML report to F")
+    po.set_defaults(func=_cmd_optimize)
     pt = sub.add_parser("targets", help="list the hardware targets")
     pt.add_argument("--json", action="store_true", help="print JSON")
     pt.set_defaults(func=_cmd_targets)

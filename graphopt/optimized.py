@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphopt._io import atomic_write_bytes
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import Plan
@@ -69,6 +67,8 @@ class OptimizedModule(torch.nn.Module):
         self.graph_module = graph_module
         self._input_shapes = input_shapes
         self._runtime = dict(runtime or {})
+        # the flags only touch CUDA kernels: decided once, not per call
+        self._runtime_active = bool(self._runtime) and torch.cuda.is_available()
         self.eval()  # an inference module: BatchNorm folded, dropout gone
 
     def forward(self, *args: Any) -> Any:
@@ -78,6 +78,8 @@ class OptimizedModule(torch.nn.Module):
                                 f"{self._input_shapes}, got {shapes}",
                                 "call graphopt.optimize again with example inputs of the "
                                 "shapes you will run")
+        if not self._runtime_active and not torch.is_grad_enabled():
+            return self.graph_module(*args)  # the common inference call: no context overhead
         with torch.no_grad(), _runtime_flags(self._runtime):
             return self.graph_module(*args)
 
@@ -85,12 +87,16 @@ class OptimizedModule(torch.nn.Module):
 class Optimized:
     """The result of :func:`optimize`: ``.module``, ``.plan`` and the emitters."""
 
-    def __init__(self, module: OptimizedModule, plan: Plan, example_inputs: tuple[Any, ...],
-                 info: dict[str, Any]) -> None:
+    def __init__(self, module: OptimizedModule | None, plan: Plan,
+                 example_inputs: tuple[Any, ...], info: dict[str, Any], *,
+                 onnx_model: Any = None, source: tuple[Any, ...] | None = None) -> None:
         self.module = module
         self.plan = plan
         self.example_inputs = example_inputs
         self.info = info
+        #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`)
+        self.onnx_model = onnx_model
+        self._source = source  # (torch model, example inputs, options) for export_onnx
 
     @property
     def runtime_settings(self) -> Any:
@@ -123,25 +129,41 @@ class Optimized:
         return self.plan.save(json=json, md=md, html=html)
 
     def export_onnx(self, path: str | os.PathLike[str], opset: int = 17) -> Path:
-        """Export the optimized module to ONNX (written whole or not at all)."""
-        target = Path(path)
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "model.onnx"
-            try:
-                torch.onnx.export(self.module.graph_module, self.example_inputs, str(out),
-                                  dynamo=False, opset_version=opset)
-            except Exception as e:
-                raise GraphoptError(f"ONNX export of the optimized module failed: "
-                                    f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                                    "plan the original ONNX model instead, or report the op "
-                                    "named above") from None
-            return atomic_write_bytes(target, out.read_bytes())
+        """Write the optimized ONNX model, and its session config ``<name>.graphopt.json``
+        (load both with ``graphopt.ort_session(path)``); written whole or not at all.
+
+        From a torch model the original is exported once (``graphopt.onnx_export``: the fast
+        TorchScript exporter, ``dynamo=True`` if that fails) and graphopt's decisions are
+        applied at the ONNX level (``onnx_rewrites.pipeline``), checked in ONNX Runtime.
+        """
+        from graphopt.onnx_rewrites.pipeline import save_onnx
+
+        if self.onnx_model is None:
+            if self._source is None:
+                raise GraphoptError("this result keeps no source model to export",
+                                    "call graphopt.optimize(model, inputs, ...) again")
+            from graphopt.onnx_export import export_torch
+            from graphopt.onnx_rewrites.context import OnnxOptions
+            from graphopt.onnx_rewrites.pipeline import optimize_onnx
+
+            model, inputs, opts = self._source
+            exported = export_torch(model, inputs, opset=opset)
+            quant = {"int8": "int8_dynamic"}.get(opts.quantize, opts.quantize)
+            onnx_opts = OnnxOptions(precision=opts.precision, pad=opts.pad, layout=opts.layout,
+                                    quantize=quant)
+            self.onnx_model, _, onnx_info = optimize_onnx(
+                exported.model, self.plan.target, onnx_opts, samples=[exported.feeds])
+            self.info["onnx"] = {**onnx_info, "exporter": exported.exporter,
+                                 "export_s": exported.seconds}
+        session = self.info.get("onnx", self.info).get("session")
+        return save_onnx(self.onnx_model, path, session)
 
 
-def optimize(model: torch.nn.Module, example_inputs: Any,
+def optimize(model: Any, example_inputs: Any = None,
              target: str | HardwareProfile = "h100", *, precision: str = "auto",
              pad: str = "auto", layout: str = "auto", quantize: str = "auto",
-             measure: bool | None = None) -> Optimized:
+             measure: bool | None = None, calibration: Any = None,
+             tolerance: float | None = None) -> Optimized:
     """Optimize ``model`` for ``target``; its outputs stay equal within the reported tolerance.
 
     Args:
@@ -155,7 +177,27 @@ def optimize(model: torch.nn.Module, example_inputs: Any,
             pays: VNNI/AMX CPUs) | "int8" (every eligible Linear) | "none".
         measure: time each auto-decided pass and revert it if slower; default: only when the
             target is this machine's CPU ("cpu").
+        calibration: ONNX only: batches for static quantization and the accuracy guard (an
+            .npz path, a folder of .npz, or a list of {input: array}; see
+            ``onnx_rewrites.calibration``).
+        tolerance: ONNX only: the guard's budget, max |ref - out| <= tolerance * max |ref|.
+
+    An ``.onnx`` path or ``onnx.ModelProto`` is optimized at the ONNX level (``quantize`` also
+    takes "int8_dynamic" | "int8_static" | "fp8" | "int4" there): ``.module`` is None and
+    :meth:`Optimized.export_onnx` writes the result.
     """
+    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
+        from graphopt.onnx_rewrites.context import OnnxOptions
+        from graphopt.onnx_rewrites.pipeline import optimize_onnx
+
+        quant = {"int8": "int8_dynamic"}.get(quantize, quantize)
+        onnx_opts = OnnxOptions(precision=precision, pad=pad, layout=layout,
+                                quantize=quant, tolerance=tolerance)  # type: ignore[arg-type]
+        proto, plan, info = optimize_onnx(model, target, onnx_opts, calibration)
+        return Optimized(None, plan, (), info, onnx_model=proto)
+    if calibration is not None or tolerance is not None:
+        raise GraphoptError("calibration= and tolerance= apply to ONNX models",
+                            "pass the .onnx file, or leave them out for a torch module")
     from graphopt.rewrites.context import OptimizeOptions
     from graphopt.rewrites.pipeline import optimize_torch
 
@@ -166,7 +208,7 @@ def optimize(model: torch.nn.Module, example_inputs: Any,
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
     runtime = info.get("notes", {}).get("precision", {}).get("runtime", {})
     module = OptimizedModule(gm, shapes, runtime)
-    result = Optimized(module, plan, args, info)
+    result = Optimized(module, plan, args, info, source=(model, example_inputs, options))
     # the report shows the settings for the precision actually applied, not the planner's guess
     result.plan = replace(plan, extra={**plan.extra,
                                        "runtime_settings": result.runtime_settings.to_dict()})

@@ -232,12 +232,13 @@ def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset
                    method=p.mode)
     for name, (fmt, why) in skipped.items():
         ctx.decide(name, "quantize", f"not applied: {why}", applied=False, format=fmt)
+    before_ops = {m.op_type for m in model.graph.node}
     note: dict[str, object] = {
         "mode": mode, "nodes": {m: sorted(n) for m, n in sorted(done.items())},
         "excluded": sorted(exclude), "not_applied": len(skipped),
         "new_op_types": dict(sorted(Counter(
             f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in out.graph.node
-            if n.op_type not in {m.op_type for m in model.graph.node}).items()))}
+            if n.op_type not in before_ops).items()))}
     if "fp8" in done:
         note["ort_cpu_graph_optimization_level"] = FP8_CPU_GRAPH_OPTIMIZATION
     ctx.notes["quantize"] = note

@@ -1,0 +1,254 @@
+"""torch -> ONNX, fast first: the TorchScript exporter, then the dynamo exporter if it fails.
+
+Why this order: measured on ``tests/zoo.py`` ``ResidualMLP(1000)`` (6,003 torch nodes, batch 16;
+``benchmarks/bench_onnx_export.py``), ``torch.onnx.export(dynamo=True)`` takes minutes (255 s
+on the development VM) while the TorchScript ("legacy", ``dynamo=False``) exporter takes ~15 s.
+The legacy exporter cannot export everything, though: transformers' GPT-2 calls ``aten::diff``
+(no opset-17 symbolic) and BERT's ``forward`` rejects the legacy exporter's argument passing.
+So graphopt tries the legacy exporter (opset 17), runs its result once in ONNX Runtime against
+the torch outputs, and only when the export raises, or its model does not run or does not match
+(max |torch - ort| > 1e-5 of the output's scale), exports again with ``dynamo=True`` (opset 18+;
+model-local functions inlined). Either way the result is one ``ModelProto`` with every weight
+in memory; graphopt then applies its decisions at the ONNX level (``onnx_rewrites.pipeline``)
+instead of exporting a rewritten module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.inliner
+import torch
+from torch.utils import _pytree as pytree
+
+from graphopt.errors import GraphoptError
+
+__all__ = ["ExportResult", "export_torch", "torch_feeds"]
+
+logger = logging.getLogger(__name__)
+
+#: the legacy exporter's opset: 17 is the first with LayerNormalization as one op
+LEGACY_OPSET = 17
+#: the dynamo exporter supports opset 18 and newer
+DYNAMO_OPSET = 18
+#: the export must reproduce torch within this fraction of each output's largest magnitude
+#: (fp32 reorders sums at most; verify.py's fp32 budget)
+_EXPORT_RTOL = 1e-5
+
+
+@dataclass
+class ExportResult:
+    """An exported model, which exporter made it, and the inputs/outputs it was checked on."""
+
+    model: onnx.ModelProto
+    exporter: str  # "legacy" | "dynamo"
+    seconds: float
+    #: graph input name -> example input (numpy), for running the model
+    feeds: dict[str, np.ndarray]
+    #: the torch model's outputs on ``feeds``, flattened
+    outputs: list[np.ndarray]
+    #: why the legacy exporter was not used (None when it was)
+    fallback_reason: str | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _split(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs), {}
+    raise GraphoptError(f"example inputs of type {type(example_inputs).__name__} cannot be "
+                        "exported", "pass a tensor, a tuple of tensors or a dict of keyword "
+                        "tensors shaped like a real batch")
+
+
+def _input_names(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> list[str]:
+    """Names of the tensor inputs in the exporters' order: forward()'s parameter names where
+    each argument is one tensor, else ``input_<i>``."""
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names: list[str] = []
+    for i, a in enumerate(args):
+        base = params[i] if i < len(params) else f"input_{i}"
+        leaves = [x for x in pytree.tree_leaves(a) if isinstance(x, torch.Tensor)]
+        names.extend([base] if len(leaves) == 1 else [f"{base}_{j}" for j in range(len(leaves))])
+    for k, v in kwargs.items():
+        leaves = [x for x in pytree.tree_leaves(v) if isinstance(x, torch.Tensor)]
+        names.extend([k] if len(leaves) == 1 else [f"{k}_{j}" for j in range(len(leaves))])
+    return names
+
+
+def torch_feeds(names: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+                ) -> dict[str, np.ndarray]:
+    leaves = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    return {n: t.detach().cpu().numpy() for n, t in zip(names, leaves, strict=False)}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporters warn (deprecation) and print progress, and the TorchScript exporter's C++
+    side writes the whole graph to file descriptor 1 when it fails; graphopt logs instead."""
+    with (warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()),
+          contextlib.redirect_stderr(io.StringIO()), _silence_fds(1, 2)):
+        warnings.simplefilter("ignore")
+        yield
+
+
+@contextlib.contextmanager
+def _silence_fds(*fds: int) -> Iterator[None]:
+    saved: list[tuple[int, int]] = []
+    with open(os.devnull, "w") as null:
+        try:
+            for fd in fds:
+                try:
+                    saved.append((fd, os.dup(fd)))
+                except OSError:  # that descriptor is not open (embedded interpreters)
+                    continue
+                os.dup2(null.fileno(), fd)
+            yield
+        finally:
+            for fd, copy in reversed(saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {(text[0] if text else '')[:300]}"
+
+
+def _legacy(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            names: list[str], out_names: list[str], opset: int) -> onnx.ModelProto:
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        path = Path(tmp) / "model.onnx"
+        call_args = (*args, kwargs) if kwargs else args
+        torch.onnx.export(model, call_args, str(path), dynamo=False, opset_version=opset,
+                          input_names=names, output_names=out_names,
+                          do_constant_folding=True)
+        return onnx.load(str(path))  # loads external data (> 2 GB models) from tmp
+
+
+def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            names: list[str], out_names: list[str], opset: int) -> onnx.ModelProto:
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True,
+                                    opset_version=max(opset, DYNAMO_OPSET), verbose=False,
+                                    input_names=names, output_names=out_names, optimize=True)
+        if program is None:  # pragma: no cover - dynamo=True always returns a program
+            raise RuntimeError("torch.onnx.export(dynamo=True) returned nothing")
+        path = Path(tmp) / "model.onnx"
+        program.save(str(path))
+        proto = onnx.load(str(path))
+    if len(proto.functions):
+        proto = onnx.inliner.inline_local_functions(proto)
+    return proto
+
+
+def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
+              expected: list[np.ndarray]) -> str | None:
+    """Why the exported model does not reproduce torch (None when it does)."""
+    import onnxruntime as ort
+
+    try:
+        options = ort.SessionOptions()  # no graph rewrites: check the export as written,
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # fast
+        sess = ort.InferenceSession(proto.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+        wanted = {i.name for i in sess.get_inputs()}
+        got = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    except Exception as e:  # ORT raises its own types: fail over, never crash here
+        return f"the exported model does not run in ONNX Runtime ({_first_line(e)})"
+    if len(got) != len(expected):
+        return f"the exported model has {len(got)} outputs, torch {len(expected)}"
+    for i, (r, o) in enumerate(zip(expected, got, strict=True)):
+        if r.shape != np.shape(o):
+            return f"output {i} has shape {np.shape(o)}, torch {r.shape}"
+        if r.dtype.kind == "f":
+            scale = float(np.max(np.abs(r))) if r.size else 0.0
+            err = float(np.max(np.abs(r.astype(np.float64) - o))) if r.size else 0.0
+            if not err <= _EXPORT_RTOL * max(scale, 1e-30):
+                return f"output {i} differs from torch by {err:.3g} (scale {scale:.3g})"
+        elif not np.array_equal(r, o):
+            return f"output {i} differs from torch"
+    return None
+
+
+def _name(proto: onnx.ModelProto, model: torch.nn.Module) -> None:
+    # the exporters call every graph "main_graph"; reports read better with the class name
+    if proto.graph.name in ("", "main_graph"):
+        proto.graph.name = type(model).__name__
+
+
+def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int = LEGACY_OPSET,
+                 verify: bool = True) -> ExportResult:
+    """Export ``model`` (eval mode, never modified) for ``example_inputs``' shapes.
+
+    Raises:
+        GraphoptError: the model is in training mode, or neither exporter produced a model
+            that reproduces torch.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise GraphoptError(f"export takes a torch.nn.Module, got {type(model).__name__}",
+                            "pass the module, or give graphopt the .onnx file directly")
+    if model.training:
+        raise GraphoptError(f"{type(model).__name__} is in training mode",
+                            "call model.eval() before exporting it")
+    args, kwargs = _split(example_inputs)
+    with torch.no_grad():
+        out = model(*args, **kwargs)
+    expected = [t.detach().cpu().numpy() for t in pytree.tree_leaves(out)
+                if isinstance(t, torch.Tensor)]
+    names = _input_names(model, args, kwargs)
+    out_names = [f"output_{i}" for i in range(len(expected))]
+    feeds = torch_feeds(names, args, kwargs)
+    start = time.perf_counter()
+    why: str | None
+    try:
+        proto = _legacy(model, args, kwargs, names, out_names, opset)
+        why = _mismatch(proto, feeds, expected) if verify else None
+    except Exception as e:  # any exporter failure means: try the other exporter
+        why = f"the TorchScript exporter failed ({_first_line(e)})"
+    if why is None:
+        _name(proto, model)
+        seconds = time.perf_counter() - start
+        logger.info("exported %s with the TorchScript exporter in %.2fs (%d nodes)",
+                    type(model).__name__, seconds, len(proto.graph.node))
+        return ExportResult(proto, "legacy", seconds, feeds, expected)
+    logger.info("TorchScript export of %s not used: %s; trying dynamo=True",
+                type(model).__name__, why)
+    try:
+        proto = _dynamo(model, args, kwargs, names, out_names, opset)
+    except Exception as e:
+        raise GraphoptError(f"ONNX export of {type(model).__name__} failed: {why}; and "
+                            f"torch.onnx.export(dynamo=True): {_first_line(e)}",
+                            "make forward() exportable with torch.export (see the error), "
+                            "or export the model yourself and pass the .onnx file") from None
+    problem = _mismatch(proto, feeds, expected) if verify else None
+    if problem is not None:
+        raise GraphoptError(f"ONNX export of {type(model).__name__} does not reproduce the "
+                            f"model: {why}; and with dynamo=True: {problem}",
+                            "export the model yourself and pass the .onnx file")
+    _name(proto, model)
+    seconds = time.perf_counter() - start
+    logger.info("exported %s with torch.onnx.export(dynamo=True) in %.2fs (%d nodes)",
+                type(model).__name__, seconds, len(proto.graph.node))
+    return ExportResult(proto, "dynamo", seconds, feeds, expected, fallback_reason=why)

@@ -1,0 +1,313 @@
+"""``optimize_onnx``: load, plan, rewrite pass by pass at the ONNX level, guard the lossy
+passes, check, and say how to run the result.
+
+Order: padding (exact), precision (lossy: fp16 islands), quantize (lossy), then the session
+decision (layout as ORT provider options, graph optimization level, threads). The original
+model runs once in ONNX Runtime on the samples (calibration batches, else seeded inputs); an
+exact pass must stay within fp32's budget of it (1e-5 of each output's scale) or is reverted;
+a lossy pass runs under :func:`guard.guard`, which moves nodes back to higher precision until
+the user's tolerance holds. The result passes ``onnx.checker.check_model(full_check=True)``
+with shapes inferred. Passes that are not importable are skipped (the padding and quantize
+modules are optional).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.checker
+import onnx.shape_inference
+
+from graphopt._io import atomic_write_bytes
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.onnx_rewrites.calibration import GUARD_SAMPLES, load_calibration
+from graphopt.onnx_rewrites.context import OnnxContext, OnnxOptions
+from graphopt.onnx_rewrites.guard import compare, guard, run_samples
+from graphopt.onnx_rewrites.ort_runner import OrtModel, sample_feeds
+from graphopt.onnx_rewrites.session import SessionConfig, decide_session, write_config
+from graphopt.plan import Decision, Plan
+from graphopt.rewrites.verify import Tolerance, tolerance_for
+
+__all__ = ["PassSpec", "default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
+
+logger = logging.getLogger(__name__)
+
+#: (name, pass, kind): kind "exact" (fp32 budget) or the decision kind a lossy pass records
+PassSpec = tuple[str, Callable[..., "onnx.ModelProto | None"], str]
+_PROTO_LIMIT = 1_800_000_000  # protobuf refuses messages over 2 GiB
+_SEED_SAMPLES = 2  # seeded sample batches when no calibration data is given
+
+
+def _optional(module: str, attr: str) -> Callable[..., Any] | None:
+    try:
+        return getattr(importlib.import_module(f"graphopt.onnx_rewrites.{module}"), attr)
+    except (ImportError, AttributeError) as e:
+        logger.debug("pass %s.%s not available: %s", module, attr, e)
+        return None
+
+
+def default_passes() -> list[PassSpec]:
+    """Padding (exact), precision and quantize (lossy, guarded), in that order."""
+    from graphopt.onnx_rewrites.precision import reduce_precision
+
+    specs: list[PassSpec] = []
+    pad = _optional("padding", "pad_channels")
+    if pad is not None:
+        specs.append(("padding", pad, "exact"))
+    specs.append(("precision", reduce_precision, "precision"))
+    quant = _optional("quantize", "quantize")
+    if quant is not None:
+        specs.append(("quantize", quant, "quantize"))
+    return specs
+
+
+def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
+    """The torch path's precision choice, as ONNX Runtime can run it.
+
+    bf16 becomes fp16 on ONNX: ONNX's Conv/pooling schemas (opset <= 21) have no bf16, ORT's
+    CPU EP has no bf16 kernels at all (measured, ORT 1.31: MatMul/Add/... NOT_IMPLEMENTED), so
+    a bf16 graph could not run everywhere nor be checked by the guard; fp16 runs on the same
+    tensor cores at the same peak on sm_80+, and the guard handles fp16's narrower range.
+    On CPU targets reduced precision stays fp32 (ORT's CPU EP runs fp16 by casting to fp32).
+    """
+    from graphopt.rewrites.precision_rules import choose_precision
+
+    chosen, why = choose_precision(target, requested)
+    if chosen in ("bf16", "fp16") and not target.is_gpu:
+        return "fp32", (f"fp32: {why}; but ORT's CPU EP has no native bf16/fp16 kernels "
+                        "(it would insert casts around fp32 kernels), so the ONNX model stays "
+                        "fp32")
+    if chosen == "bf16":
+        if "fp16" in target.peak_flops:
+            return "fp16", (f"fp16 with fp32 islands ({why}; on ONNX bf16 becomes fp16: no bf16 "
+                            "Conv in ONNX, no bf16 kernels in ORT's CPU EP, same tensor-core "
+                            "peak; the accuracy guard covers fp16's range)")
+        return "fp32", f"fp32: {why}; but the target has no fp16 tensor cores for ONNX's fp16"
+    return chosen, why
+
+
+def _resolve(target: str | HardwareProfile) -> HardwareProfile:
+    from graphopt.api import resolve_targets
+
+    return resolve_targets(target)[0] if not isinstance(target, HardwareProfile) else target
+
+
+def _tolerance(options: OnnxOptions, precision: str) -> Tolerance:
+    base = tolerance_for(precision)
+    if options.tolerance is None:
+        return base
+    if not options.tolerance > 0 or not math.isfinite(options.tolerance):
+        raise GraphoptError(f"tolerance={options.tolerance!r} must be a positive number",
+                            "give the budget as a fraction of each output's scale, e.g. 0.01")
+    return Tolerance(float(options.tolerance), base.min_cosine)
+
+
+def finalize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes inferred into the model, then ``check_model(full_check=True)``; a failure here
+    is a graphopt bug, reported as such."""
+    try:
+        if model.ByteSize() < _PROTO_LIMIT:
+            model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                      data_prop=True)
+            onnx.checker.check_model(model, full_check=True)
+            return model
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
+            onnx.shape_inference.infer_shapes_path(str(path), str(path), check_type=True,
+                                                   strict_mode=True, data_prop=True)
+            onnx.checker.check_model(str(path), full_check=True)
+            return onnx.load(str(path))
+    except Exception as e:
+        raise GraphoptError(f"the optimized model fails the ONNX checker: {type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}",
+                            "report this graphopt bug with the model; pass precision='fp32', "
+                            "quantize='none' to get a model without the rewrites") from None
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-ready copy of pass notes and metrics: sets become sorted lists, numpy scalars
+    numbers, and inf/NaN (an exact output has SNR inf) the strings "inf"/"-inf"/"nan"."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(_plain(v) for v in obj)
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return str(obj)
+
+
+def _option(options: OnnxOptions, pass_name: str) -> str | None:
+    """The option that decides a pass: a pass the user forced is never measured away."""
+    key = {"padding": "pad", "precision": "precision", "quantize": "quantize"}.get(pass_name)
+    return None if key is None else str(getattr(options, key))
+
+
+def _measured_slower(before: onnx.ModelProto, after: onnx.ModelProto, ctx: OnnxContext,
+                     feeds: dict[str, np.ndarray], name: str) -> str | None:
+    """Why to revert ``name`` if its result measured slower on this machine, else None."""
+    from graphopt.onnx_rewrites.measure import faster_or_equal
+
+    keep, tb, ta = faster_or_equal(before, after, feeds)
+    ctx.notes.setdefault("measured", {})[name] = {"before_s": tb, "after_s": ta, "kept": keep}
+    if keep:
+        return None
+    return (f"reverted, measured slower on this machine: {ta * 1e6:.0f} us after vs "
+            f"{tb * 1e6:.0f} us before ({tb / ta:.2f}x)")
+
+
+def _mark_reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],
+                   reason: str) -> dict[str, dict[str, Decision]]:
+    """The decisions before a reverted pass, plus its applied ones marked not applied."""
+    out = {k: dict(v) for k, v in saved.items()}
+    for node, decisions in now.items():
+        for kind, d in decisions.items():
+            if saved.get(node, {}).get(kind) is not d and d.applied:
+                out.setdefault(node, {})[kind] = replace(d, applied=False,
+                                                         reason=f"{reason} ({d.reason})")
+    return out
+
+
+def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
+                  target: str | HardwareProfile = "h100", options: OnnxOptions | None = None,
+                  calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
+                  *, samples: Sequence[dict[str, np.ndarray]] | None = None,
+                  passes: list[PassSpec] | None = None, measure: bool | None = None,
+                  ) -> tuple[onnx.ModelProto, Plan, dict[str, Any]]:
+    """Optimize an ONNX model for ``target``; returns (model, plan with decisions, run info).
+
+    Args:
+        model: an ``.onnx`` path or a ``ModelProto`` (never modified).
+        calibration: batches for static quantization and the guard (see
+            :mod:`.calibration` for the file format).
+        samples: inputs the guard measures on when no calibration is given (e.g. the torch
+            example inputs); else seeded random inputs.
+        measure: time auto-decided passes in ORT and keep them only if not slower
+            (:mod:`.measure`); default: when the target is this machine ("cpu").
+    """
+    from graphopt.frontends.onnx_frontend import load_onnx
+    from graphopt.planner import build_plan
+
+    start = time.perf_counter()
+    opts = options or OnnxOptions()
+    profile = _resolve(target)
+    graph = load_onnx(model)
+    base = graph.source_model
+    if base is None:  # pragma: no cover - the ONNX frontend always sets it
+        raise GraphoptError("the ONNX frontend kept no model to rewrite")
+    plan = build_plan(graph, profile)
+    timings = {"load_and_plan_s": time.perf_counter() - start}
+    calib = load_calibration(calibration, base) if calibration is not None else None
+    if opts.quantize == "int8_static" and not calib:
+        raise GraphoptError("quantize='int8_static' needs calibration data and none was given",
+                            "pass --calibration F (an .npz with one array per model input, "
+                            "batches along axis 0), or use --quantize int8_dynamic")
+    runs = list(samples) if samples else (calib[:GUARD_SAMPLES] if calib
+                                          else sample_feeds(base, _SEED_SAMPLES))
+    reference = run_samples(OrtModel(base, what="the original model"), runs, "the original")
+    compute, why = onnx_precision(profile, opts.precision)
+    ctx = OnnxContext(plan=plan, target=profile, options=opts, samples=runs, calibration=calib,
+                      compute_dtype=compute)
+    ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
+                                     "reason": why}
+    names = [o.name for o in base.graph.output]
+    current, applied, reverted, reports = base, [], [], []
+    final_tol = tolerance_for("fp32")
+    if measure is None:
+        measure = profile.kind == "cpu" and profile.name == "cpu"
+    for name, run_pass, kind in passes if passes is not None else default_passes():
+        t0 = time.perf_counter()
+        saved = {k: dict(v) for k, v in ctx.decisions.items()}
+        before = current
+        if kind == "exact":
+            cand = run_pass(current, ctx)
+            if cand is not None:
+                errs = compare(reference, run_samples(cand, runs, name), names, final_tol)
+                if all(e.within for e in errs):
+                    current = cand
+                    applied.append(name)
+                else:
+                    worst = "; ".join(e.describe() for e in errs if not e.within)
+                    reverted.append({"pass": name, "reason": f"out of fp32 tolerance: {worst}"})
+        else:
+            tol = _tolerance(opts, "fp16" if kind == "precision" else "int8")
+            cand, report = guard(name, run_pass, current, ctx, kind=kind, tolerance=tol,
+                                 original=base, reference=reference, samples=runs)
+            reports.append(report.to_dict())
+            if cand is not None:
+                current = cand
+                applied.append(name)
+                if tol.rel_to_scale > final_tol.rel_to_scale:
+                    final_tol = tol
+            elif report.reverted:
+                reverted.append({"pass": name, "reason": report.reason})
+        if current is not before and measure and _option(opts, name) == "auto":
+            why = _measured_slower(before, current, ctx, runs[0], name)
+            if why is not None:
+                current = before
+                applied.remove(name)
+                reverted.append({"pass": name, "reason": why})
+                ctx.decisions = _mark_reverted(saved, ctx.decisions, why)
+        timings[f"{name}_s"] = time.perf_counter() - t0
+    session = decide_session(current, ctx)
+    t0 = time.perf_counter()
+    current = finalize(current)
+    final = compare(reference, run_samples(current, runs, "the optimized model"), names,
+                    final_tol)
+    timings["check_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - start
+    info: dict[str, Any] = {
+        "source": "onnx", "target": profile.name, "passes_applied": applied,
+        "passes_reverted": reverted, "compute_dtype": compute if "precision" in applied
+        else "fp32", "precision_choice": ctx.notes["precision_choice"],
+        "tolerance": final_tol.to_dict(), "numerics": [e.to_dict() for e in final],
+        "guard": reports, "fallbacks": [f for r in reports for f in r["fallbacks"]],
+        "session": session.to_dict(), "samples": len(runs),
+        "calibration_batches": len(calib) if calib else 0,
+        "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
+        "timings": timings}
+    nodes = tuple(replace(n, decisions={**n.decisions, **ctx.decisions.get(n.name, {})})
+                  for n in plan.nodes)
+    plan = replace(plan, nodes=nodes, extra={**plan.extra, "optimization": _plain(info)})
+    logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
+                len(info["fallbacks"]), timings["total_s"])
+    return current, plan, info
+
+
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str],
+              session: SessionConfig | dict[str, Any] | None = None) -> Path:
+    """Write the model (whole or not at all; external data beside it past 2 GB) and its
+    session config ``<name>.graphopt.json``."""
+    target = Path(path)
+    if model.ByteSize() < _PROTO_LIMIT:
+        atomic_write_bytes(target, model.SerializeToString())
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            tmp_model = Path(tmp) / target.name
+            data = f"{target.name}.data"
+            onnx.save_model(model, str(tmp_model), save_as_external_data=True, location=data)
+            os.replace(Path(tmp) / data, target.parent / data)
+            os.replace(tmp_model, target)
+    if session is not None:
+        cfg = session if isinstance(session, SessionConfig) else SessionConfig.from_dict(session)
+        write_config(target, cfg)
+    return target
