@@ -87,7 +87,7 @@ class OptimizedModule(torch.nn.Module):
 class Optimized:
     """The result of :func:`optimize`: ``.module``, ``.plan`` and the emitters."""
 
-    def __init__(self, module: OptimizedModule | None, plan: Plan,
+    def __init__(self, module: torch.nn.Module | None, plan: Plan,
                  example_inputs: tuple[Any, ...], info: dict[str, Any], *,
                  onnx_model: Any = None, source: tuple[Any, ...] | None = None) -> None:
         self.module = module
@@ -207,7 +207,9 @@ def optimize(model: Any, example_inputs: Any = None,
     args = info.pop("example_inputs")
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
     runtime = info.get("notes", {}).get("precision", {}).get("runtime", {})
-    module = OptimizedModule(gm, shapes, runtime)
+    # the pipeline hands back a plain copy of the model when nothing it does pays on this
+    # machine: return that copy as is, with no wrapper cost on every call
+    module = OptimizedModule(gm, shapes, runtime) if isinstance(gm, fx.GraphModule) else gm
     result = Optimized(module, plan, args, info, source=(model, example_inputs, options))
     # the report shows the settings for the precision actually applied, not the planner's guess
     result.plan = replace(plan, extra={**plan.extra,

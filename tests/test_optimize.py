@@ -88,7 +88,7 @@ def test_bad_input():
         graphopt.optimize(train, inputs, target="cpu")
     with pytest.raises(GraphoptError):
         graphopt.optimize(model, inputs, target="cpu", precision="fp8")
-    opt = graphopt.optimize(model, inputs, target="cpu")
+    opt = graphopt.optimize(model, inputs, target="cpu", measure=False)  # keep the graph
     with pytest.raises(GraphoptError, match="shapes"):
         opt.module(torch.randn(3, 61))
 
@@ -113,3 +113,19 @@ def test_lint_lists_tensor_core_issues():
     assert {"TC001", "TC004", "TC005"} <= rules
     tc001 = [i for i in issues if i.rule == "TC001"]
     assert len(tc001) == 3 and any("136->256" in i.fix for i in tc001)
+
+
+def test_host_fallback_returns_a_plain_copy_when_nothing_pays(monkeypatch):
+    """On the host CPU, a rewritten graph that measures slower is not returned."""
+    from graphopt.rewrites import pipeline
+
+    model, inputs = ZOO["odd_mlp"]
+    monkeypatch.setattr(pipeline, "faster_or_equal", lambda before, after, args: (False, 1e-3,
+                                                                                   2e-3))
+    opt = graphopt.optimize(model, inputs, target="cpu", measure=True)
+    assert not isinstance(opt.module, graphopt.optimized.OptimizedModule)
+    assert opt.module is not model
+    assert any(r["pass"] == "all" for r in opt.info["passes_reverted"])
+    with torch.no_grad():
+        _assert_close(model(*inputs), opt.module(*inputs), 0.0)
+
