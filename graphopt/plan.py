@@ -7,7 +7,7 @@ same model and target always give the same dict, so the JSON bytes are determini
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -16,7 +16,7 @@ from graphopt.cost.roofline import NodeCost
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import TensorInfo
 
-__all__ = ["SCHEMA_VERSION", "Decision", "NodePlan", "Plan", "PlanSet"]
+__all__ = ["SCHEMA_VERSION", "Decision", "NodePlan", "Plan", "PlanSet", "mark_reverted"]
 
 #: version of the JSON report layout; bump on incompatible changes
 SCHEMA_VERSION = 1
@@ -36,6 +36,20 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.fields, "applied": self.applied, "reason": self.reason}
+
+
+def mark_reverted(saved: Mapping[str, Mapping[str, Decision]],
+                  now: Mapping[str, Mapping[str, Decision]],
+                  reason: str) -> dict[str, dict[str, Decision]]:
+    """The decisions from before a reverted pass, plus the ones it applied, marked not applied
+    with why (a reverted pass's reasons stay visible in the report)."""
+    out = {k: dict(v) for k, v in saved.items()}
+    for node, decisions in now.items():
+        for kind, d in decisions.items():
+            if saved.get(node, {}).get(kind) is not d and d.applied:
+                out.setdefault(node, {})[kind] = replace(d, applied=False,
+                                                         reason=f"{reason} ({d.reason})")
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from graphopt.onnx_rewrites.context import OnnxContext, OnnxOptions
 from graphopt.onnx_rewrites.guard import compare, guard, run_samples
 from graphopt.onnx_rewrites.ort_runner import OrtModel, sample_feeds
 from graphopt.onnx_rewrites.session import SessionConfig, decide_session, write_config
-from graphopt.plan import Decision, Plan
+from graphopt.plan import Plan, mark_reverted
 from graphopt.rewrites.verify import Tolerance, tolerance_for
 
 __all__ = ["PassSpec", "default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
@@ -174,18 +174,6 @@ def _measured_slower(before: onnx.ModelProto, after: onnx.ModelProto, ctx: OnnxC
             f"{tb * 1e6:.0f} us before ({tb / ta:.2f}x)")
 
 
-def _mark_reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],
-                   reason: str) -> dict[str, dict[str, Decision]]:
-    """The decisions before a reverted pass, plus its applied ones marked not applied."""
-    out = {k: dict(v) for k, v in saved.items()}
-    for node, decisions in now.items():
-        for kind, d in decisions.items():
-            if saved.get(node, {}).get(kind) is not d and d.applied:
-                out.setdefault(node, {})[kind] = replace(d, applied=False,
-                                                         reason=f"{reason} ({d.reason})")
-    return out
-
-
 def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                   target: str | HardwareProfile = "h100", options: OnnxOptions | None = None,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
@@ -265,7 +253,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                 current = before
                 applied.remove(name)
                 reverted.append({"pass": name, "reason": why})
-                ctx.decisions = _mark_reverted(saved, ctx.decisions, why)
+                ctx.decisions = mark_reverted(saved, ctx.decisions, why)
         timings[f"{name}_s"] = time.perf_counter() - t0
     session = decide_session(current, ctx)
     t0 = time.perf_counter()

@@ -20,7 +20,7 @@ from graphopt.errors import GraphoptError
 from graphopt.frontends.torch_frontend import trace_torch
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.plan import Decision, Plan
+from graphopt.plan import Plan, mark_reverted
 from graphopt.planner import build_plan
 from graphopt.rewrites.context import OptimizeOptions, RewriteContext, TorchPass
 from graphopt.rewrites.measure import faster_or_equal
@@ -133,7 +133,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         if reason is not None:
             reverted.append({"pass": name, "reason": reason})
             gm = before
-            ctx.decisions = _mark_reverted(saved, ctx.decisions, reason)
+            ctx.decisions = mark_reverted(saved, ctx.decisions, reason)
             if tol_key == "compute":
                 ctx.compute_dtype = "fp32"
             continue
@@ -146,7 +146,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
         module = copy.deepcopy(model)
         reverted.append({"pass": "all", "reason": fallback})
-        ctx.decisions = _mark_reverted({}, ctx.decisions, fallback)
+        ctx.decisions = mark_reverted({}, ctx.decisions, fallback)
         applied, final_tol = [], tolerance_for("fp32")
     final = compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
     info = {"passes_applied": applied, "passes_reverted": reverted,
@@ -237,18 +237,6 @@ def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
         return None
     return (f"the optimized graph measured slower than the original on this machine "
             f"({t_graph * 1e3:.3g} ms vs {t_model * 1e3:.3g} ms): returning the original model")
-
-
-def _mark_reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],
-                   reason: str) -> dict[str, dict[str, Decision]]:
-    """Keep the decisions a reverted pass made, marked not applied, with why."""
-    out = {k: dict(v) for k, v in saved.items()}
-    for node, decisions in now.items():
-        for kind, d in decisions.items():
-            if saved.get(node, {}).get(kind) is not d and d.applied:
-                out.setdefault(node, {})[kind] = replace(d, applied=False,
-                                                         reason=f"{reason} ({d.reason})")
-    return out
 
 
 def _with_decisions(ctx: RewriteContext) -> Plan:
