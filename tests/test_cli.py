@@ -74,3 +74,23 @@ def test_console_script_runs_as_a_process(tmp_path):
     r = subprocess.run([sys.executable, "-m", "graphopt.cli", "plan", str(tmp_path / "x.onnx")],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "fix:" in r.stderr
+
+
+def test_plan_with_devices_reports_the_partition(tmp_path, capsys):
+    spec = tmp_path / "m.py"
+    spec.write_text("import torch\ndef build():\n    torch.manual_seed(0)\n    return "
+                    "torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), "
+                    "torch.nn.Linear(256, 64)).eval(), (torch.randn(8, 64),)\n")
+    out = tmp_path / "p.json"
+    rc = main(["plan", f"{spec}:build", "--target", "h100", "--devices",
+               "cuda:0=h100,cuda:1=a100:40GB,cpu", "--strategy", "pipeline", "--json", str(out)])
+    assert rc == 0
+    plan = json.loads(out.read_text())
+    part = plan["partition"]
+    assert part["strategy"] == "pipeline"
+    assert [d["name"] for d in part["devices"]] == ["cuda:0", "cuda:1", "cpu"]
+    assert all(n["decisions"]["device"]["device"] in ("cuda:0", "cuda:1", "cpu")
+               for n in plan["nodes"])
+    capsys.readouterr()
+    rc = main(["plan", f"{spec}:build", "--devices", "cuda:0=h100:999TB"])
+    assert rc == 2 and "fix:" in capsys.readouterr().err
