@@ -18,7 +18,6 @@ as in the ``Graph`` (unnamed or duplicate names get ``f"{op_type}_{index}"``).
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import os
@@ -32,6 +31,7 @@ import onnx
 import onnx.inliner
 import onnx.shape_inference
 
+from graphopt._order import stable_topo_order
 from graphopt.errors import GraphoptError, ModelLoadError
 from graphopt.frontends.onnx_attrs import ConstValue, attr_value, fill_defaults
 from graphopt.frontends.onnx_safety import (
@@ -233,23 +233,8 @@ def _topo_order(nodes: Any, ins: list[list[str]], outs: list[list[str]],
                 in_order = in_order and p < i
     if in_order:
         return list(range(len(ins)))
-    users: list[list[int]] = [[] for _ in range(len(ins))]
-    indegree = [0] * len(ins)
-    for i, names in enumerate(ins):
-        preds = {producer[t] for t in names if t and t not in available}
-        indegree[i] = len(preds)
-        for p in preds:
-            users[p].append(i)
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)  # smallest index first keeps the order close to the file's
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, u)
+    order = stable_topo_order([{producer[t] for t in names if t and t not in available}
+                               for names in ins])
     if len(order) < len(ins):
         raise ModelLoadError(f"the graph has a cycle through {len(ins) - len(order)} node(s)",
                              fix=_CHECK_FIX)

@@ -10,7 +10,6 @@ carry ``doc_string = "graphopt:padding"``; replaced constants nobody reads any m
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from graphopt._order import stable_topo_order, unique_name
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding_rules import ModelInfo, subgraph_refs
 from graphopt.rewrites.channel_map import ChannelMap
@@ -33,21 +33,7 @@ def topo_order(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.No
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     deps = [{producer[t] for t in {*n.input, *subgraph_refs(n)} if t in producer
              and t not in available} for n in nodes]
-    users: list[list[int]] = [[] for _ in nodes]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            users[d].append(i)
-    indegree = [len(d) for d in deps]
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, u)
+    order = stable_topo_order(deps)
     placed = set(order)
     order += [i for i in range(len(nodes)) if i not in placed]  # a cycle: left as it is
     return [nodes[i] for i in order]
@@ -73,12 +59,7 @@ class PadState:
     pads: list[dict[str, Any]] = field(default_factory=list)
 
     def unique(self, hint: str) -> str:
-        name, k = hint, 0
-        while name in self.used_names:
-            k += 1
-            name = f"{hint}_{k}"
-        self.used_names.add(name)
-        return name
+        return unique_name(hint, self.used_names)
 
     def add_initializer(self, hint: str, value: np.ndarray) -> str:
         name = self.unique(f"graphopt_pad/{hint}")

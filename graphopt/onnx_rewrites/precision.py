@@ -46,6 +46,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from graphopt._order import unique_name
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.ort_runner import tensor_types, topological
@@ -179,12 +180,7 @@ class _Rewriter:
         return self._weak_max[t]
 
     def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
+        return unique_name(base, self.names)
 
     def role(self, node: onnx.NodeProto, bound: tuple[frozenset[int], frozenset[int]] | None
              ) -> tuple[str, str]:
