@@ -14,7 +14,7 @@ from graphopt.hardware.generations import (
     smem_per_sm_bytes,
 )
 from graphopt.hardware.profile import HardwareProfile, Link
-from graphopt.hardware.registry import get_target, list_targets, target_names
+from graphopt.hardware.registry import get_target, is_this_machine, list_targets, target_names
 
 __all__ = [
     "HardwareProfile",
@@ -25,6 +25,7 @@ __all__ = [
     "generation_for",
     "get_target",
     "host_cpu_profile",
+    "is_this_machine",
     "list_targets",
     "smem_per_sm_bytes",
     "target_names",

@@ -17,7 +17,7 @@ from graphopt.hardware.detect import detected_gpu_profiles, host_cpu_profile
 from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["ALIASES", "get_target", "list_targets", "target_names"]
+__all__ = ["ALIASES", "get_target", "is_this_machine", "list_targets", "target_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,11 @@ def get_target(name: str) -> HardwareProfile:
     if canonical is None:
         raise _unknown(name)
     return _table()[canonical]
+
+
+def is_this_machine(profile: HardwareProfile) -> bool:
+    """True for the detected host CPU: the one target whose kernels can be timed here."""
+    return profile.kind == "cpu" and profile.name == host_cpu_profile().name
 
 
 def list_targets() -> list[HardwareProfile]:

@@ -31,6 +31,7 @@ import onnx.shape_inference
 
 from graphopt._io import atomic_write_bytes
 from graphopt.errors import GraphoptError
+from graphopt.hardware import is_this_machine
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.onnx_rewrites.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.onnx_rewrites.context import OnnxContext, OnnxOptions
@@ -220,7 +221,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
     current, applied, reverted, reports = base, [], [], []
     final_tol = tolerance_for("fp32")
     if measure is None:
-        measure = profile.kind == "cpu" and profile.name == "cpu"
+        measure = is_this_machine(profile)
     for name, run_pass, kind in passes if passes is not None else default_passes():
         t0 = time.perf_counter()
         saved = {k: dict(v) for k, v in ctx.decisions.items()}

@@ -18,7 +18,7 @@ from torch import fx
 
 from graphopt.errors import GraphoptError
 from graphopt.frontends.torch_frontend import trace_torch
-from graphopt.hardware import get_target
+from graphopt.hardware import get_target, is_this_machine
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import Plan, mark_reverted
 from graphopt.planner import build_plan
@@ -206,14 +206,17 @@ _PASS_OPTION = {"padding": "pad", "layout": "layout", "precision": "precision",
                 "quantize": "quantize"}
 
 
+def _measure_here(ctx: RewriteContext) -> bool:
+    """Timing decides only where it means something: by default, when the target is this CPU."""
+    measure = ctx.options.measure
+    return is_this_machine(ctx.target) if measure is None else measure
+
+
 def _measured_slower(name: str, before: fx.GraphModule, after: fx.GraphModule,
                      ctx: RewriteContext) -> str | None:
     """A reason to revert ``name`` if it measured slower on this machine, else None."""
     option = _PASS_OPTION.get(name)
-    measure = ctx.options.measure
-    if measure is None:
-        measure = ctx.target.kind == "cpu" and ctx.target.name == "cpu"
-    if not measure or option is None or getattr(ctx.options, option) != "auto":
+    if not _measure_here(ctx) or option is None or getattr(ctx.options, option) != "auto":
         return None
     keep, tb, ta = faster_or_equal(before, after, ctx.example_inputs)
     ctx.notes.setdefault("measured", {})[name] = {"before_s": tb, "after_s": ta, "kept": keep}
@@ -225,10 +228,7 @@ def _measured_slower(name: str, before: fx.GraphModule, after: fx.GraphModule,
 
 def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
                           ctx: RewriteContext) -> str | None:
-    measure = ctx.options.measure
-    if measure is None:
-        measure = ctx.target.kind == "cpu" and ctx.target.name == "cpu"
-    if not measure:
+    if not _measure_here(ctx):
         return None
     keep, t_model, t_graph = faster_or_equal(model, gm, ctx.example_inputs)
     ctx.notes.setdefault("measured", {})["whole_model"] = {

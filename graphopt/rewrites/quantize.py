@@ -20,6 +20,7 @@ import warnings
 import torch
 from torch import fx
 
+from graphopt.hardware import is_this_machine
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import get_tensor, is_aten
 
@@ -39,7 +40,7 @@ def _packed(weight: torch.Tensor, bias: torch.Tensor | None) -> object:
 
 def can_quantize(gm: fx.GraphModule, node: fx.Node, ctx: RewriteContext) -> str | None:
     """None if ``node`` may run as dynamic INT8 here, else the reason it may not."""
-    if ctx.target.kind != "cpu" or ctx.target.name != "cpu":
+    if not is_this_machine(ctx.target):
         return "INT8 is applied only for the host CPU target (the kernel must run here)"
     if ctx.compute_dtype != "fp32":
         return f"the model runs in {ctx.compute_dtype}; dynamic INT8 takes fp32 activations"
