@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
-from graphopt.cost.roofline import efficiency, estimate
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding_carry import carry_rule
 from graphopt.onnx_rewrites.padding_rules import (
@@ -29,7 +27,7 @@ from graphopt.onnx_rewrites.padding_rules import (
     gemm_site,
 )
 from graphopt.rewrites.channel_map import ChannelMap
-from graphopt.rewrites.padding_plan import elem_bytes
+from graphopt.rewrites.padding_plan import copy_time, elem_bytes, padded_gemm_time, stream_time
 
 __all__ = ["copy_time", "downstream_cost", "gemm_time", "numel"]
 
@@ -43,33 +41,13 @@ def gemm_time(ctx: OnnxContext, site: Site, c_in: int, c_out: int) -> tuple[floa
     kc = KernelClass.CONV if site.op == "conv" else KernelClass.GEMM
     pn = ctx.plan_node(site.node.name)
     a = pn.analysis if pn is not None else NodeAnalysis(kc, {}, 0, 0, 0, 0, "fp32")
-    g = site.groups
-    in_per = numel(site.in_shape) // site.c_in
     rows = numel(site.out_shape) // site.c_out
-    kernel = math.prod(site.weight.shape[2:]) if site.op == "conv" else 1
-    flops = 2 * rows * c_out * (c_in // g) * kernel
-    e = elem_bytes(ctx.compute_dtype)
-    read = e * (in_per * c_in + c_out * (c_in // g) * kernel
-                + (c_out if site.bias is not None else 0))
-    dims = ({"M": rows, "N": c_out, "K": c_in, "batch": 1} if site.op != "conv" else
-            {**a.dims, "M": rows, "N": c_out, "K": c_in // g * kernel, "groups": g,
-             "C_in": c_in, "C_out": c_out})
-    if a.kernel_class not in (KernelClass.GEMM, KernelClass.GEMV, KernelClass.CONV):
-        a = replace(a, kernel_class=kc)
-    variant = replace(a, dims=dims, flops=flops, bytes_read=read, bytes_written=e * rows * c_out)
-    return estimate(variant, ctx.target, ctx.compute_dtype).est_time_s, flops
-
-
-def copy_time(ctx: OnnxContext, read_elems: int, write_elems: int) -> float:
-    """One per-call Pad/Slice/Gather kernel: memory-bound, plus its launch."""
-    e = elem_bytes(ctx.compute_dtype)
-    a = NodeAnalysis(KernelClass.DATA_MOVEMENT, {"numel": write_elems}, 0, e * read_elems,
-                     e * write_elems, 0, ctx.compute_dtype)
-    return estimate(a, ctx.target, ctx.compute_dtype).est_time_s
-
-
-def _stream_time(ctx: OnnxContext, nbytes: float) -> float:
-    return nbytes / (ctx.target.bandwidth_bytes_per_s * efficiency(ctx.target.kind, "memory"))
+    return padded_gemm_time(
+        ctx, a, kc, linear=site.op != "conv", rows=rows,
+        in_per=numel(site.in_shape) // site.c_in, out_per=rows, c_in=c_in, c_out=c_out,
+        groups=site.groups,
+        kernel=math.prod(site.weight.shape[2:]) if site.op == "conv" else 1,
+        bias=site.bias is not None)
 
 
 def downstream_cost(ctx: OnnxContext, info: ModelInfo, tensor: str, cmap: ChannelMap,
@@ -112,7 +90,7 @@ def downstream_cost(ctx: OnnxContext, info: ModelInfo, tensor: str, cmap: Channe
                 if pn is not None:
                     a = pn.analysis
                     ratio = elem_bytes(ctx.compute_dtype) / elem_bytes(a.dtype or "fp32")
-                    seconds += _stream_time(ctx, a.bytes_total * ratio * (m.size / m.real - 1))
+                    seconds += stream_time(ctx, a.bytes_total * ratio * (m.size / m.real - 1))
                 out = user.output[0]
                 if out not in hypo:
                     hypo[out] = rule.out

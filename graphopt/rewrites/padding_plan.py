@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 from torch import fx
 
@@ -31,8 +32,8 @@ from graphopt.rewrites.padding_rules import (
     static_shape,
 )
 
-__all__ = ["attention_time", "copy_time", "downstream_cost", "elem_bytes", "gemm_time",
-           "required_multiple"]
+__all__ = ["CostContext", "attention_time", "copy_time", "downstream_cost", "elem_bytes",
+           "gemm_time", "padded_gemm_time", "required_multiple", "stream_time"]
 
 # Dtypes the roofline runs on tensor cores (graphopt.cost.roofline rule 1).
 _TC_KEYS = frozenset({"tf32", "fp16", "bf16", "fp8", "int8"})
@@ -63,27 +64,45 @@ def _base(ctx: RewriteContext, node: fx.Node, kernel_class: KernelClass) -> Node
     return a if a is not None else NodeAnalysis(kernel_class, {}, 0, 0, 0, 0, "fp32")
 
 
-def gemm_time(ctx: RewriteContext, site: GemmSite, c_in: int, c_out: int) -> tuple[float, int]:
-    """(roofline seconds, FLOPs) of ``site`` run with ``c_in``/``c_out`` (padded) channels."""
-    kc = KernelClass.GEMM if site.op == "linear" else KernelClass.CONV
-    a = _base(ctx, site.node, kc)
-    g = site.groups
-    in_per = math.prod(site.in_shape) // site.c_in
-    out_per = math.prod(site.out_shape) // site.c_out
-    kernel = math.prod(static_shape(site.weight)[2:])  # type: ignore[index]
-    rows = (math.prod(site.in_shape) // site.c_in if site.op == "conv_transpose"
-            else math.prod(site.out_shape) // site.c_out)
-    flops = 2 * rows * c_out * (c_in // g) * kernel
+class CostContext(Protocol):
+    """What the padding cost helpers read: the torch and the ONNX pass contexts both have it."""
+
+    target: HardwareProfile
+    compute_dtype: str
+
+
+def padded_gemm_time(ctx: CostContext, a: NodeAnalysis, kc: KernelClass, *, linear: bool,
+                     rows: int, in_per: int, out_per: int, c_in: int, c_out: int, groups: int,
+                     kernel: int, bias: bool) -> tuple[float, int]:
+    """(roofline seconds, FLOPs) of GEMM-like node ``a`` with ``c_in``/``c_out`` channels.
+
+    The variant is ``a`` with padded dims, FLOPs of the padded work and bytes at the compute
+    dtype's width; the roofline supplies the tensor-core alignment penalty padding removes.
+    """
+    flops = 2 * rows * c_out * (c_in // groups) * kernel
     e = elem_bytes(ctx.compute_dtype)
-    read = e * (in_per * c_in + c_out * (c_in // g) * kernel + (c_out if site.bias else 0))
-    dims = ({"M": rows, "N": c_out, "K": c_in, "batch": 1} if site.op == "linear" else
-            {**a.dims, "M": rows, "N": c_out, "K": c_in // g * kernel, "groups": g,
+    read = e * (in_per * c_in + c_out * (c_in // groups) * kernel + (c_out if bias else 0))
+    dims = ({"M": rows, "N": c_out, "K": c_in, "batch": 1} if linear else
+            {**a.dims, "M": rows, "N": c_out, "K": c_in // groups * kernel, "groups": groups,
              "C_in": c_in, "C_out": c_out})
     if a.kernel_class not in (KernelClass.GEMM, KernelClass.GEMV, KernelClass.CONV):
         a = replace(a, kernel_class=kc)
     variant = replace(a, dims=dims, flops=flops, bytes_read=read,
                       bytes_written=e * out_per * c_out)
     return estimate(variant, ctx.target, ctx.compute_dtype).est_time_s, flops
+
+
+def gemm_time(ctx: RewriteContext, site: GemmSite, c_in: int, c_out: int) -> tuple[float, int]:
+    """(roofline seconds, FLOPs) of ``site`` run with ``c_in``/``c_out`` (padded) channels."""
+    kc = KernelClass.GEMM if site.op == "linear" else KernelClass.CONV
+    in_per = math.prod(site.in_shape) // site.c_in
+    out_per = math.prod(site.out_shape) // site.c_out
+    return padded_gemm_time(
+        ctx, _base(ctx, site.node, kc), kc, linear=site.op == "linear",
+        rows=in_per if site.op == "conv_transpose" else out_per, in_per=in_per,
+        out_per=out_per, c_in=c_in, c_out=c_out, groups=site.groups,
+        kernel=math.prod(static_shape(site.weight)[2:]),  # type: ignore[index]
+        bias=bool(site.bias))
 
 
 def attention_time(ctx: RewriteContext, node: fx.Node, d: int, dv: int, dp: int, dvp: int
@@ -102,7 +121,7 @@ def attention_time(ctx: RewriteContext, node: fx.Node, d: int, dv: int, dp: int,
     return estimate(variant, ctx.target, ctx.compute_dtype).est_time_s, flops
 
 
-def copy_time(ctx: RewriteContext, read_elems: int, write_elems: int) -> float:
+def copy_time(ctx: CostContext, read_elems: int, write_elems: int) -> float:
     """One per-call pad/slice/gather kernel: memory-bound, plus its launch."""
     e = elem_bytes(ctx.compute_dtype)
     a = NodeAnalysis(KernelClass.DATA_MOVEMENT, {"numel": write_elems}, 0, e * read_elems,
@@ -110,7 +129,8 @@ def copy_time(ctx: RewriteContext, read_elems: int, write_elems: int) -> float:
     return estimate(a, ctx.target, ctx.compute_dtype).est_time_s
 
 
-def _stream_time(ctx: RewriteContext, nbytes: float) -> float:
+def stream_time(ctx: CostContext, nbytes: float) -> float:
+    """Seconds to stream ``nbytes`` through DRAM at the achievable bandwidth."""
     bw = ctx.target.bandwidth_bytes_per_s * efficiency(ctx.target.kind, "memory")
     return nbytes / bw
 
@@ -153,7 +173,7 @@ def downstream_cost(ctx: RewriteContext, node: fx.Node, cmap: ChannelMap,
                 a = ctx.analysis(user)
                 if a is not None:
                     ratio = elem_bytes(ctx.compute_dtype) / elem_bytes(a.dtype or "fp32")
-                    seconds += _stream_time(ctx, a.bytes_total * ratio * (m.size / m.real - 1))
+                    seconds += stream_time(ctx, a.bytes_total * ratio * (m.size / m.real - 1))
                 if user not in seen:
                     seen.add(user)
                     hypo[user] = rule.out
