@@ -101,16 +101,10 @@ class Optimized:
     @property
     def runtime_settings(self) -> Any:
         """The torch runtime settings for running this module on its target (issue 4 rules)."""
-        from graphopt.decisions.runtime import runtime_settings
+        from graphopt.decisions.decide import plan_runtime_settings
 
-        memory = self.plan.extra.get("memory", {})
-        heads = [n.analysis.dims.get("head_dim") for n in self.plan.nodes
-                 if n.analysis.kernel_class.value == "attention"]
-        return runtime_settings(
-            self.plan.target, precision=self.info.get("compute_dtype", "fp32"),
-            has_convs=any(n.analysis.kernel_class.value == "conv" for n in self.plan.nodes),
-            max_batch_size=memory.get("max_batch_size"),
-            head_dim=max((h for h in heads if h), default=None))
+        return plan_runtime_settings(self.plan, self.info.get("compute_dtype", "fp32"),
+                                     self.plan.extra.get("memory", {}).get("max_batch_size"))
 
     def runtime(self) -> contextlib.AbstractContextManager[dict[str, str]]:
         """``with opt.runtime(): ...`` applies :attr:`runtime_settings` and restores the

@@ -16,10 +16,10 @@ from graphopt.cost.roofline import estimate
 from graphopt.decisions.exec_path import exec_path
 from graphopt.decisions.memory import memory_plan
 from graphopt.decisions.quantization import plan_precisions, recommend_quant
-from graphopt.decisions.runtime import runtime_settings
+from graphopt.decisions.runtime import RuntimeSettings, runtime_settings
 from graphopt.plan import Plan
 
-__all__ = ["decide", "model_format"]
+__all__ = ["decide", "model_format", "plan_runtime_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,18 @@ def model_format(plan: Plan) -> str:
             if t is not None and t.kind == "param" and t.dtype:
                 counts[t.dtype] += t.numel
     return counts.most_common(1)[0][0] if counts else "fp32"
+
+
+def plan_runtime_settings(plan: Plan, precision: str,
+                          max_batch_size: int | None) -> RuntimeSettings:
+    """Runtime settings for ``plan`` run at ``precision``: whether it has convs and its largest
+    attention head_dim come from the plan's nodes."""
+    head_dims = [n.analysis.dims.get("head_dim") for n in plan.nodes
+                 if n.analysis.kernel_class is KernelClass.ATTENTION]
+    return runtime_settings(
+        plan.target, precision=precision,
+        has_convs=any(n.analysis.kernel_class is KernelClass.CONV for n in plan.nodes),
+        max_batch_size=max_batch_size, head_dim=max((h for h in head_dims if h), default=None))
 
 
 def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
@@ -75,14 +87,10 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
                              activation_bytes=memory.activation_peak_bytes).to_dict()
              if params > 0 else {"format": None, "fits": True,
                                  "reason": "the model has no parameters to quantize"})
-    head_dims = [n.analysis.dims.get("head_dim") for n in plan.nodes
-                 if n.analysis.kernel_class is KernelClass.ATTENTION]
     low = {str(d.fields.get("format")) for d in precisions.values()} - {"fp32", "None"}
-    settings = runtime_settings(
-        target, precision=("bf16" if "bf16" in low else next(iter(sorted(low)), "fp32")),
-        has_convs=any(n.analysis.kernel_class is KernelClass.CONV for n in plan.nodes),
-        max_batch_size=memory.max_batch_size,
-        head_dim=max((h for h in head_dims if h), default=None))
+    settings = plan_runtime_settings(
+        plan, "bf16" if "bf16" in low else next(iter(sorted(low)), "fp32"),
+        memory.max_batch_size)
     gemms = sum(1 for n in plan.nodes if n.analysis.kernel_class in GEMM_LIKE)
     logger.info("decided %d nodes (%d GEMM-like) on %s", len(nodes), gemms, target.name)
     extra = {**plan.extra, "memory": memory.to_dict(), "quantization": quant,
