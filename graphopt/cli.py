@@ -152,6 +152,12 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_reports(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="F", help="write the JSON plan report to F")
+    p.add_argument("--md", metavar="F", help="write the Markdown summary to F")
+    p.add_argument("--html", metavar="F", help="write the HTML report to F")
+
+
 def _add_devices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", metavar="SPEC",
                    help="split across devices, e.g. cuda:0=h100,cuda:1=a100:40GB,cpu:64GB "
@@ -170,9 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--target", default="h100",
                     help="target name, or several separated by commas (see `graphopt targets`)")
     _add_devices(pp)
-    pp.add_argument("--json", metavar="F", help="write the JSON plan report to F")
-    pp.add_argument("--md", metavar="F", help="write the Markdown summary to F")
-    pp.add_argument("--html", metavar="F", help="write the HTML report to F")
+    _add_reports(pp)
     pp.set_defaults(func=_cmd_plan)
     pl = sub.add_parser("lint", help="list tensor-core compliance issues and their fixes")
     pl.add_argument("model", help="an .onnx file, or file.py:function")
@@ -200,9 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="accuracy budget: max |ref - out| <= X * max |ref| per output "
                          "(default: the precision's, e.g. 0.01 for fp16)")
     _add_devices(po)
-    po.add_argument("--json", metavar="F", help="write the JSON plan report to F")
-    po.add_argument("--md", metavar="F", help="write the Markdown summary to F")
-    po.add_argument("--html", metavar="F", help="write the HTML report to F")
+    _add_reports(po)
     po.set_defaults(func=_cmd_optimize)
     pt = sub.add_parser("targets", help="list the hardware targets")
     pt.add_argument("--json", action="store_true", help="print JSON")
