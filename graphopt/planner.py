@@ -81,9 +81,9 @@ def summarize(nodes: tuple[NodePlan, ...]) -> dict[str, Any]:
         time_by_bound[n.cost.bottleneck] += n.cost.est_time_s
         time_by_class[n.analysis.kernel_class.value] += n.cost.est_time_s
     classes = Counter(n.analysis.kernel_class.value for n in nodes)
-    patterns = Counter(n.analysis.pattern.split(":")[0] for n in nodes if n.analysis.pattern)
-    instances = {p: len({n.analysis.pattern for n in nodes if n.analysis.pattern
-                         and n.analysis.pattern.startswith(p + ":")}) for p in patterns}
+    # pattern ids are "name:index": count the distinct instances of each pattern name
+    instances = Counter(p.split(":")[0] for p in {n.analysis.pattern for n in nodes
+                                                  if n.analysis.pattern})
     costliest = sorted(kernels, key=lambda n: (-n.cost.est_time_s, n.name))[:_COSTLIEST]
     unsupported = Counter(n.op for n in nodes if "unsupported_op" in n.analysis.flags)
     flags = Counter(f for n in nodes for f in n.analysis.flags)
