@@ -1,34 +1,204 @@
-"""Outputs are written whole or not at all: write a temp file beside the target, then rename."""
+"""Outputs are written whole or not at all, and never over the user's inputs.
+
+A command that writes several files (a model, its session config, three reports) writes them as
+one :class:`OutputSet`:
+
+1. Every path is checked before any work is written (and, in the CLI, before the slow work
+   starts): a folder, a read-only file, the same path twice, or a path that is one of the
+   inputs (the same file by realpath, symlink or hard link, e.g. ``-o model.onnx`` or the
+   model's external-data file) is refused with an error naming both.
+2. Each file is staged as a temp file beside its target, so a failing write (disk full, a
+   ``/proc`` path, a render error) leaves nothing behind.
+3. :meth:`OutputSet.commit` renames the staged files into place; if a rename fails, the files
+   already replaced are restored from hard-link backups and new ones removed.
+
+New files get the mode the umask allows (``open()``'s 0666 & ~umask); a replaced file keeps its
+mode.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from graphopt.errors import GraphoptError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["OutputSet", "atomic_write_bytes", "atomic_write_text", "same_file"]
+
+PathLike = str | os.PathLike[str]
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (same-folder temp file + ``os.replace``)."""
-    target = Path(path)
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as e:
-        raise GraphoptError(f"cannot write {target}: {e.strerror or e}",
-                            "choose a writable output path") from None
+        st = path.stat()  # follows symlinks: a link to an input is that input
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def same_file(a: PathLike, b: PathLike) -> bool:
+    """True when ``a`` and ``b`` name one file (same path, symlink or hard link)."""
+    pa, pb = Path(a), Path(b)
+    if os.path.realpath(pa) == os.path.realpath(pb):
+        return True
+    ia = _identity(pa)
+    return ia is not None and ia == _identity(pb)
+
+
+class OutputSet:
+    """The files one command writes, checked up front and committed together.
+
+    Args:
+        protect: the command's input files (model, external data, calibration data...); no
+            output may resolve to one of them.
+    """
+
+    def __init__(self, protect: Iterable[PathLike] = ()) -> None:
+        self._protect = [Path(p) for p in protect]
+        self._targets: list[Path] = []
+        self._staged: dict[Path, Path] = {}  # target -> temp file beside it
+        self._made_dirs: list[Path] = []  # folders this set created, removed on abort
+
+    def claim(self, path: PathLike, what: str = "output") -> Path:
+        """Check that ``path`` may be written and reserve it; returns it as a Path."""
+        target = Path(path)
+        for other in self._targets:
+            if same_file(target, other):
+                raise GraphoptError(f"two outputs go to the same file: {other} and {target}",
+                                    "give each output its own path")
+        for src in self._protect:
+            if same_file(target, src):
+                raise GraphoptError(
+                    f"the {what} path {target} is the input file {src}: writing it would "
+                    "destroy the input", "write the output to another path")
+        if target.is_dir():
+            raise GraphoptError(f"the {what} path {target} is a folder",
+                                f"give a file path, e.g. {target / 'out'}{target.suffix}")
+        if target.exists() or target.is_symlink():
+            if not target.is_file():
+                raise GraphoptError(f"the {what} path {target} is not a regular file",
+                                    "give a path to a regular file")
+            if not os.access(target, os.W_OK) or not target.stat().st_mode & stat.S_IWUSR:
+                raise GraphoptError(f"the {what} path {target} is read-only",
+                                    "make it writable (chmod u+w) or choose another path")
+        self._targets.append(target)
+        return target
+
+    def claimed(self, path: PathLike) -> bool:
+        """Whether ``path`` (this exact path) was claimed already."""
+        return Path(path) in self._targets
+
+    def write(self, path: PathLike, data: bytes | str, what: str = "output") -> Path:
+        """Stage ``data`` for ``path`` (claimed now if it was not)."""
+        payload = data.encode("utf-8") if isinstance(data, str) else data
+        return self.write_with(path, lambda f: f.write_bytes(payload), what)
+
+    def write_with(self, path: PathLike, writer: Callable[[Path], object],
+                   what: str = "output") -> Path:
+        """Stage ``path`` by calling ``writer(temp_path)``, a file in the target's folder."""
+        target = Path(path)
+        if not self.claimed(target):
+            self.claim(target, what)
+        try:
+            self._make_parents(target.parent)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                            dir=target.parent)
+            os.close(fd)
+        except OSError as e:
+            self.abort()
+            raise GraphoptError(f"cannot write {target}: {e.strerror or e}",
+                                "choose a writable output path") from None
+        tmp = Path(tmp_name)
+        self._staged[target] = tmp
+        try:
+            writer(tmp)
+            os.chmod(tmp, (target.stat().st_mode & 0o7777) if target.is_file()
+                     else 0o666 & ~_umask())
+        except OSError as e:
+            self.abort()
+            raise GraphoptError(f"cannot write {target}: {e.strerror or e}",
+                                "choose a writable output path with free space") from None
+        except BaseException:
+            self.abort()
+            raise
+        return target
+
+    def abort(self) -> None:
+        """Remove every staged temp file; nothing of this set reaches its target."""
+        for tmp in self._staged.values():
+            tmp.unlink(missing_ok=True)
+        self._staged.clear()
+        for folder in reversed(self._made_dirs):
+            try:
+                folder.rmdir()  # only if still empty
+            except OSError:
+                pass
+        self._made_dirs.clear()
+
+    def _make_parents(self, folder: Path) -> None:
+        missing = []
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        for d in reversed(missing):
+            d.mkdir()
+            self._made_dirs.append(d)
+
+    def commit(self) -> list[Path]:
+        """Move every staged file into place, all or none; returns the targets in order."""
+        done: list[tuple[Path, Path | None]] = []  # (target, backup of the file it replaced)
+        try:
+            for target, tmp in self._staged.items():
+                backup = _backup(target) if target.exists() else None
+                done.append((target, backup))
+                os.replace(tmp, target)
+        except OSError as e:
+            for target, backup in reversed(done):
+                if backup is not None:
+                    os.replace(backup, target)
+                else:
+                    target.unlink(missing_ok=True)
+            self.abort()
+            raise GraphoptError(f"cannot write {target}: {e.strerror or e}; no output was "
+                                "written", "choose a writable output path") from None
+        for _, backup in done:
+            if backup is not None:
+                backup.unlink(missing_ok=True)
+        written = list(self._staged)
+        self._staged.clear()
+        self._made_dirs.clear()
+        return written
+
+
+def _backup(target: Path) -> Path:
+    """A second name for ``target``'s current content, to restore it if the commit fails."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".bak", dir=target.parent)
+    os.close(fd)
+    backup = Path(name)
+    backup.unlink()
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+        os.link(target, backup)  # no copy where the file system has hard links
+    except OSError:
+        shutil.copy2(target, backup)
+    return backup
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_bytes(path: PathLike, data: bytes, protect: Iterable[PathLike] = ()) -> Path:
+    """Write one file whole or not at all (see :class:`OutputSet`)."""
+    outputs = OutputSet(protect)
+    outputs.write(path, data)
+    return outputs.commit()[0]
+
+
+def atomic_write_text(path: PathLike, text: str, protect: Iterable[PathLike] = ()) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), protect)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from graphopt._io import OutputSet
 from graphopt.errors import GraphoptError
 
 __all__ = ["main"]
@@ -23,12 +26,35 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
+def _input_files(model: str, calibration: str | None = None) -> list[Path]:
+    """The files a command reads, which no output may replace: the model (for ONNX with its
+    external data; for ``file.py:function`` the .py) and the calibration data."""
+    from graphopt.onnx_rewrites.save import onnx_input_files
+
+    path, sep, func = model.rpartition(":")
+    files = [Path(path)] if sep and path.endswith(".py") and func.isidentifier() else \
+        onnx_input_files(model)
+    if calibration:
+        cal = Path(calibration)
+        files += sorted(cal.glob("*.npz")) if cal.is_dir() else [cal]
+    return files
+
+
+def _claim_reports(outputs: OutputSet, args: argparse.Namespace) -> None:
+    for path in (args.json, args.md, args.html):
+        if path:
+            outputs.claim(path, "report")
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from graphopt.api import plan
     from graphopt.plan import PlanSet
 
+    outputs = OutputSet(_input_files(args.model))
+    _claim_reports(outputs, args)  # refuse a bad path before the work, not after
     result = plan(args.model, target=args.target, devices=args.devices, strategy=args.strategy)
-    written = result.save(json=args.json, md=args.md, html=args.html)
+    result.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
+    written = outputs.commit()
     plans = result.plans if isinstance(result, PlanSet) else (result,)
     for p in plans:
         s = p.summary
@@ -49,25 +75,29 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_lint(args: argparse.Namespace) -> int:
     from graphopt.api import plan, resolve_targets
     from graphopt.lint import lint
+    from graphopt.plan import PlanSet
 
-    target = resolve_targets(args.target)[0]
-    result = plan(args.model, target=target)
-    issues = lint(result)
+    targets = resolve_targets(args.target)
+    result = plan(args.model, target=targets)
+    plans = result.plans if isinstance(result, PlanSet) else (result,)
+    found = [(p, lint(p)) for p in plans]
     if args.json:
-        print(json.dumps([i.to_dict() for i in issues], indent=1))
+        rows = [{"target": p.target.name, **i.to_dict()} for p, issues in found for i in issues]
+        print(json.dumps(rows, indent=1))
     else:
-        for i in issues:
-            print(f"{i.rule} {i.node}: {i.message}\n      fix: {i.fix}")
-        print(f"{len(issues)} tensor-core issue(s) for {result.target.display_name}")
-    return 1 if issues else 0
+        for p, issues in found:
+            for i in issues:
+                print(f"{i.rule} {i.node}: {i.message}\n      fix: {i.fix}")
+            print(f"{len(issues)} tensor-core issue(s) for {p.target.display_name}")
+    return 1 if any(issues for _, issues in found) else 0
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.api import resolve_targets, with_partition
     from graphopt.frontends import load_python_spec
     from graphopt.onnx_rewrites.context import OnnxOptions
-    from graphopt.onnx_rewrites.pipeline import optimize_onnx, save_onnx
-    from graphopt.onnx_rewrites.session import config_path
+    from graphopt.onnx_rewrites.pipeline import optimize_onnx
+    from graphopt.onnx_rewrites.save import claim_onnx, stage_onnx
 
     targets = resolve_targets(args.target)
     if len(targets) > 1:
@@ -75,6 +105,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                             "give one --target (run optimize once per target)")
     options = OnnxOptions(precision=args.precision, pad=args.pad, layout=args.layout,
                           quantize=args.quantize, tolerance=args.tolerance)
+    outputs = OutputSet(_input_files(args.model, args.calibration))
+    claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
+    _claim_reports(outputs, args)
     model: Any = args.model
     samples = None
     path, sep, func = args.model.rpartition(":")
@@ -91,9 +124,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     proto, plan, info = optimize_onnx(model, targets[0], options, args.calibration,
                                       samples=samples)
     plan = with_partition(plan, args.devices, args.strategy)
-    written = [str(save_onnx(proto, args.output, info["session"])),
-               str(config_path(args.output))]
-    written += plan.save(json=args.json, md=args.md, html=args.html)
+    stage_onnx(outputs, proto, args.output, info["session"])
+    plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
+    written = outputs.commit()
+    for warning in info.get("warnings", ()):
+        print(f"graphopt: warning: {warning}", file=sys.stderr)
     applied = ", ".join(info["passes_applied"]) or "none"
     print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: {applied}")
     print(f"  precision: {info['precision_choice']['reason']}")
@@ -219,7 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # the reader (``| head``) has gone: exit quietly, as cat or grep do; point stdout at
+        # devnull so the interpreter's final flush does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, the shell's status for a process ended by a closed pipe
     except GraphoptError as e:
         print(f"graphopt: error: {e.problem}", file=sys.stderr)
         if e.fix:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Iterator
@@ -89,14 +90,15 @@ class Optimized:
 
     def __init__(self, module: torch.nn.Module | None, plan: Plan,
                  example_inputs: tuple[Any, ...], info: dict[str, Any], *,
-                 onnx_model: Any = None, source: tuple[Any, ...] | None = None) -> None:
+                 onnx_model: Any = None, source: Any = None) -> None:
         self.module = module
         self.plan = plan
         self.example_inputs = example_inputs
         self.info = info
         #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`)
         self.onnx_model = onnx_model
-        self._source = source  # (torch model, example inputs, options) for export_onnx
+        #: (torch model, example inputs, options) for export_onnx, or the ONNX input's path
+        self._source = source
 
     @property
     def runtime_settings(self) -> Any:
@@ -120,7 +122,8 @@ class Optimized:
 
     def save_report(self, json: str | None = None, md: str | None = None,
                     html: str | None = None) -> list[str]:
-        return self.plan.save(json=json, md=md, html=html)
+        """Write the reports (all whole or none), never over :attr:`input_files`."""
+        return self.plan.save(json=json, md=md, html=html, protect=self.input_files)
 
     def export_onnx(self, path: str | os.PathLike[str], opset: int = 17) -> Path:
         """Write the optimized ONNX model, and its session config ``<name>.graphopt.json``
@@ -133,7 +136,7 @@ class Optimized:
         from graphopt.onnx_rewrites.pipeline import save_onnx
 
         if self.onnx_model is None:
-            if self._source is None:
+            if not isinstance(self._source, tuple):
                 raise GraphoptError("this result keeps no source model to export",
                                     "call graphopt.optimize(model, inputs, ...) again")
             from graphopt.onnx_export import export_torch
@@ -141,7 +144,10 @@ class Optimized:
             from graphopt.onnx_rewrites.pipeline import optimize_onnx
 
             model, inputs, opts = self._source
-            exported = export_torch(model, inputs, opset=opset)
+            # exporters run forward on real tensors: never on the user's model or inputs
+            from graphopt.rewrites.isolation import clone_inputs
+
+            exported = export_torch(copy.deepcopy(model), clone_inputs(inputs), opset=opset)
             quant = {"int8": "int8_dynamic"}.get(opts.quantize, opts.quantize)
             onnx_opts = OnnxOptions(precision=opts.precision, pad=opts.pad, layout=opts.layout,
                                     quantize=quant)
@@ -150,7 +156,17 @@ class Optimized:
             self.info["onnx"] = {**onnx_info, "exporter": exported.exporter,
                                  "export_s": exported.seconds}
         session = self.info.get("onnx", self.info).get("session")
-        return save_onnx(self.onnx_model, path, session)
+        return save_onnx(self.onnx_model, path, session, protect=self.input_files)
+
+    @property
+    def input_files(self) -> list[Path]:
+        """The files this result was read from (an ONNX model and its external data): no
+        export or report may overwrite them."""
+        if isinstance(self._source, (str, os.PathLike)):
+            from graphopt.onnx_rewrites.save import onnx_input_files
+
+            return onnx_input_files(self._source)
+        return []
 
 
 def optimize(model: Any, example_inputs: Any = None,
@@ -188,7 +204,8 @@ def optimize(model: Any, example_inputs: Any = None,
         onnx_opts = OnnxOptions(precision=precision, pad=pad, layout=layout,
                                 quantize=quant, tolerance=tolerance)  # type: ignore[arg-type]
         proto, plan, info = optimize_onnx(model, target, onnx_opts, calibration)
-        return Optimized(None, plan, (), info, onnx_model=proto)
+        return Optimized(None, plan, (), info, onnx_model=proto,
+                         source=model if isinstance(model, (str, os.PathLike)) else None)
     if calibration is not None or tolerance is not None:
         raise GraphoptError("calibration= and tolerance= apply to ONNX models",
                             "pass the .onnx file, or leave them out for a torch module")

@@ -6,7 +6,7 @@ same model and target always give the same dict, so the JSON bytes are determini
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -124,16 +124,29 @@ class _Emitters:
         return render_html(self.to_dict())
 
     def save(self, json: str | None = None, md: str | None = None,
-             html: str | None = None) -> list[str]:
-        """Write the requested reports, each whole or not at all; returns the paths written."""
-        from graphopt._io import atomic_write_text
+             html: str | None = None, *, protect: Iterable[Any] = ()) -> list[str]:
+        """Write the requested reports, all whole or none; returns the paths written.
 
-        written = []
-        for path, render in ((json, self.to_json), (md, self.to_markdown),
-                             (html, self.to_html)):
-            if path:
-                written.append(str(atomic_write_text(path, render())))
-        return written
+        ``protect``: input files no report may overwrite (the CLI passes the model's).
+        """
+        from graphopt._io import OutputSet
+
+        outputs = OutputSet(protect)
+        self.stage_reports(outputs, json=json, md=md, html=html)
+        return [str(p) for p in outputs.commit()]
+
+    def stage_reports(self, outputs: Any, json: str | None = None, md: str | None = None,
+                      html: str | None = None) -> None:
+        """Render the requested reports into ``outputs`` (a ``graphopt._io.OutputSet``),
+        checking every path before the first (slow) render."""
+        wanted = [(path, render) for path, render in ((json, self.to_json),
+                                                     (md, self.to_markdown),
+                                                     (html, self.to_html)) if path]
+        fresh = [path for path, _ in wanted if not outputs.claimed(path)]
+        for path in fresh:  # the same path twice in this call is refused here
+            outputs.claim(path, "report")
+        for path, render in wanted:
+            outputs.write(path, render())
 
 
 @dataclass(frozen=True, slots=True)

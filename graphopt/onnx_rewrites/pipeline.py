@@ -19,6 +19,7 @@ import math
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,6 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 
-from graphopt._io import atomic_write_bytes
 from graphopt.errors import GraphoptError
 from graphopt.hardware import is_this_machine
 from graphopt.hardware.profile import HardwareProfile
@@ -37,7 +37,9 @@ from graphopt.onnx_rewrites.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.onnx_rewrites.context import OnnxContext, OnnxOptions
 from graphopt.onnx_rewrites.guard import compare, guard, run_samples
 from graphopt.onnx_rewrites.ort_runner import OrtModel, sample_feeds
-from graphopt.onnx_rewrites.session import SessionConfig, decide_session, write_config
+from graphopt.onnx_rewrites.save import PROTO_LIMIT as _PROTO_LIMIT
+from graphopt.onnx_rewrites.save import save_onnx
+from graphopt.onnx_rewrites.session import decide_session
 from graphopt.plan import Plan, mark_reverted
 from graphopt.rewrites.verify import Tolerance, tolerance_for
 
@@ -47,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 #: (name, pass, kind): kind "exact" (fp32 budget) or the decision kind a lossy pass records
 PassSpec = tuple[str, Callable[..., "onnx.ModelProto | None"], str]
-_PROTO_LIMIT = 1_800_000_000  # protobuf refuses messages over 2 GiB
 _SEED_SAMPLES = 2  # seeded sample batches when no calibration data is given
 
 
@@ -175,6 +176,18 @@ def _measured_slower(before: onnx.ModelProto, after: onnx.ModelProto, ctx: OnnxC
             f"{tb * 1e6:.0f} us before ({tb / ta:.2f}x)")
 
 
+def _declined_requests(opts: OnnxOptions, applied: list[str], ctx: OnnxContext) -> list[str]:
+    """A warning for an explicit quantize request that changed nothing: the user asked for it,
+    so silence would read as success."""
+    if opts.quantize in ("auto", "none") or "quantize" in applied:
+        return []
+    why = Counter(d.reason for per_node in ctx.decisions.values()
+                  for kind, d in per_node.items() if kind == "quantize" and not d.applied)
+    detail = "; ".join(f"{n} node(s): {r}" for r, n in why.most_common(3)) or \
+        "the model has no Conv/MatMul/Gemm with a constant weight"
+    return [f"quantize={opts.quantize!r} was requested but no node was quantized ({detail})"]
+
+
 def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                   target: str | HardwareProfile = "h100", options: OnnxOptions | None = None,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
@@ -263,8 +276,12 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                     final_tol)
     timings["check_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - start
+    warnings = _declined_requests(opts, applied, ctx)
+    for w in warnings:
+        logger.info("%s", w)  # the CLI prints info["warnings"]; the report lists them
     info: dict[str, Any] = {
         "source": "onnx", "target": profile.name, "passes_applied": applied,
+        "warnings": warnings,
         "passes_reverted": reverted, "compute_dtype": compute if "precision" in applied
         else "fp32", "precision_choice": ctx.notes["precision_choice"],
         "tolerance": final_tol.to_dict(), "numerics": [e.to_dict() for e in final],
@@ -275,28 +292,8 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         "timings": timings}
     nodes = tuple(replace(n, decisions={**n.decisions, **ctx.decisions.get(n.name, {})})
                   for n in plan.nodes)
-    plan = replace(plan, nodes=nodes, extra={**plan.extra, "optimization": _plain(info)})
+    plan = replace(plan, nodes=nodes, warnings=(*plan.warnings, *warnings),
+                   extra={**plan.extra, "optimization": _plain(info)})
     logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
                 len(info["fallbacks"]), timings["total_s"])
     return current, plan, info
-
-
-def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str],
-              session: SessionConfig | dict[str, Any] | None = None) -> Path:
-    """Write the model (whole or not at all; external data beside it past 2 GB) and its
-    session config ``<name>.graphopt.json``."""
-    target = Path(path)
-    if model.ByteSize() < _PROTO_LIMIT:
-        atomic_write_bytes(target, model.SerializeToString())
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            tmp_model = Path(tmp) / target.name
-            data = f"{target.name}.data"
-            onnx.save_model(model, str(tmp_model), save_as_external_data=True, location=data)
-            os.replace(Path(tmp) / data, target.parent / data)
-            os.replace(tmp_model, target)
-    if session is not None:
-        cfg = session if isinstance(session, SessionConfig) else SessionConfig.from_dict(session)
-        write_config(target, cfg)
-    return target

@@ -37,13 +37,12 @@ from typing import Any
 
 import onnx
 
-from graphopt._io import atomic_write_text
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.errors import GraphoptError
 from graphopt.onnx_rewrites.context import OnnxContext
 
 __all__ = ["CONFIG_SUFFIX", "SessionConfig", "config_path", "decide_session", "ort_session",
-           "write_config"]
+           "render_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,9 +152,9 @@ def config_path(model_path: str | os.PathLike[str]) -> Path:
     return p.with_name(p.stem + CONFIG_SUFFIX) if p.suffix else p.with_name(p.name + CONFIG_SUFFIX)
 
 
-def write_config(model_path: str | os.PathLike[str], config: SessionConfig) -> Path:
-    return atomic_write_text(config_path(model_path),
-                             json.dumps(config.to_dict(), indent=1, sort_keys=True) + "\n")
+def render_config(config: SessionConfig) -> str:
+    return json.dumps(config.to_dict(), indent=1, sort_keys=True) + "\n"
+
 
 
 def ort_session(path: str | os.PathLike[str], providers: list[Any] | None = None) -> Any:

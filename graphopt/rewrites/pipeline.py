@@ -23,6 +23,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import Plan, mark_reverted
 from graphopt.planner import build_plan
 from graphopt.rewrites.context import OptimizeOptions, RewriteContext, TorchPass
+from graphopt.rewrites.isolation import clone_inputs, preserved_buffers, run_isolated
 from graphopt.rewrites.measure import faster_or_equal
 from graphopt.rewrites.verify import compare_outputs, tolerance_for
 
@@ -45,12 +46,21 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
     """Trace ``model``, plan it, and return a private rewritable copy plus the pass context."""
     if not isinstance(model, torch.nn.Module):
         raise GraphoptError(f"optimize takes a torch.nn.Module, got {type(model).__name__}",
-                            "for ONNX models use graphopt.plan (ONNX optimize comes later)")
+                            "pass a torch.nn.Module with example inputs, or an .onnx path or "
+                            "onnx.ModelProto (optimized at the ONNX level)")
+    meta = next((n for n, t in (*model.named_parameters(), *model.named_buffers())
+                 if t.is_meta), None)
+    if meta is not None:
+        raise GraphoptError(f"{type(model).__name__} has weights on the meta device (e.g. "
+                            f"{meta}): optimize runs the model to check every rewrite, so it "
+                            "needs real weights",
+                            "load the weights (e.g. model.to_empty(device='cpu') and "
+                            "load_state_dict), or use graphopt.plan, which takes meta models")
     if model.training:
         raise GraphoptError(f"{type(model).__name__} is in training mode: graphopt optimizes "
                             "for inference (BatchNorm folding, no dropout)",
                             "call model.eval() before graphopt.optimize")
-    args = _as_args(example_inputs)
+    args = clone_inputs(_as_args(example_inputs))  # passes and checks never see the user's
     profile = target if isinstance(target, HardwareProfile) else get_target(target)
     graph = trace_torch(model, args)
     ep = graph.source_model
@@ -86,8 +96,9 @@ def default_passes() -> list[PassSpec]:
 
 
 def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    with torch.no_grad():
-        return gm(*args)
+    """Run graphopt's own module; it keeps the state it had (a buffer written by forward)."""
+    with torch.no_grad(), preserved_buffers(gm):
+        return gm(*clone_inputs(args))
 
 
 def optimize_torch(model: torch.nn.Module, example_inputs: Any,
@@ -107,7 +118,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     ctx.compute_dtype, why = choose_precision(ctx.target, ctx.options.precision)
     ctx.notes["precision_choice"] = {"requested": ctx.options.precision,
                                      "chosen": ctx.compute_dtype, "reason": why}
-    reference = _run(model, ctx.example_inputs)
+    reference = run_isolated(model, ctx.example_inputs)
     applied: list[str] = []
     reverted: list[dict[str, Any]] = []
     final_tol = tolerance_for("fp32")  # the loosest budget of the passes that applied
@@ -218,7 +229,8 @@ def _measured_slower(name: str, before: fx.GraphModule, after: fx.GraphModule,
     option = _PASS_OPTION.get(name)
     if not _measure_here(ctx) or option is None or getattr(ctx.options, option) != "auto":
         return None
-    keep, tb, ta = faster_or_equal(before, after, ctx.example_inputs)
+    with preserved_buffers(before, after):
+        keep, tb, ta = faster_or_equal(before, after, clone_inputs(ctx.example_inputs))
     ctx.notes.setdefault("measured", {})[name] = {"before_s": tb, "after_s": ta, "kept": keep}
     if keep:
         return None
@@ -230,7 +242,10 @@ def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
                           ctx: RewriteContext) -> str | None:
     if not _measure_here(ctx):
         return None
-    keep, t_model, t_graph = faster_or_equal(model, gm, ctx.example_inputs)
+    shadow = copy.deepcopy(model)  # timing runs forward many times: never on the user's model
+    with preserved_buffers(gm):
+        keep, t_model, t_graph = faster_or_equal(shadow, gm, clone_inputs(ctx.example_inputs))
+    del shadow
     ctx.notes.setdefault("measured", {})["whole_model"] = {
         "original_s": t_model, "optimized_s": t_graph, "kept": keep}
     if keep:
