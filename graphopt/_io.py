@@ -81,7 +81,7 @@ class OutputSet:
                 raise GraphoptError(
                     f"the {what} path {target} is the input file {src}: writing it would "
                     "destroy the input", "write the output to another path")
-        if target.is_dir():
+        if target.is_dir() or os.fspath(path).endswith(("/", os.sep)):
             raise GraphoptError(f"the {what} path {target} is a folder",
                                 f"give a file path, e.g. {target / 'out'}{target.suffix}")
         if target.exists() or target.is_symlink():

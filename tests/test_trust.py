@@ -129,6 +129,8 @@ def test_a_failing_later_output_leaves_no_earlier_one(tmp_path, capsys):
                  "is a folder")
     assert "IsADirectoryError" not in err
     assert _digest(tmp_path) == before
+    _fails(["plan", str(model), "--json", str(tmp_path / "new") + "/"], capsys, "is a folder")
+    assert _digest(tmp_path) == before and not (tmp_path / "new").exists()
     _fails(["plan", str(model), "--json", str(tmp_path / "r.json"),
             "--md", "/proc/graphopt-test/r.md"], capsys, "cannot write")
     assert _digest(tmp_path) == before
