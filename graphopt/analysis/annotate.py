@@ -7,7 +7,7 @@ import logging
 from graphopt import ops
 from graphopt.analysis.classify import classify_op
 from graphopt.analysis.kernel_class import KernelClass
-from graphopt.analysis.metrics import node_work
+from graphopt.analysis.metrics import has_empty_outputs, node_work
 from graphopt.analysis.patterns import find_patterns
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.ir import Graph, Node, TensorInfo
@@ -79,4 +79,6 @@ def _flags(node: Node, ins: list[TensorInfo | None], outs: list[TensorInfo | Non
         flags.append("dynamic_shape")
     if any(t.shape is not None and 0 in t.shape for t in tensors):
         flags.append("zero_size")
+    if has_empty_outputs(outs):
+        flags.append("empty_output")
     return tuple(flags)

@@ -10,6 +10,9 @@ Conventions (so both frontends agree):
    (halved when causal over a square mask) plus the softmax.
 4. Everything else reports ``numel`` (output elements), plus ``rows``/``cols`` for row-wise ops.
 5. Free views move no bytes; gathers and slices read what they write, not the whole source.
+6. A node whose every output has zero elements (a batch of 0, an empty slice) does no work:
+   frameworks return before launching a kernel, so it has no FLOPs and moves no bytes. Its dims
+   keep the zeros, so the report shows why.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from collections.abc import Callable
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.ir import Graph, Node, TensorInfo
 
-__all__ = ["OpWork", "attention_dims_from_qk", "attention_flops", "gemm_dims", "node_work"]
+__all__ = ["OpWork", "attention_dims_from_qk", "attention_flops", "gemm_dims", "has_empty_outputs",
+           "node_work"]
 
 # FLOPs per output element of elementwise ops that are more than one add or multiply. Rough
 # counts of the arithmetic a vectorized kernel does; they matter little, since these ops are
@@ -169,6 +173,12 @@ def _io_bytes(ins: list[TensorInfo | None], outs: list[TensorInfo | None]) -> tu
     return read, written, params
 
 
+def has_empty_outputs(outs: list[TensorInfo | None]) -> bool:
+    """True when every output is known to have zero elements (convention 6)."""
+    return bool(outs) and all(t is not None and t.shape is not None and 0 in t.shape
+                              for t in outs)
+
+
 def node_work(graph: Graph, node: Node, kernel_class: KernelClass) -> OpWork:
     """Dims, FLOPs and bytes of ``node`` if it runs as one kernel of ``kernel_class``."""
     ins = graph.input_infos(node)
@@ -183,6 +193,8 @@ def node_work(graph: Graph, node: Node, kernel_class: KernelClass) -> OpWork:
         dims, flops = {"numel": numel}, 0
     if kernel_class is KernelClass.VIEW:
         read = written = 0
+    if has_empty_outputs(outs):  # convention 6
+        flops = read = written = 0
     return OpWork(dims, flops, read, written, params)
 
 

@@ -35,6 +35,11 @@ class NodeAnalysis:
         return self.bytes_read + self.bytes_written
 
     @property
+    def no_work(self) -> bool:
+        """Every output has zero elements: no kernel runs (metrics convention 6)."""
+        return "empty_output" in self.flags
+
+    @property
     def arithmetic_intensity(self) -> float:
         """FLOPs per byte of DRAM traffic (0 for nodes that move nothing)."""
         return self.flops / self.bytes_total if self.bytes_total else 0.0

@@ -15,6 +15,8 @@ Which compute peak applies:
 4. Small GPU GEMMs do not fill every SM: utilization = tiles / (waves * SMs) with 128x128 tiles.
 5. Everything else runs on vector units (CUDA cores, SIMD) and is usually memory-bound.
 6. Free views cost nothing (no kernel); every other node pays the target's launch overhead.
+7. A node whose outputs are all empty (``NodeAnalysis.no_work``) costs nothing either: torch and
+   ONNX Runtime return before launching a kernel for zero elements.
 """
 
 from __future__ import annotations
@@ -192,6 +194,9 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
     if a.kernel_class is KernelClass.VIEW:
         return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
                         peak_key(dtype or a.dtype), note="free view: no kernel")
+    if a.no_work:  # case 7
+        return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
+                        peak_key(dtype or a.dtype), note="zero-size output: no kernel")
     rate, unit, key, align, util, note = _compute_rate(a, profile, dtype or a.dtype)
     bandwidth = profile.bandwidth_bytes_per_s * efficiency(profile.kind, "memory")
     compute_t = a.flops / rate if a.flops else 0.0

@@ -91,6 +91,9 @@ def exec_path(analysis: NodeAnalysis, target: HardwareProfile,
     if kc is KernelClass.VIEW:
         return Decision("free view: no kernel is launched", MappingProxyType({"path": "none"}),
                         applied=False)
+    if analysis.no_work:
+        return Decision("zero-size output: nothing to compute, no kernel is launched",
+                        MappingProxyType({"path": "none"}), applied=False)
     if not target.is_gpu:
         return _cpu(analysis, target, key)
     if kc not in GEMM_LIKE:

@@ -283,7 +283,7 @@ def gemm_config(p: GemmProblem, key: str, t: HardwareProfile, engine: Engine, *,
             slots = sms // ctas
             waves = math.ceil(math.ceil(p.M / tm) * math.ceil(p.N / tn) * p.batch / slots)
             est = waves * max(2 * tm * tn / (flops_sm * ctas), (tm + tn) * eb / (bw_sm * ctas))
-            eff = useful / (waves * slots * tm * tn)
+            eff = useful / (waves * slots * tm * tn) if waves else 0.0  # no tiles: M*N*batch=0
             filled = min(tm, p.M) * min(tn, p.N)  # tile area that holds real data
             ranked.append((est, -filled, -eff, tm, (tm, tn, ctas, fit, waves, eff, stage)))
     if ranked:

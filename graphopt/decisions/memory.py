@@ -329,11 +329,11 @@ def _activation_peak(plan: Plan, activation_dtype: str | None
 
 
 def _traced_batch(plan: Plan, batch_dim: int) -> int:
-    for inp in plan.model.get("inputs", []):
-        shape = inp.get("shape") or []
-        if len(shape) > batch_dim and isinstance(shape[batch_dim], int) and shape[batch_dim] > 0:
-            return int(shape[batch_dim])
-    return 1
+    """The inputs' static batch size: 0 only when every static one is 0 (1 when unknown)."""
+    sizes = [int(shape[batch_dim]) for inp in plan.model.get("inputs", [])
+             if len(shape := inp.get("shape") or []) > batch_dim
+             and isinstance(shape[batch_dim], int)]
+    return next((b for b in sizes if b > 0), 0 if sizes else 1)
 
 
 def _workspace(plan: Plan, target: HardwareProfile) -> tuple[int, str]:
@@ -384,7 +384,11 @@ def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype
     peak, act_total, peak_node, unknown = _activation_peak(plan, activation_dtype)
     ws, ws_reason = _workspace(plan, target)
     batch = _traced_batch(plan, batch_dim)
-    max_batch, note = _max_batch(usable - pbytes - cbytes - ws, peak / batch)
+    if batch == 0:
+        max_batch, note = 0, ("traced with a batch of 0: no per-sample activations to scale; "
+                              "trace with a batch of 1 or more for a max batch size")
+    else:
+        max_batch, note = _max_batch(usable - pbytes - cbytes - ws, peak / batch)
     notes = ["activations assumed to scale linearly with the batch dimension"]
     if unknown:
         notes.append(f"{unknown} tensors of unknown shape counted as one element")

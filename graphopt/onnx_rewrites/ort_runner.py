@@ -199,8 +199,8 @@ def with_outputs(model: onnx.ModelProto, names: Sequence[str],
 
 def _dims(vi: onnx.ValueInfoProto) -> list[int]:
     shape = vi.type.tensor_type.shape
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else _DEFAULT_DIM
-            for d in shape.dim]
+    # a static 0 is a real size (ONNX Runtime insists on it); only symbolic dims get the default
+    return [d.dim_value if d.HasField("dim_value") else _DEFAULT_DIM for d in shape.dim]
 
 
 def emulate_fp16(model: onnx.ModelProto) -> onnx.ModelProto:

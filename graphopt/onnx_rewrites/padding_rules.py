@@ -184,6 +184,8 @@ def gemm_site(node: onnx.NodeProto, info: ModelInfo) -> Site | str | None:
     in_shape, out_shape = info.shape(x), info.shape(node.output[0])
     if in_shape is None or out_shape is None or not out_shape:
         return "unknown shapes"
+    if 0 in (*in_shape, *out_shape, *w.shape):
+        return "a zero-size tensor: no work to speed up"
     groups, trans_b = 1, False
     if op == "conv":
         groups = int(attr(node, "group", 1))

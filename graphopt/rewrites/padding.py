@@ -296,6 +296,11 @@ def _attention(st: PadState, node: fx.Node) -> None:
         cut_inputs(st, node, "SDPA with dynamic shapes")
         ctx.decide(node, "padding", "not applied: dynamic shapes", applied=False)
         return
+    if any(0 in s for s in shapes):  # type: ignore[operator]
+        cut_inputs(st, node, "SDPA of a zero-size tensor")
+        ctx.decide(node, "padding", "not applied: a zero-size tensor: no work to speed up",
+                   applied=False)
+        return
     d, dv, nd = shapes[0][-1], shapes[2][-1], len(shapes[0])  # type: ignore[index]
     m, why = required_multiple("attention", ctx.target, ctx.compute_dtype)
     if m is None and mode == "always":

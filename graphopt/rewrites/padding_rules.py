@@ -113,6 +113,8 @@ def gemm_site(node: fx.Node) -> GemmSite | str | None:
         return "the bias is computed, not a constant"
     if in_shape is None or out_shape is None or not isinstance(groups, int):
         return "dynamic shapes"
+    if 0 in (*in_shape, *out_shape, *w_shape):
+        return "a zero-size tensor: no work to speed up"
     spatial = len(w_shape) - 2
     if op == "linear":
         c_out, c_in, in_axis, out_axis = w_shape[0], w_shape[1], len(in_shape) - 1, \
