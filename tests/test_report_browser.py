@@ -18,6 +18,8 @@ from urllib.parse import quote
 import pytest
 
 from graphopt.report.html import render_html
+from graphopt.report.markdown import decision_fields, decision_head, decision_summary, fmt_dims
+from tests.test_report_data import repeated_blocks
 from tests.test_report_partition import ROWS, with_partition
 from tests.test_report_render import (
     EVIL_NODE,
@@ -262,6 +264,25 @@ def test_partition_timeline_and_device_chip(chromium: str, tmp_path: Path) -> No
     cells = {r["name"]: r["cells"][-1] for r in dom.rows}
     assert cells["lm_head"] == "bf16 · tma_wgmma · cuda:0"
     assert cells[EVIL_NODE] == "cuda:1layout: <b>nhwc</b>"
+
+
+def test_decoded_rows_show_the_plan_decisions(chromium: str, tmp_path: Path) -> None:
+    """The page expands the interned tables: open rows must say what the JSON says."""
+    plan = repeated_blocks(30)  # 120 real nodes whose reasons repeat on every block
+    picks = [0, 3, 61, 118, 119]
+    dom = _load(chromium, tmp_path, plan, "sort=idx&desc=0&open=" + ",".join(map(str, picks)))
+    assert [r["name"] for r in dom.rows] == [n["name"] for n in plan["nodes"]]
+    assert len(dom.details) == len(picks)
+    for i, text in zip(picks, dom.details, strict=True):
+        n = plan["nodes"][i]
+        assert dom.rows[i]["cells"][-1] == decision_head(n["decisions"])
+        assert dom.rows[i]["cells"][4] == fmt_dims(n["dims"])
+        for kind, d in n["decisions"].items():
+            assert f"{kind}: {decision_summary(d)}" in text and d["reason"] in text, (i, kind)
+            for _, field in decision_fields(d):
+                assert field in text, (i, field)
+        for t in n["inputs"] + n["outputs"]:
+            assert t["name"] in text
 
 
 def test_paging_of_large_tables(chromium: str, tmp_path: Path) -> None:

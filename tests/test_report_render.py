@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from graphopt.report._html_data import decode
 from graphopt.report.html import render_html
 from graphopt.report.markdown import (
     decision_head,
@@ -199,8 +200,10 @@ def make_multi() -> dict[str, Any]:
 
 
 def embedded_data(page: str) -> dict[str, Any]:
+    """The page's JSON block, with its tables decoded into one ``fields`` row per node."""
     start = page.index(DATA_OPEN) + len(DATA_OPEN)
-    return json.loads(page[start:page.index("</script>", start)])
+    data = json.loads(page[start:page.index("</script>", start)])
+    return {**data, "rows": decode(data)}
 
 
 def _reversed_dicts(value: Any) -> Any:

@@ -14,12 +14,39 @@ SCRIPT = r"""(() => {
 const D = JSON.parse(document.getElementById("graphopt-data").textContent);
 const NT = D.targets.length, PAGE = D.page, TI = {};
 D.tfields.forEach((f, i) => { TI[f] = i; });
-const R = D.rows.map((a, i) => {
-  const r = {i: i};
-  D.fields.forEach((f, j) => { r[f] = a[j]; });
-  r.hay = [r.name, r.op, r.op_type, r.kernel_class].join("\u0000").toLowerCase();
-  return r;
-});
+// The tables hold each distinct value once (graphopt/report/_html_data.py); expand them into one
+// record per node. Nodes of one profile share its decoded arrays, so memory stays per profile.
+function decode() {
+  const str = (i) => (i === null ? null : D.strings[i]);
+  const pairs = (ps) => ps.map((p) => [str(p[0]), str(p[1])]);
+  const tensors = D.tensors.map((t) => t.map(str));
+  const decs = D.decisions.map((d) => [str(d[0]), str(d[1]), str(d[2]), pairs(d[3]), d[4], d[5]]);
+  const dsets = D.dsets.map((d) => [str(d[0]), d[1].map((k) => decs[k])]);
+  const costs = D.costs.map(pairs);
+  const TEXT = ["op", "op_type", "kernel_class", "dims", "dtype", "pattern"];
+  const profiles = D.profiles.map((a) => {
+    const p = {};
+    D.profile.forEach((f, j) => { p[f] = TEXT.includes(f) ? str(a[j]) : a[j]; });
+    p.flags = p.flags.map(str);
+    p.per = p.per.map((q) => {
+      if (q === null) return null;
+      const own = q.length > 7, ds = dsets[q[5]];
+      const t = {est_time_s: q[0], bottleneck: str(q[1]), compute_time_s: q[2],
+                 memory_time_s: q[3], peak_flops_used: q[4], flops: own ? q[7] : p.flops,
+                 ai: own ? q[8] : p.ai, decisions: ds[1], cost: costs[q[6]], dhead: ds[0]};
+      return D.tfields.map((f) => t[f]);
+    });
+    return p;
+  });
+  return D.nodes.map((a, i) => {
+    const r = Object.assign({i: i, name: str(a[0])}, profiles[a[1]]);
+    r.inputs = a[2].map((k) => tensors[k]);
+    r.outputs = a[3].map((k) => tensors[k]);
+    r.hay = [r.name, r.op, r.op_type, r.kernel_class].join("\u0000").toLowerCase();
+    return r;
+  });
+}
+const R = decode();
 const BN = ["compute", "memory", "latency"], DASH = "\u2014", DOT = " \u00b7 ";
 const $ = (id) => document.getElementById(id);
 const fin = (v) => typeof v === "number" && isFinite(v);

@@ -19,27 +19,21 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphopt.report._html_assets import PAGE, SCRIPT, STYLE
+from graphopt.report._html_data import Tables, encode, payload, points, r6
 from graphopt.report.markdown import (
     BOTTLENECKS,
-    HEAD_KINDS,
-    decision_fields,
-    decision_head,
-    decision_summary,
     finite,
     fmt_count,
-    fmt_dims,
     fmt_rate,
     fmt_seconds,
     fmt_shape,
     fmt_si,
-    ordered_kinds,
     plans_of,
 )
 from graphopt.report.sections_html import (
@@ -59,11 +53,6 @@ logger = logging.getLogger(__name__)
 
 MERGE_POINTS = 2000  # above this many points per chart, points on the same pixel are merged
 MAX_SHOW_ALL = 5000  # "show all" is offered only up to this many matching rows (DOM cost)
-FIELDS = ("name", "op", "op_type", "kernel_class", "dims", "dtype", "flops", "bytes",
-          "bytes_read", "bytes_written", "ai", "params", "pattern", "flags", "inputs", "outputs",
-          "per")
-TFIELDS = ("est_time_s", "bottleneck", "compute_time_s", "memory_time_s", "peak_flops_used",
-           "flops", "ai", "decisions", "cost", "dhead")
 # Fixed colours for the kernel classes graphopt emits; others take the spare palette in name order.
 _CLASS_COLORS = {"gemm": "#2f64d0", "gemv": "#6f9be8", "attention": "#8a55d4",
                  "quant_gemm": "#3d3fa8", "quant_dot": "#8285dc", "conv": "#16a08a",
@@ -75,80 +64,11 @@ _BN_COLORS = {"compute": "#2f64d0", "memory": "#e8903a", "latency": "#9aa3ad"}
 _W, _H, _PL, _PR, _PT, _PB = 600, 360, 58, 104, 14, 42  # roofline box and paddings (px)
 
 
-def _r6(value: Any) -> float | None:
-    """Six significant digits: keeps the JSON small; enough to order nodes and plot them."""
-    v = finite(value)
-    return None if v is None else float(f"{v:.6g}")
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe copy: non-finite floats become null (JSON.parse rejects NaN/Infinity)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _ai(node: Mapping[str, Any]) -> float | None:
-    ai = finite(node.get("arithmetic_intensity"))
-    if ai is None or ai <= 0:
-        flops, nbytes = finite(node.get("flops")), finite(node.get("bytes"))
-        ai = flops / nbytes if flops and nbytes else None
-    return ai
-
-
-def _point(node: Mapping[str, Any]) -> tuple[float, float] | None:
-    """(FLOP/byte, attained FLOP/s), or None where log-log has no place (zero work or time)."""
-    flops, t, ai = finite(node.get("flops")), finite(node.get("est_time_s")), _r6(_ai(node))
-    if not flops or flops <= 0 or not t or t <= 0 or not ai or ai <= 0:
-        return None
-    return ai, _r6(flops) / _r6(t)  # type: ignore[operator]
-
-
 def _class_colors(plans: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     classes = sorted({str(n.get("kernel_class")) for p in plans for n in p.get("nodes") or []
                       if n.get("kernel_class") is not None})
     spare = iter(_SPARE * (len(classes) // len(_SPARE) + 1))
     return {c: _CLASS_COLORS.get(c) or next(spare) for c in classes}
-
-
-def _decisions(decisions: Any) -> list[list[Any]]:
-    """[kind, short value, reason, [[field, text]...], 1 applied | 0 not | None, 1 in the head]."""
-    out: list[list[Any]] = []
-    if not isinstance(decisions, Mapping):
-        return out
-    for kind in ordered_kinds(decisions):
-        d = decisions[kind] if isinstance(decisions[kind], Mapping) else {"value": decisions[kind]}
-        applied = d.get("applied")
-        out.append([str(kind), decision_summary(d), str(d.get("reason") or ""),
-                    [list(f) for f in decision_fields(d)],
-                    None if not isinstance(applied, bool) else int(applied),
-                    int(kind in HEAD_KINDS)])
-    return out
-
-
-def _pairs(fields: Any) -> list[list[str]]:
-    """A free-form dict as sorted [key, text] pairs; empty values are dropped."""
-    if not isinstance(fields, Mapping):
-        return []
-    out = []
-    for k, v in sorted(fields.items(), key=lambda kv: str(kv[0])):
-        if v is None or v == "":
-            continue
-        if isinstance(v, float):
-            text = f"{v:.4g}"  # utilization 0.030303030303 -> 0.0303
-        else:
-            text = v if isinstance(v, str) else json.dumps(_clean(v), sort_keys=True, default=str)
-        out.append([str(k), text])
-    return out
-
-
-def _tensors(tensors: Any) -> list[list[str]]:
-    return [[str(t.get("name", "?")), fmt_shape(t.get("shape")), str(t.get("dtype") or "")]
-            for t in tensors or [] if isinstance(t, Mapping)]
 
 
 def _join(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any] | None]]]:
@@ -168,36 +88,14 @@ def _join(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[st
     return [(key[0], table[key]) for key in order]
 
 
-def _payload(plans: Sequence[Mapping[str, Any]], joined: Sequence[tuple[str, list[Any]]],
-             colors: dict[str, str], page: int) -> str:
-    """The embedded JSON: one array per node (see FIELDS), per-target parts in ``per``."""
-    rows = []
-    for name, nodes in joined:
-        n = next(x for x in nodes if x is not None)
-        per = [None if x is None else
-               [_r6(x.get("est_time_s")), x.get("bottleneck"), _r6(x.get("compute_time_s")),
-                _r6(x.get("memory_time_s")), _r6(x.get("peak_flops_used")), _r6(x.get("flops")),
-                _r6(_ai(x)), _decisions(x.get("decisions")), _pairs(x.get("cost")),
-                decision_head(x.get("decisions"))]
-               for x in nodes]
-        rows.append([name, str(n.get("op") or n.get("op_type") or ""), str(n.get("op_type") or ""),
-                     n.get("kernel_class"), fmt_dims(n.get("dims")), n.get("dtype"),
-                     n.get("flops"), n.get("bytes"), n.get("bytes_read"), n.get("bytes_written"),
-                     _r6(_ai(n)), n.get("params"), n.get("pattern"),
-                     [str(f) for f in n.get("flags") or []], _tensors(n.get("inputs")),
-                     _tensors(n.get("outputs")), per])
+def _payload(plans: Sequence[Mapping[str, Any]], tb: Tables, colors: dict[str, str],
+             page: int) -> str:
+    """The embedded JSON (``_html_data``): node tables plus the targets and view settings."""
     targets = [{"name": str(t.get("name", "?")), "display": target_name(t),
-                "lat": _r6((p.get("summary") or {}).get("est_latency_s"))}
+                "lat": r6((p.get("summary") or {}).get("est_latency_s"))}
                for p in plans for t in [p.get("target") or {}]]
-    data = {"fields": FIELDS, "tfields": TFIELDS, "rows": rows, "targets": targets,
-            "colors": colors, "page": page, "merge": MERGE_POINTS, "maxall": MAX_SHOW_ALL}
-    opts: dict[str, Any] = {"ensure_ascii": True, "sort_keys": True, "separators": (",", ":"),
-                            "allow_nan": False, "default": str}
-    try:  # rows hold finite numbers and strings; clean only where a NaN or inf slipped in
-        text = json.dumps(data, **opts)
-    except ValueError:
-        text = json.dumps(_clean(data), **opts)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return payload(tb, {"targets": targets, "colors": colors, "page": page,
+                        "merge": MERGE_POINTS, "maxall": MAX_SHOW_ALL})
 
 
 def _time_panel(plan: Mapping[str, Any], colors: dict[str, str]) -> str:
@@ -224,18 +122,23 @@ def _time_panel(plan: Mapping[str, Any], colors: dict[str, str]) -> str:
             f'<div class="keys">{keys}</div><div class="bars">{bars}</div></div>')
 
 
-def _roofline(plan: Mapping[str, Any], t: int, colors: dict[str, str]) -> str:
-    """Log-log roofline frame (axes, bandwidth slope, one roof per peak); JS adds the points."""
+def _roofline(plan: Mapping[str, Any], t: int, colors: dict[str, str],
+              pts: Sequence[tuple[float, float, int]]) -> str:
+    """Log-log roofline frame (axes, bandwidth slope, one roof per peak); JS adds the points.
+
+    ``pts`` are the distinct points with their node counts (``_html_data.points``): the frame
+    only needs the extremes and the count.
+    """
     tgt, nodes = plan.get("target") or {}, plan.get("nodes") or []
     bw = finite(tgt.get("bandwidth_bytes_per_s")) or 0.0
     peaks: dict[float, list[str]] = {}
     for k, v in sorted((tgt.get("peak_flops") or {}).items()):
         if (finite(v) or 0.0) > 0:
             peaks.setdefault(float(v), []).append(str(k))
-    pts = [p for p in (_point(n) for n in nodes) if p is not None]
+    plotted = sum(c for _, _, c in pts)
     ridges = [p / bw for p in peaks] if bw else []
-    xs = [x for x, _ in pts] + [r / 10 for r in ridges] + [r * 10 for r in ridges] or [1e-2, 1e4]
-    ys = [y for _, y in pts] + list(peaks) or [1e9, 1e15]
+    xs = [x for x, _, _ in pts] + [r / 10 for r in ridges] + [r * 10 for r in ridges] or [1e-2, 1e4]
+    ys = [y for _, y, _ in pts] + list(peaks) or [1e9, 1e15]
     x1, y1 = math.ceil(math.log10(max(xs))), math.ceil(math.log10(max(ys) * 1.05))
     x0 = max(math.floor(math.log10(min(xs))), x1 - 10)
     y0 = max(math.floor(math.log10(min(ys))), y1 - 8)
@@ -293,11 +196,11 @@ def _roofline(plan: Mapping[str, Any], t: int, colors: dict[str, str]) -> str:
     legend = "".join(f'<button type="button" data-class="{esc(c)}"><i class="sw" '
                      f'style="background:{colors.get(c, "#9aa3ad")}"></i>{esc(c)}</button>'
                      for c in present)
-    skipped = len(nodes) - len(pts)
-    cap = (f"{len(pts):,} of {len(nodes):,} nodes plotted; x = FLOPs per byte moved, y = FLOPs "
+    skipped = len(nodes) - plotted
+    cap = (f"{plotted:,} of {len(nodes):,} nodes plotted; x = FLOPs per byte moved, y = FLOPs "
            f"/ estimated time. Lines: memory bandwidth and the peak of each dtype.")
     cap += f" {skipped:,} with no FLOPs, bytes or time are not shown." if skipped else ""
-    cap += " Overlapping points are merged." if len(pts) > MERGE_POINTS else ""
+    cap += " Overlapping points are merged." if plotted > MERGE_POINTS else ""
     return (f'<div class="panel roof"><h3>Roofline<span class="hint">click a point or a class to '
             f'filter the node table</span></h3>{svg}<div class="legend">{legend}</div>'
             f'<div class="cap">{esc(cap)}</div></div>')
@@ -315,6 +218,7 @@ def render_html(report: Mapping[str, Any], *, page_size: int = 200) -> str:
     model = first.get("model") or {}
     colors = _class_colors(plans)
     joined = _join(plans)
+    tb = encode(joined)
     index: dict[str, int] = {}
     for i, (name, _) in enumerate(joined):
         index.setdefault(name, i)
@@ -331,15 +235,16 @@ def render_html(report: Mapping[str, Any], *, page_size: int = 200) -> str:
         if multi:
             sections.append(f"<h2>{esc(target_name(plan.get('target') or {}))}</h2>")
         costly, findings = issues(plan, index)
+        roof = _roofline(plan, t, colors, points(tb, t))
         sections.append(f'<section class="grid"><div class="col">{_time_panel(plan, colors)}'
-                        f'{costly}</div><div class="col">{_roofline(plan, t, colors)}'
+                        f'{costly}</div><div class="col">{roof}'
                         f"{findings}</div></section>"
                         f"{deployment(plan, collapsed=multi, colors=colors)}")
     options = "".join(f'<option value="{esc(c)}">{esc(c)}</option>' for c in colors)
     bn_label = "All bottlenecks" + (f" ({target_name(first.get('target') or {})})"
                                     if len(plans) > 1 else "")
     bn_opts = "".join(f'<option value="{b}">{b}</option>' for b in BOTTLENECKS)
-    data = _payload(plans, joined, colors, page_size)
+    data = _payload(plans, tb, colors, page_size)
     sub = (f"{model.get('source', '?')} · {fmt_count(model.get('num_nodes'))} nodes · "
            f"{fmt_si(model.get('param_count'))} params" + (f" · inputs: {ins}" if ins else ""))
     schema = report.get("schema_version", first.get("schema_version", 1))

@@ -1,0 +1,317 @@
+"""The node data embedded in the HTML report, with every distinct value stored once.
+
+A 50k-node plan repeats the same reason strings, decision sets and cost notes on almost every
+node (one per layer and op kind), and the same tensor records twice (as one node's output and the
+next node's input). Embedding one array per node wrote all of that out each time: ~1 KB a node,
+50 MB for 50k nodes. Here each distinct value goes into a table once and the rows refer to it by
+index, and the page script (``_html_js``) expands the tables back into the same per-node records.
+
+The tables, every string in them an index into ``strings``:
+
+1. ``strings``: every distinct text (names, ops, dims, reasons, field texts).
+2. ``tensors``: ``[name, shape, dtype]``.
+3. ``decisions``: ``[kind, short value, reason, [[field, text]...], applied 1/0/null, head 1/0]``.
+4. ``dsets``: one node's decisions on one target: ``[head text, [decision...]]``.
+5. ``costs``: the cost notes as ``[[key, text]...]``.
+6. ``profiles``: what a node is and what was decided, without its name and tensors (see
+   ``PROFILE``); ``per`` holds one ``[est, bottleneck, compute, memory, peak, dset, cost]`` per
+   target (``null`` where the target lacks the node), plus ``flops, ai`` only where they differ
+   from the node's (they never do on one target).
+7. ``nodes``: ``[name, profile, [input tensor...], [output tensor...]]`` in table order.
+
+Decoded (``decode`` here, ``decode()`` in the page), a node is the record of ``FIELDS``, with one
+``TFIELDS`` array per target in ``per``. Profiles, decisions and cost notes are formatted once per
+distinct value, found by their exact bytes (``_key``): formatting every node's decisions was most
+of the 50k-node render time (~10 s of ~13 s).
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+from graphopt.report.markdown import (
+    HEAD_KINDS,
+    decision_fields,
+    decision_head,
+    decision_summary,
+    finite,
+    fmt_dims,
+    fmt_shape,
+    ordered_kinds,
+)
+
+__all__ = ["FIELDS", "PROFILE", "TFIELDS", "Tables", "ai", "decode", "encode", "payload", "points",
+           "r6"]
+
+FIELDS = ("name", "op", "op_type", "kernel_class", "dims", "dtype", "flops", "bytes",
+          "bytes_read", "bytes_written", "ai", "params", "pattern", "flags", "inputs", "outputs",
+          "per")
+TFIELDS = ("est_time_s", "bottleneck", "compute_time_s", "memory_time_s", "peak_flops_used",
+           "flops", "ai", "decisions", "cost", "dhead")
+PROFILE = FIELDS[1:14] + ("per",)  # a profile: FIELDS without name and tensors
+
+
+def r6(value: Any) -> float | None:
+    """Six significant digits: keeps the JSON small; enough to order nodes and plot them."""
+    v = finite(value)
+    return None if v is None else float(f"{v:.6g}")
+
+
+def ai(node: Mapping[str, Any]) -> float | None:
+    """FLOP per byte: the node's own figure, else FLOPs / bytes."""
+    v = finite(node.get("arithmetic_intensity"))
+    if v is None or v <= 0:
+        flops, nbytes = finite(node.get("flops")), finite(node.get("bytes"))
+        v = flops / nbytes if flops and nbytes else None
+    return v
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null (JSON.parse rejects NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _key(value: Any) -> bytes | None:
+    """An exact key for a plan value (equal bytes, equal value), or None for a foreign type.
+
+    ``marshal`` is a C walk over the JSON-like values a plan holds and keeps types apart
+    (``1``, ``1.0`` and ``True`` differ); ``json.dumps(sort_keys=True)`` costs ~3x as much.
+    """
+    try:
+        return marshal.dumps(value)
+    except ValueError:  # e.g. a numpy scalar: formatted every time, never cached
+        return None
+
+
+class Tables:
+    """The interned tables; ``add`` gives a value's index, appending it the first time."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[Any]] = {k: [] for k in (
+            "strings", "tensors", "decisions", "dsets", "costs", "profiles")}
+        self.uses: list[int] = []  # nodes per profile (the roofline counts points with it)
+        self._index: dict[str, dict[Hashable, int]] = {k: {} for k in self.tables}  # not strings
+        self._by_key: dict[tuple[str, bytes], int] = {}
+        self.strings: list[str] = self.tables["strings"]
+        self._strings: dict[str, int] = {}
+        self._shapes: dict[bytes, int | None] = {}
+
+    def add(self, table: str, value: Hashable) -> int:
+        index = self._index[table]
+        i = index.get(value)
+        if i is None:
+            i = index[value] = len(self.tables[table])
+            self.tables[table].append(value)
+        return i
+
+    def cached(self, table: str, raw: Any, make: Callable[[Any], Any]) -> int:
+        """The index of ``make(raw)``, computed once per distinct ``raw``."""
+        key = _key(raw)
+        i = self._by_key.get((table, key)) if key is not None else None
+        if i is None:
+            value = make(raw)
+            try:
+                i = self.add(table, value)
+            except TypeError:  # unhashable: a list where a number belongs; stored as it is
+                i = len(self.tables[table])
+                self.tables[table].append(value)
+            if key is not None:
+                self._by_key[table, key] = i
+        return i
+
+    def s(self, value: Any) -> int | None:
+        """A string's index (anything else is stored as its ``str``); None stays None."""
+        if value is None:
+            return None
+        if type(value) is not str:
+            value = str(value)
+        i = self._strings.get(value)
+        if i is None:
+            i = self._strings[value] = len(self.strings)
+            self.strings.append(value)
+        return i
+
+    def tensors(self, tensors: Any) -> tuple[int, ...]:
+        """Tensor indices; a tensor is one node's output and the next one's input, stored once."""
+        out = []
+        for t in tensors or ():
+            if not isinstance(t, (dict, Mapping)):  # dict first: the ABC check is slow
+                continue
+            shape = t.get("shape")
+            key = _key(shape)
+            text = self._shapes.get(key) if key is not None else None
+            if text is None:
+                text = self.s(fmt_shape(shape))
+                if key is not None:
+                    self._shapes[key] = text
+            out.append(self.add("tensors", (self.s(t.get("name", "?")), text,
+                                            self.s(t.get("dtype") or ""))))
+        return tuple(out)
+
+    def dset(self, decisions: Any) -> int:
+        return self.cached("dsets", decisions, self._dset)
+
+    def _dset(self, decisions: Any) -> tuple[Any, ...]:
+        if not isinstance(decisions, Mapping):
+            return self.s(""), ()
+        s, out = self.s, []
+        for kind in ordered_kinds(decisions):
+            d = decisions[kind] if isinstance(decisions[kind], Mapping) else \
+                {"value": decisions[kind]}
+            applied = d.get("applied")
+            fields = tuple((s(k), s(text)) for k, text in decision_fields(d))
+            out.append(self.add("decisions", (
+                s(kind), s(decision_summary(d)), s(d.get("reason") or ""), fields,
+                None if not isinstance(applied, bool) else int(applied), int(kind in HEAD_KINDS))))
+        return s(decision_head(decisions)), tuple(out)
+
+    def cost(self, fields: Any) -> int:
+        return self.cached("costs", fields, lambda f: tuple(
+            (self.s(k), self.s(v)) for k, v in _pairs(f)))
+
+
+def _pairs(fields: Any) -> list[tuple[str, str]]:
+    """A free-form dict as sorted (key, text) pairs; empty values are dropped."""
+    if not isinstance(fields, Mapping):
+        return []
+    out = []
+    for k, v in sorted(fields.items(), key=lambda kv: str(kv[0])):
+        if v is None or v == "":
+            continue
+        if isinstance(v, float):
+            text = f"{v:.4g}"  # utilization 0.030303030303 -> 0.0303
+        else:
+            text = v if isinstance(v, str) else json.dumps(_clean(v), sort_keys=True, default=str)
+        out.append((str(k), text))
+    return out
+
+
+def _per(x: Mapping[str, Any] | None, flops: Any, node_ai: float | None,
+         tb: Tables) -> tuple[Any, ...] | None:
+    """One target's part of a profile; flops and ai only where they differ from the node's."""
+    if x is None:
+        return None
+    part = (r6(x.get("est_time_s")), tb.s(x.get("bottleneck")), r6(x.get("compute_time_s")),
+            r6(x.get("memory_time_s")), r6(x.get("peak_flops_used")),
+            tb.dset(x.get("decisions")), tb.cost(x.get("cost")))
+    own = (x.get("flops"), r6(ai(x)))
+    return part if own == (flops, node_ai) else part + own
+
+
+def _profile(records: Sequence[Mapping[str, Any] | None], tb: Tables) -> tuple[Any, ...]:
+    n = next(x for x in records if x is not None)
+    s, flops, node_ai = tb.s, n.get("flops"), r6(ai(n))
+    return (s(n.get("op") or n.get("op_type") or ""), s(n.get("op_type") or ""),
+            s(n.get("kernel_class")), s(fmt_dims(n.get("dims"))), s(n.get("dtype")), flops,
+            n.get("bytes"), n.get("bytes_read"), n.get("bytes_written"), node_ai,
+            n.get("params"), s(n.get("pattern")), tuple(s(f) for f in n.get("flags") or ()),
+            tuple(_per(x, flops, node_ai, tb) for x in records))
+
+
+# every field a profile reads, so that equal fields mean an equal profile
+_READS = ("op", "op_type", "kernel_class", "dims", "dtype", "flops", "bytes", "bytes_read",
+          "bytes_written", "arithmetic_intensity", "params", "pattern", "flags", "est_time_s",
+          "bottleneck", "compute_time_s", "memory_time_s", "peak_flops_used", "decisions", "cost")
+
+
+def encode(joined: Sequence[tuple[str, Sequence[Mapping[str, Any] | None]]]) -> Tables:
+    """Intern every joined node (one record per target, or None): profile, name, tensors.
+
+    Nodes of repeated layers share a profile, so it is formatted once per distinct one.
+    """
+    tb = Tables()
+    rows, uses = [], tb.uses
+    for name, records in joined:
+        raw = [None if x is None else [x.get(k) for k in _READS] for x in records]
+        pid = tb.cached("profiles", raw, lambda _, records=records: _profile(records, tb))
+        if pid == len(uses):
+            uses.append(0)
+        uses[pid] += 1
+        n = next(x for x in records if x is not None)
+        rows.append((tb.s(name), pid, tb.tensors(n.get("inputs")), tb.tensors(n.get("outputs"))))
+    tb.tables["nodes"] = rows
+    return tb
+
+
+def points(tb: Tables, t: int) -> list[tuple[float, float, int]]:
+    """Target ``t``'s roofline points (FLOP/byte, attained FLOP/s, how many nodes sit there).
+
+    Nodes with no FLOPs, no time or no intensity have no place on log-log axes and are left out.
+    """
+    out = []
+    for profile, count in zip(tb.tables["profiles"], tb.uses, strict=True):
+        per = profile[-1][t]
+        if per is None:
+            continue
+        est, (flops, x) = per[0], per[7:9] if len(per) > 7 else (profile[5], profile[9])
+        flops = r6(flops)
+        if flops and flops > 0 and est and est > 0 and x and x > 0:
+            out.append((x, flops / est, count))
+    return out
+
+
+def decode(data: Mapping[str, Any]) -> list[list[Any]]:
+    """The embedded tables back as one ``FIELDS`` row per node, as the page script reads them.
+
+    The page's ``decode()`` in ``_html_js`` does the same in JS; tests compare this with the plan.
+    """
+    strings = data["strings"]
+
+    def text(i: int | None) -> str | None:
+        return None if i is None else strings[i]
+
+    def pairs(ps: Sequence[Sequence[int]]) -> list[list[str | None]]:
+        return [[text(k), text(v)] for k, v in ps]
+
+    tensors = [[text(i) for i in t] for t in data["tensors"]]
+    decs = [[text(d[0]), text(d[1]), text(d[2]), pairs(d[3]), d[4], d[5]]
+            for d in data["decisions"]]
+    dsets = [(text(head), [decs[k] for k in ks]) for head, ks in data["dsets"]]
+    costs = [pairs(c) for c in data["costs"]]
+
+    def target(q: Sequence[Any] | None, p: Mapping[str, Any]) -> list[Any] | None:
+        if q is None:
+            return None
+        head, decisions = dsets[q[5]]
+        flops, x = (q[7], q[8]) if len(q) > 7 else (p["flops"], p["ai"])
+        t = {"est_time_s": q[0], "bottleneck": text(q[1]), "compute_time_s": q[2],
+             "memory_time_s": q[3], "peak_flops_used": q[4], "flops": flops, "ai": x,
+             "decisions": decisions, "cost": costs[q[6]], "dhead": head}
+        return [t[f] for f in data["tfields"]]
+
+    profiles = []
+    for a in data["profiles"]:
+        p = dict(zip(data["profile"], a, strict=True))
+        for f in ("op", "op_type", "kernel_class", "dims", "dtype", "pattern"):
+            p[f] = text(p[f])
+        p["flags"] = [text(f) for f in p["flags"]]
+        p["per"] = [target(q, p) for q in p["per"]]
+        profiles.append(p)
+    rows = []
+    for name, pid, ins, outs in data["nodes"]:
+        r = {**profiles[pid], "name": text(name), "inputs": [tensors[k] for k in ins],
+             "outputs": [tensors[k] for k in outs]}
+        rows.append([r[f] for f in data["fields"]])
+    return rows
+
+
+def payload(tb: Tables, extra: Mapping[str, Any]) -> str:
+    """The embedded JSON text: the tables, the node rows and ``extra`` (targets, colours...)."""
+    data = {**extra, "fields": FIELDS, "tfields": TFIELDS, "profile": PROFILE, **tb.tables}
+    opts: dict[str, Any] = {"ensure_ascii": True, "sort_keys": True, "separators": (",", ":"),
+                            "allow_nan": False, "default": str}
+    try:  # the tables hold finite numbers and strings; clean only where a NaN or inf slipped in
+        text = json.dumps(data, **opts)
+    except ValueError:
+        text = json.dumps(_clean(data), **opts)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
