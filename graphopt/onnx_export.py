@@ -3,14 +3,17 @@
 Why this order: measured on ``tests/zoo.py`` ``ResidualMLP(1000)`` (6,003 torch nodes, batch 16;
 ``benchmarks/bench_onnx_export.py``), ``torch.onnx.export(dynamo=True)`` takes minutes (255 s
 on the development VM) while the TorchScript ("legacy", ``dynamo=False``) exporter takes ~15 s.
-The legacy exporter cannot export everything, though: transformers' GPT-2 calls ``aten::diff``
-(no opset-17 symbolic) and BERT's ``forward`` rejects the legacy exporter's argument passing.
-So graphopt tries the legacy exporter (opset 17), runs its result once in ONNX Runtime against
-the torch outputs, and only when the export raises, or its model does not run or does not match
-(max |torch - ort| > 1e-5 of the output's scale), exports again with ``dynamo=True`` (opset 18+;
-model-local functions inlined). Either way the result is one ``ModelProto`` with every weight
-in memory; graphopt then applies its decisions at the ONNX level (``onnx_rewrites.pipeline``)
-instead of exporting a rewritten module.
+The legacy exporter lacks symbolics for ops that real models call: transformers' decoder LLMs
+call ``aten::diff``, Mixtral's experts ``aten::histc`` and ``aten::_grouped_mm``; graphopt lends
+it those for the export (``graphopt.export_symbolics``). It still cannot export everything
+(BERT's ``forward`` rejects its argument passing). So graphopt tries the legacy exporter,
+runs its result once in ONNX Runtime against the torch outputs, and only when the export
+raises, or its model does not run or does not match (max |torch - ort| > 1e-5 of the output's
+scale), exports again with ``dynamo=True`` (model-local functions inlined). Either way the
+result is one ``ModelProto`` with every weight in memory, written at exactly the requested
+opset (:func:`supported_opsets`; anything else is a ``GraphoptError``); graphopt then applies
+its decisions at the ONNX level (``onnx_rewrites.pipeline``) instead of exporting a rewritten
+module.
 """
 
 from __future__ import annotations
@@ -35,14 +38,17 @@ import torch
 from torch.utils import _pytree as pytree
 
 from graphopt.errors import GraphoptError
+from graphopt.export_symbolics import lent_symbolics
+from graphopt.frontends.onnx_safety import MIN_OPSET, default_opset
 
-__all__ = ["ExportResult", "export_torch", "torch_feeds"]
+__all__ = ["ExportResult", "export_torch", "supported_opsets", "torch_feeds"]
 
 logger = logging.getLogger(__name__)
 
-#: the legacy exporter's opset: 17 is the first with LayerNormalization as one op
+#: the TorchScript exporter's opset when none is asked for: 17 is the first with
+#: LayerNormalization as one op
 LEGACY_OPSET = 17
-#: the dynamo exporter supports opset 18 and newer
+#: the dynamo exporter translates at opset 18 and newer (an older request comes back as 18)
 DYNAMO_OPSET = 18
 #: the export must reproduce torch within this fraction of each output's largest magnitude
 #: (fp32 reorders sums at most; verify.py's fp32 budget)
@@ -62,7 +68,48 @@ class ExportResult:
     outputs: list[np.ndarray]
     #: why the legacy exporter was not used (None when it was)
     fallback_reason: str | None = None
+    #: the model's ai.onnx opset
+    opset: int | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _exporter_opsets() -> dict[str, tuple[int, int]]:
+    """The opsets each installed exporter writes, from torch's own constants."""
+    try:
+        from torch.onnx import _constants as c
+
+        legacy_max = int(c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
+        dynamo_max = int(c.ONNX_MAX_OPSET)
+    except (ImportError, AttributeError):  # pragma: no cover - older torch: its stated limits
+        legacy_max, dynamo_max = 20, 23
+    return {"TorchScript": (MIN_OPSET, legacy_max), "dynamo": (DYNAMO_OPSET, dynamo_max)}
+
+
+def supported_opsets() -> tuple[int, int]:
+    """The ai.onnx opsets :func:`export_torch` writes: graphopt reads opset 13 and newer
+    (``frontends.onnx_safety``); the newest is the newest either installed exporter writes."""
+    ranges = _exporter_opsets().values()
+    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
+
+
+def _check_opset(opset: Any) -> None:
+    if opset is None:
+        return
+    lo, hi = supported_opsets()
+    if isinstance(opset, bool) or not isinstance(opset, int) or not lo <= opset <= hi:
+        detail = ", ".join(f"{k} {a}-{b}" for k, (a, b) in _exporter_opsets().items())
+        raise GraphoptError(f"ONNX opset {opset!r} is outside what the installed exporters "
+                            f"write: {lo}-{hi} ({detail})",
+                            f"pass opset= between {lo} and {hi}, or none: {LEGACY_OPSET} "
+                            f"with the TorchScript exporter, {DYNAMO_OPSET} with dynamo")
+
+
+def _missing_op(e: BaseException) -> str | None:
+    """The op the dynamo exporter found no ONNX function for, if that is why it failed."""
+    import re
+
+    m = re.search(r"No ONNX function found for <OpOverload\(op='([^']+)'", str(e))
+    return m.group(1) if m else None
 
 
 def _split(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -141,9 +188,11 @@ def _legacy(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         path = Path(tmp) / "model.onnx"
         call_args = (*args, kwargs) if kwargs else args
-        torch.onnx.export(model, call_args, str(path), dynamo=False, opset_version=opset,
-                          input_names=names, output_names=out_names,
-                          do_constant_folding=True)
+        with lent_symbolics(opset) as lent:
+            logger.debug("symbolics lent to the TorchScript exporter: %s", lent)
+            torch.onnx.export(model, call_args, str(path), dynamo=False, opset_version=opset,
+                              input_names=names, output_names=out_names,
+                              do_constant_folding=True)
         return onnx.load(str(path))  # loads external data (> 2 GB models) from tmp
 
 
@@ -151,7 +200,7 @@ def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             names: list[str], out_names: list[str], opset: int) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True,
-                                    opset_version=max(opset, DYNAMO_OPSET), verbose=False,
+                                    opset_version=opset, verbose=False,
                                     input_names=names, output_names=out_names, optimize=True)
         if program is None:  # pragma: no cover - dynamo=True always returns a program
             raise RuntimeError("torch.onnx.export(dynamo=True) returned nothing")
@@ -161,6 +210,25 @@ def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     if len(proto.functions):
         proto = onnx.inliner.inline_local_functions(proto)
     return proto
+
+
+def _at_opset(proto: onnx.ModelProto, opset: int, name: str, why: str) -> onnx.ModelProto:
+    """``proto`` converted to exactly ``opset``: the dynamo exporter writes 18 and newer, and
+    torch's own converter keeps the old opset silently when it cannot convert."""
+    written = default_opset(proto)
+    if written == opset:
+        return proto
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(proto, opset)
+    except Exception as e:  # the converter raises RuntimeError/ValueError per adapter
+        raise GraphoptError(f"ONNX export of {name} at opset {opset} failed: {why}; and the "
+                            f"dynamo exporter's opset-{written} model does not convert to "
+                            f"opset {opset} ({_first_line(e)})",
+                            f"pass opset={written} (or another between {DYNAMO_OPSET} and "
+                            f"{supported_opsets()[1]}), or make forward() exportable by "
+                            "torch.onnx.export(dynamo=False)") from None
 
 
 def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
@@ -198,13 +266,18 @@ def _name(proto: onnx.ModelProto, model: torch.nn.Module) -> None:
         proto.graph.name = type(model).__name__
 
 
-def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int = LEGACY_OPSET,
+def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | None = None,
                  verify: bool = True) -> ExportResult:
     """Export ``model`` (eval mode, never modified) for ``example_inputs``' shapes.
 
+    ``opset``: exactly this ai.onnx opset (:func:`supported_opsets`), converting the dynamo
+    exporter's model down where it writes a newer one; None: each exporter's own
+    (:data:`LEGACY_OPSET`, or :data:`DYNAMO_OPSET` when the TorchScript exporter fails).
+
     Raises:
-        GraphoptError: the model is in training mode, or neither exporter produced a model
-            that reproduces torch.
+        GraphoptError: the model is in training mode, ``opset`` is outside
+            :func:`supported_opsets`, or neither exporter produced a model at ``opset`` that
+            reproduces torch.
     """
     if not isinstance(model, torch.nn.Module):
         raise GraphoptError(f"export takes a torch.nn.Module, got {type(model).__name__}",
@@ -212,6 +285,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int = LE
     if model.training:
         raise GraphoptError(f"{type(model).__name__} is in training mode",
                             "call model.eval() before exporting it")
+    _check_opset(opset)
     args, kwargs = _split(example_inputs)
     with torch.no_grad():
         out = model(*args, **kwargs)
@@ -220,35 +294,51 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int = LE
     names = _input_names(model, args, kwargs)
     out_names = [f"output_{i}" for i in range(len(expected))]
     feeds = torch_feeds(names, args, kwargs)
+    ranges = _exporter_opsets()
     start = time.perf_counter()
     why: str | None
-    try:
-        proto = _legacy(model, args, kwargs, names, out_names, opset)
-        why = _mismatch(proto, feeds, expected) if verify else None
-    except Exception as e:  # any exporter failure means: try the other exporter
-        why = f"the TorchScript exporter failed ({_first_line(e)})"
+    if opset is not None and opset > ranges["TorchScript"][1]:
+        why = f"opset {opset} is newer than the TorchScript exporter's {ranges['TorchScript'][1]}"
+    else:
+        try:
+            proto = _legacy(model, args, kwargs, names, out_names, opset or LEGACY_OPSET)
+            why = _mismatch(proto, feeds, expected) if verify else None
+        except Exception as e:  # any exporter failure means: try the other exporter
+            why = f"the TorchScript exporter failed ({_first_line(e)})"
     if why is None:
         _name(proto, model)
         seconds = time.perf_counter() - start
         logger.info("exported %s with the TorchScript exporter in %.2fs (%d nodes)",
                     type(model).__name__, seconds, len(proto.graph.node))
-        return ExportResult(proto, "legacy", seconds, feeds, expected)
-    logger.info("TorchScript export of %s not used: %s; trying dynamo=True",
-                type(model).__name__, why)
+        return ExportResult(proto, "legacy", seconds, feeds, expected,
+                            opset=default_opset(proto))
+    name = type(model).__name__
+    logger.info("TorchScript export of %s not used: %s; trying dynamo=True", name, why)
     try:
-        proto = _dynamo(model, args, kwargs, names, out_names, opset)
+        proto = _dynamo(model, args, kwargs, names, out_names,
+                        max(opset or 0, ranges["dynamo"][0]))
     except Exception as e:
-        raise GraphoptError(f"ONNX export of {type(model).__name__} failed: {why}; and "
+        op = _missing_op(e)
+        if op is not None:
+            raise GraphoptError(f"ONNX export of {name} failed: {why}; and "
+                                f"torch.onnx.export(dynamo=True) has no ONNX function for {op}",
+                                f"export at opset {ranges['TorchScript'][1]} or older (the "
+                                "TorchScript exporter, with graphopt's symbolics), or register "
+                                f"a translation for {op} (custom_translation_table)") from None
+        raise GraphoptError(f"ONNX export of {name} failed: {why}; and "
                             f"torch.onnx.export(dynamo=True): {_first_line(e)}",
                             "make forward() exportable with torch.export (see the error), "
                             "or export the model yourself and pass the .onnx file") from None
+    if opset is not None:
+        proto = _at_opset(proto, opset, name, why)
     problem = _mismatch(proto, feeds, expected) if verify else None
     if problem is not None:
-        raise GraphoptError(f"ONNX export of {type(model).__name__} does not reproduce the "
+        raise GraphoptError(f"ONNX export of {name} does not reproduce the "
                             f"model: {why}; and with dynamo=True: {problem}",
                             "export the model yourself and pass the .onnx file")
     _name(proto, model)
     seconds = time.perf_counter() - start
     logger.info("exported %s with torch.onnx.export(dynamo=True) in %.2fs (%d nodes)",
-                type(model).__name__, seconds, len(proto.graph.node))
-    return ExportResult(proto, "dynamo", seconds, feeds, expected, fallback_reason=why)
+                name, seconds, len(proto.graph.node))
+    return ExportResult(proto, "dynamo", seconds, feeds, expected, fallback_reason=why,
+                        opset=default_opset(proto))
