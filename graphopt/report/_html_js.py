@@ -1,5 +1,8 @@
 """The page's script: builds the node table and the roofline points from the embedded JSON.
 
+The JSON holds interned tables (``_html_data``); ``decode()`` expands them into one record per
+node first, so everything after it reads plain records.
+
 It reads the node data only from the ``application/json`` block and builds every element with
 ``textContent``/``setAttribute``: data never reaches ``innerHTML``. View state lives in the URL
 hash (``#sort=est_time_s&desc=1&filter=mm&class=gemm&bottleneck=memory&open=3&n=400``).
