@@ -9,6 +9,7 @@ from graphopt.errors import GraphoptError
 from graphopt.frontends import load_graph
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.hardware.registry import not_a_target
 from graphopt.plan import Plan, PlanSet
 from graphopt.planner import build_plan
 
@@ -18,11 +19,18 @@ TargetSpec = str | HardwareProfile | Sequence[str | HardwareProfile]
 
 
 def resolve_targets(target: TargetSpec) -> list[HardwareProfile]:
-    """``"a100,h100"``, a list of names or profiles, or one of them -> profiles, in order."""
+    """``"a100,h100"``, a list of names or profiles, or one of them -> profiles, in order.
+    Anything else (``None``, a number, a torch device) is a GraphoptError saying what fits."""
     if isinstance(target, HardwareProfile):
         return [target]
-    items = target.split(",") if isinstance(target, str) else list(target)
-    profiles = [t if isinstance(t, HardwareProfile) else get_target(t.strip())
+    if isinstance(target, str):
+        items: list[Any] = target.split(",")
+    elif isinstance(target, Sequence) and not isinstance(target, (bytes, bytearray)):
+        items = list(target)
+    else:
+        raise not_a_target(target)
+    profiles = [t if isinstance(t, HardwareProfile) else
+                get_target(t.strip() if isinstance(t, str) else t)
                 for t in items if not isinstance(t, str) or t.strip()]
     if not profiles:
         raise GraphoptError("no target given", "name one, e.g. target='h100' (see "

@@ -18,6 +18,7 @@ from pathlib import Path, PureWindowsPath
 import onnx
 
 from graphopt.errors import ModelLoadError, UnsafePathError
+from graphopt.frontends.python_spec import names_python_file, needs_function_error
 
 __all__ = [
     "MIN_OPSET",
@@ -48,6 +49,8 @@ _UNSAFE_FIX = ("external data must live in the model's folder: move the data fil
 
 def read_model(path: Path) -> onnx.ModelProto:
     """Parse ``path`` (external data left on disk) and check it is a usable ONNX model."""
+    if names_python_file(os.fspath(path)):  # `optimize model.py`: a spec without :function
+        raise needs_function_error(os.fspath(path))
     if not path.exists():
         raise ModelLoadError(f"ONNX model not found: {path}",
                              fix="check the path (relative paths start at the current folder)")

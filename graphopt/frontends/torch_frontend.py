@@ -99,7 +99,8 @@ def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = 
         except Exception as export_err:  # noqa: BLE001 - any export failure falls back
             logger.debug("torch.export failed", exc_info=True)
             try:
-                gm, kinds = _make_fx(model, args, kwargs)
+                with _quiet_torch():
+                    gm, kinds = _make_fx(model, args, kwargs)
             except Exception as fx_err:  # noqa: BLE001
                 logger.debug("make_fx fallback failed", exc_info=True)
                 raise TraceError(
@@ -265,12 +266,17 @@ def _dim_names(model: nn.Module, ep: Any, dynamic_shapes: Any) -> dict[str, str]
 
 @contextlib.contextmanager
 def _quiet_torch() -> Iterator[None]:
-    """Keep torch.export's failure chatter (partial graphs, guard logs) off the user's stderr.
+    """Keep torch's tracing chatter (partial graphs, guard logs, the fake-tensor traceback of a
+    shape mismatch) off the user's stderr; the loggers' levels are restored after.
 
     A failure reaches the user as the TraceError or the fallback warning; the chatter goes to
     this module's debug log. Whatever a successful export wrote to stderr is passed on.
+    Torch's log handlers keep the stderr they were made with, so redirecting ``sys.stderr``
+    alone does not catch them: their loggers are raised to CRITICAL (``torch`` for children
+    that inherit, the others in case ``TORCH_LOGS`` gave them a level of their own).
     """
-    names = ("torch.export", "torch._export", "torch.fx.experimental.symbolic_shapes")
+    names = ("torch", "torch.export", "torch._export", "torch._subclasses.fake_tensor",
+             "torch.fx.experimental.symbolic_shapes", "torch.fx.experimental.proxy_tensor")
     loggers = [logging.getLogger(n) for n in names]
     levels = [lg.level for lg in loggers]
     buf = io.StringIO()

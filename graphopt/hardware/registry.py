@@ -17,7 +17,8 @@ from graphopt.hardware.detect import detected_gpu_profiles, host_cpu_profile
 from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["ALIASES", "get_target", "is_this_machine", "list_targets", "target_names"]
+__all__ = ["ALIASES", "get_target", "is_this_machine", "list_targets", "not_a_target",
+           "target_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +87,18 @@ def _unknown(name: str, fix: str | None = None) -> UnknownTargetError:
     return UnknownTargetError(f"unknown target {name!r}; known targets: {', '.join(known)}", fix)
 
 
+def not_a_target(value: object) -> UnknownTargetError:
+    """The error for a target that is not a name at all (``None``, ``123``): what fits."""
+    return UnknownTargetError(
+        f"target={value!r} ({type(value).__name__}) is not a target",
+        "give a target name ('h100', 'cpu'; `graphopt targets` lists them), several "
+        "('a100,h100' or a list of names), or a graphopt HardwareProfile")
+
+
 def get_target(name: str) -> HardwareProfile:
     """The profile for a target name or alias; unknown names raise UnknownTargetError."""
+    if not isinstance(name, str):
+        raise not_a_target(name)
     lowered = name.strip().lower()
     if lowered in HOST_NAMES:
         return host_cpu_profile()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,12 +52,36 @@ def _spec(vi: onnx.ValueInfoProto) -> tuple[list[int | None], np.dtype]:
     return dims, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
 
 
+_ZIP_MAGIC, _NPY_MAGIC = b"PK\x03\x04", b"\x93NUMPY"
+
+
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of one ``.npz``; anything else (a ``.npy``, text, a damaged archive) is a
+    GraphoptError naming the file and the format, never numpy's or zipfile's exception."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError as e:
+        raise GraphoptError(f"cannot read calibration file {path}: {e.strerror or e}",
+                            _FIX) from None
+    if head.startswith(_NPY_MAGIC):
+        raise GraphoptError(f"calibration file {path} is a single .npy array, not an .npz "
+                            "archive of named arrays", f"{_FIX}; e.g. np.savez('calib.npz', "
+                            "<input name>=array)")
+    if not head.startswith(_ZIP_MAGIC):
+        raise GraphoptError(f"calibration file {path} is not an .npz archive (it does not "
+                            "start like a zip file)", _FIX)
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise GraphoptError(f"cannot read calibration file {path}: {e}", _FIX) from None
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise GraphoptError(f"cannot read calibration file {path}: it is a damaged or "
+                            f"incomplete .npz archive ({e})", _FIX) from None
+    odd = sorted(k for k, v in arrays.items() if not isinstance(v, np.ndarray))
+    if odd:  # np.load hands back the raw bytes of zip members that are not .npy arrays
+        raise GraphoptError(f"calibration file {path} is a zip archive with members that are "
+                            f"not .npy arrays: {', '.join(odd)}", _FIX)
+    return arrays
 
 
 def _batches_of(name: str, arr: np.ndarray, dims: list[int | None]) -> list[np.ndarray]:

@@ -7,7 +7,9 @@ Grammar (comma-separated): ``NAME[=TARGET][:CAP]``.
    (GB/MB/TB = 10^9/10^6/10^12 bytes, GiB/MiB/TiB = powers of 2; case-insensitive).
 3. ``cpu`` / ``cpu:64GB`` / ``cpu:1`` -- a name starting with ``cpu`` and no TARGET is the host
    CPU profile; ``gpu``/``cuda:N`` alone is this machine's CUDA device; any other bare name
-   (``h100``) is a target name used as both name and target.
+   (``h100``) is a target name used as both name and target. After a bare name's ``:`` only
+   a device index or a CAP may follow (``cpu:abc`` is refused, not taken as a name).
+4. A CAP must be a finite, positive size: ``0GB``, ``-5GB``, ``nanGB``, ``1e400GB`` are refused.
 
 Usable memory = min(cap, total - reserve) with the reserve policy of
 :func:`graphopt.decisions.memory.usable_memory`; a cap above the device's total memory is a
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 
 from graphopt.cost.transfer import link_between
@@ -34,17 +37,27 @@ logger = logging.getLogger(__name__)
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+# a number (signs, exponents, nan and inf included, so that they are refused with a reason
+# rather than read as part of a device name) and a unit
+_SIZE = re.compile(r"^\s*([+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?|nan|inf(?:inity)?))"
+                   r"\s*([a-z]+)\s*$", re.IGNORECASE)
+_SIZE_FIX = "write a positive size with a unit, like 40GB, 40GiB, 512MiB or 1TB"
 _EXAMPLE = "e.g. --devices cuda:0=h100,cuda:1=a100:40GB,cpu:64GB"
 
 
 def parse_size(text: str) -> int:
-    """``"40GB"`` -> 40_000_000_000 bytes; a missing or unknown unit is an error."""
+    """``"40GB"`` -> 40_000_000_000 bytes; a missing or unknown unit, or a size that is not a
+    finite positive number of bytes (``0GB``, ``-5GB``, ``nanGB``, ``1e400GB``), is an error."""
     m = _SIZE.match(text)
     if m is None or m.group(2).lower() not in _UNITS:
-        raise GraphoptError(f"memory cap {text!r} is not a size with a unit",
-                            "write it like 40GB, 40GiB, 512MiB or 1TB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise GraphoptError(f"memory cap {text!r} is not a size with a unit", _SIZE_FIX)
+    size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(size):
+        raise GraphoptError(f"memory cap {text.strip()!r} is not a finite size", _SIZE_FIX)
+    if size < 1:
+        raise GraphoptError(f"memory cap {text.strip()!r} is not positive (under one byte)",
+                            _SIZE_FIX)
+    return int(size)
 
 
 def _looks_like_size(text: str) -> bool:
@@ -66,8 +79,12 @@ def _split_item(item: str) -> tuple[str, str | None, str | None]:
                                 f"write NAME=TARGET:CAP with a unit, {_EXAMPLE}")
         return name.strip(), target.strip(), cap
     head, sep, tail = item.rpartition(":")
-    if sep and _looks_like_size(tail) and not tail.strip().isdigit():
+    if sep and _looks_like_size(tail):
         return head.strip(), None, tail
+    if sep and not tail.strip().isdigit():  # cpu:abc, cpu:1e400 -- not a name with the host
+        raise GraphoptError(f"device {item.strip()!r}: {tail.strip()!r} after ':' is neither a "
+                            "device index nor a memory cap",
+                            f"write NAME:INDEX (cpu:1) or NAME:CAP with a unit, {_EXAMPLE}")
     return item.strip(), None, None
 
 
@@ -127,7 +144,10 @@ def parse_devices(spec: str) -> DeviceSet:
         if not name or (target is not None and not target):
             raise GraphoptError(f"device {item.strip()!r} has an empty name or target",
                                 f"write NAME[=TARGET][:CAP], {_EXAMPLE}")
-        cap = parse_size(cap_text) if cap_text is not None else None
+        try:
+            cap = parse_size(cap_text) if cap_text is not None else None
+        except GraphoptError as e:
+            raise GraphoptError(f"device {item.strip()!r}: {e.problem}", e.fix) from None
         devices.append(_device(name, _profile_for(name, target), cap))
     ds = make_device_set(devices)
     logger.info("devices: %s", ", ".join(
