@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT := out
 
-.PHONY: setup demo test lint bench gpu clean
+.PHONY: setup demo test test-quick lint bench gpu clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# everything but the real-architecture zoo (tests/test_architectures.py, a few minutes)
+test-quick: setup
+	$(PY) -m pytest -q -m "not zoo"
 
 lint: setup
 	$(VENV)/bin/ruff check graphopt tests benchmarks examples

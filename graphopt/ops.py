@@ -3,7 +3,8 @@
 Names are ONNX operator names (https://onnx.ai/onnx/operators/) with ONNX input order and
 attribute names, so an ONNX model needs almost no translation and a torch graph is described in
 the same terms. A few ops ONNX lacks (or that torch keeps whole) are added: ``Linear``, ``Silu``,
-``Rsqrt``, ``Attention`` (ONNX opset 23 has one; ours is SDPA-shaped), ``RMSNormalization``.
+``Rsqrt``, ``Attention`` (ONNX opset 23 has one; ours is SDPA-shaped), ``RMSNormalization``,
+``Histogram`` (torch ``histc``: attrs ``bins``, ``min``, ``max``).
 
 Conventions the analysis relies on (a frontend must produce exactly these):
 
@@ -28,6 +29,8 @@ Conventions the analysis relies on (a frontend must produce exactly these):
   ``attrs["scalar_position"]`` (0 or 1) so ``rsub``/``pow.Scalar`` stay unambiguous.
 * ``MatMul`` may carry extra inputs after A and B (the ``baddbmm`` addend with
   ``bias_add=True``, ``_scaled_mm`` scales): dims come from inputs 0 and 1 only.
+  ``grouped=True``: a mixture-of-experts grouped GEMM ``MatMul(A[S, K], B[G, K, N], offs[G])``,
+  each row multiplied by one group's matrix (torch ``_grouped_mm``).
 * ``Attention`` from torch is SDPA-shaped; ``layout="BSHD"`` marks flash/efficient variants
   whose Q/K/V are ``[B, S, H, D]``. ONNX's opset-23 ``Attention`` may be 3-D with
   ``q_num_heads``; ``com.microsoft::Attention`` takes packed input with ``num_heads``.
@@ -82,6 +85,7 @@ SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
 REDUCE_OPS = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
     "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "CumSum", "TopK", "Var", "Std",
+    "Histogram",
 })
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
                       "LpPool", "AdaptiveAvgPool", "AdaptiveMaxPool"})

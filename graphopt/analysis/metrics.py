@@ -3,7 +3,9 @@
 Conventions (so both frontends agree):
 
 1. GEMM-like dims are ``M, N, K, batch``. A ``MatMul`` whose right operand is 2-D folds the left
-   operand's leading dims into ``M`` (``batch = 1``), exactly like ``Linear``.
+   operand's leading dims into ``M`` (``batch = 1``), exactly like ``Linear``. A grouped
+   (mixture-of-experts) ``MatMul(A[S, K], B[G, K, N], offs)`` has ``M = S``, ``batch = 1``:
+   each row meets one group's matrix, and all of ``B`` is read once.
 2. Convolutions use implicit-GEMM dims: ``M = N * prod(out_spatial)``, ``N = C_out``,
    ``K = C_in / groups * prod(kernel)``; ``ConvTranspose`` uses the input spatial size for ``M``.
 3. Attention dims are ``batch, heads, seq_q, seq_kv, head_dim``; FLOPs are the two matmuls
@@ -100,6 +102,8 @@ def gemm_dims(node: Node, ins: list[TensorInfo | None]) -> dict[str, int]:
         n, lead_b = 1, ()
     else:
         n, lead_b = b[-1], b[:-2]
+    if node.attrs.get("grouped") and len(a) == 2 and len(b) == 3:  # each row: one group
+        return {"M": m, "N": n, "K": k, "batch": 1}
     if len(b) == 2 and len(a) > 2:  # weight-like right operand: fold A's batch into M
         return {"M": m * math.prod(lead_a), "N": n, "K": k, "batch": 1}
     batch = math.prod(_broadcast(lead_a, lead_b))

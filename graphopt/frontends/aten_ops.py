@@ -236,6 +236,18 @@ _reg("einsum")(lambda c: ("Einsum", c.ts("tensors"), {"equation": c.v("equation"
 _reg("_int_mm")(_op("MatMulInteger", "self mat2"))
 _reg("_scaled_mm")(_op("MatMul", "self mat2 scale_a scale_b bias", scaled=True,
                        out_dtype=A("out_dtype")))
+
+
+@_reg("_grouped_mm", "transformers.grouped_mm_fallback")
+def _grouped_mm(c: Call) -> MapResult:
+    """A mixture-of-experts grouped GEMM: rows of ``A[S, K]`` between consecutive ``offs``
+    use group ``g`` of ``B[G, K, N]`` (``grouped=True``; without offs a batched MatMul).
+    transformers' CPU/compile fallback op has the same contract."""
+    a, b = (c.t("self"), c.t("mat2")) if c.has("self") else (c.t("input"), c.t("weight"))
+    return "MatMul", _trim([a, b, c.t("offs")]), {"grouped": bool(c.t("offs")),
+                                                   "out_dtype": c.v("out_dtype")}
+
+
 _reg("quantized.linear_dynamic")(_op("DynamicQuantizeMatMul", "X W_prepack",
                                      reduce_range=A("reduce_range")))
 _reg("quantized.linear")(_op("QGemm", "X W_prepack", y_scale=A("Y_scale_i"),
@@ -441,6 +453,19 @@ _reg("max")(lambda c: (_nary("Max") if c.overload == "other" else _reduce("Reduc
 _reg("min")(lambda c: (_nary("Min") if c.overload == "other" else _reduce("ReduceMin"))(c))
 _reg("cumsum")(lambda c: ("CumSum", [c.t("self")], {"axis": c.v("dim"), "axes": [c.v("dim")]}))
 _reg("topk")(_op("TopK", k=A("k"), axis=A("dim", -1), largest=A("largest", True)))
+
+
+@_reg("sort")
+def _sort(c: Call) -> MapResult:
+    """ONNX has no Sort: a full-length TopK is one (``largest`` = descending)."""
+    dim, shape = c.v("dim", -1), c.shape()
+    k = shape[dim] if shape is not None and -len(shape) <= dim < len(shape) else None
+    return "TopK", [c.t("self")], {"k": k, "axis": dim, "largest": bool(c.v("descending")),
+                                   "sorted": True}
+
+
+# torch.histc: counts into ``bins`` equal bins over [min, max] (the data's range if equal)
+_reg("histc")(_op("Histogram", bins=A("bins", 100), min=A("min", 0), max=A("max", 0)))
 _reg("argmax", "argmin")(lambda c: ("ArgMax" if c.packet.endswith("max") else "ArgMin",
                                     [c.t("self")], {"axis": c.v("dim"), "axes": _axes(c.v("dim")),
                                                     "keepdims": int(bool(c.v("keepdim")))}))
@@ -490,7 +515,8 @@ _reg("stack")(lambda c: ("Concat", c.ts("tensors"), {"axis": c.v("dim", 0), "new
 _reg("embedding")(_op("Gather", "weight indices", axis=0))
 _reg("index_select")(_op("Gather", "self index", axis=A("dim")))
 _reg("gather")(_op("GatherElements", "self index", axis=A("dim")))
-_reg("clone", "copy")(_op("Copy"))
+# contiguous: a copy unless the tensor already is (the cost model assumes the copy)
+_reg("clone", "copy", "contiguous")(_op("Copy"))
 _reg("copy_")(lambda c: ("Copy", [c.t("src") or c.t("other")], {"inplace": True,
                                                                  "dst": c.t("self")}))
 _reg("repeat")(_op("Tile", repeats=A("repeats")))
@@ -520,7 +546,7 @@ def _index(c: Call) -> MapResult:
     return "Gather", [c.t("self"), *names], {"axis": pos[0] if pos else 0, "index_positions": pos}
 
 
-@_reg("index_put", "_unsafe_index_put")
+@_reg("index_put", "index_put_", "_unsafe_index_put")
 def _index_put(c: Call) -> MapResult:
     names, pos = _indexed(c)
     return "ScatterND", [c.t("self"), *names, c.t("values")], {
