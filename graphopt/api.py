@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from graphopt.errors import GraphoptError
@@ -10,6 +11,7 @@ from graphopt.frontends import load_graph
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import not_a_target
+from graphopt.inputs import input_files
 from graphopt.plan import Plan, PlanSet
 from graphopt.planner import build_plan
 
@@ -55,7 +57,9 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
     """
     profiles = resolve_targets(target)
     graph = load_graph(model, example_inputs)
-    plans = tuple(with_partition(build_plan(graph, p), devices, strategy) for p in profiles)
+    inputs = tuple(str(f) for f in input_files(model))  # plan.save never overwrites them
+    plans = tuple(replace(with_partition(build_plan(graph, p), devices, strategy), inputs=inputs)
+                  for p in profiles)
     return plans[0] if len(plans) == 1 else PlanSet(plans)
 
 

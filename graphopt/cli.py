@@ -10,11 +10,11 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from graphopt._io import OutputSet
 from graphopt.errors import GraphoptError
+from graphopt.inputs import input_files
 
 __all__ = ["main"]
 
@@ -24,20 +24,6 @@ def _fmt_time(s: float) -> str:
         if s >= scale:
             return f"{s / scale:.3g} {unit}"
     return f"{s * 1e9:.3g} ns"
-
-
-def _input_files(model: str, calibration: str | None = None) -> list[Path]:
-    """The files a command reads, which no output may replace: the model (for ONNX with its
-    external data; for ``file.py:function`` the .py) and the calibration data."""
-    from graphopt.onnx_rewrites.save import onnx_input_files
-
-    path, sep, func = model.rpartition(":")
-    files = [Path(path)] if sep and path.endswith(".py") and func.isidentifier() else \
-        onnx_input_files(model)
-    if calibration:
-        cal = Path(calibration)
-        files += sorted(cal.glob("*.npz")) if cal.is_dir() else [cal]
-    return files
 
 
 def _claim_reports(outputs: OutputSet, args: argparse.Namespace) -> None:
@@ -50,7 +36,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from graphopt.api import plan
     from graphopt.plan import PlanSet
 
-    outputs = OutputSet(_input_files(args.model))
+    outputs = OutputSet(input_files(args.model))
     _claim_reports(outputs, args)  # refuse a bad path before the work, not after
     result = plan(args.model, target=args.target, devices=args.devices, strategy=args.strategy)
     result.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
@@ -105,7 +91,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                             "give one --target (run optimize once per target)")
     options = OnnxOptions(precision=args.precision, pad=args.pad, layout=args.layout,
                           quantize=args.quantize, tolerance=args.tolerance)
-    outputs = OutputSet(_input_files(args.model, args.calibration))
+    outputs = OutputSet(input_files(args.model, args.calibration))
     claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
     _claim_reports(outputs, args)
     model: Any = args.model

@@ -162,11 +162,9 @@ class Optimized:
     def input_files(self) -> list[Path]:
         """The files this result was read from (an ONNX model and its external data): no
         export or report may overwrite them."""
-        if isinstance(self._source, (str, os.PathLike)):
-            from graphopt.onnx_rewrites.save import onnx_input_files
+        from graphopt.inputs import input_files
 
-            return onnx_input_files(self._source)
-        return []
+        return [] if isinstance(self._source, tuple) else input_files(self._source)
 
 
 def optimize(model: Any, example_inputs: Any = None,

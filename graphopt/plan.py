@@ -108,6 +108,10 @@ class _Emitters:
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    @property
+    def input_files(self) -> tuple[str, ...]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
     def to_json(self) -> str:
         from graphopt.report import render_json
 
@@ -131,7 +135,7 @@ class _Emitters:
         """
         from graphopt._io import OutputSet
 
-        outputs = OutputSet(protect)
+        outputs = OutputSet((*protect, *self.input_files))
         self.stage_reports(outputs, json=json, md=md, html=html)
         return [str(p) for p in outputs.commit()]
 
@@ -159,6 +163,12 @@ class Plan(_Emitters):
     summary: Mapping[str, Any]
     warnings: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: the files the model was read from (not in the report): :meth:`save` never writes them
+    inputs: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def input_files(self) -> tuple[str, ...]:
+        return self.inputs
 
     def node(self, name: str) -> NodePlan:
         for n in self.nodes:
@@ -190,6 +200,10 @@ class PlanSet(_Emitters):
     """The same model planned for several targets, reported side by side."""
 
     plans: tuple[Plan, ...]
+
+    @property
+    def input_files(self) -> tuple[str, ...]:
+        return tuple(f for p in self.plans for f in p.inputs)
 
     def __getitem__(self, target_name: str) -> Plan:
         for p in self.plans:

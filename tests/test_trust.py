@@ -114,6 +114,8 @@ def test_api_export_and_report_over_the_input_are_refused(tmp_path):
         opt.export_onnx(model)
     with pytest.raises(graphopt.GraphoptError, match="is the input file"):
         opt.save_report(json=str(model))
+    with pytest.raises(graphopt.GraphoptError, match="is the input file"):
+        graphopt.plan(str(model), target="h100,a100").save(html=str(model))
     assert _digest(tmp_path) == before
 
 

@@ -16,26 +16,11 @@ from typing import Any
 import onnx
 
 from graphopt._io import OutputSet
-from graphopt.errors import GraphoptError
 from graphopt.onnx_rewrites.session import SessionConfig, config_path, render_config
 
-__all__ = ["PROTO_LIMIT", "onnx_input_files", "save_onnx", "stage_onnx"]
+__all__ = ["PROTO_LIMIT", "claim_onnx", "save_onnx", "stage_onnx"]
 
 PROTO_LIMIT = 1_800_000_000  # protobuf refuses messages over 2 GiB
-
-
-def onnx_input_files(path: str | os.PathLike[str]) -> list[Path]:
-    """``path`` and the external-data files it references (what an output must not replace)."""
-    from graphopt.frontends.onnx_safety import check_external_data, read_model
-
-    model_path = Path(path)
-    files = [model_path]
-    try:
-        refs = check_external_data(read_model(model_path), model_path.parent)
-    except GraphoptError:
-        return files  # loading the model reports the problem with its own fix
-    files += sorted({r.path for r in refs})
-    return files
 
 
 def claim_onnx(outputs: OutputSet, path: str | os.PathLike[str],
