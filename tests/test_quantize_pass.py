@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import graphopt
 from graphopt.decisions.cpu_int8 import int8_pays_on_cpu
 from graphopt.hardware import get_target
+from tests.hostisa import host_isa
 
 
 def _mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
@@ -37,10 +40,17 @@ def test_forced_int8_on_host_cpu_is_within_int8_tolerance():
     assert float(cos) >= 0.999
 
 
-def test_auto_follows_the_cost_model_and_the_isa():
+@pytest.mark.parametrize("isa", [None, "epyc-7763", "xeon-8380"],
+                         ids=["this-host", "as-zen3-no-vnni", "as-icelake-vnni"])
+def test_auto_follows_the_cost_model_and_the_isa(isa):
+    """Both outcomes on every machine: the host as detected, and the host with a stand-in ISA
+    without and with VNNI (the cost model alone: nothing is timed)."""
     model, x = _mlp()
-    opt = graphopt.optimize(model, x, target="cpu", measure=False)  # the cost model alone
-    pays, _ = int8_pays_on_cpu(get_target("cpu"))
+    with host_isa(isa) if isa else contextlib.nullcontext():
+        opt = graphopt.optimize(model, x, target="cpu", measure=False)
+        pays, _ = int8_pays_on_cpu(get_target("cpu"))
+    if isa is not None:
+        assert pays == (isa == "xeon-8380")
     planned = [n.name for n in opt.plan.nodes
                if n.decisions.get("precision") is not None
                and n.decisions["precision"].fields.get("format") == "int8"]
@@ -73,9 +83,8 @@ def test_measured_guard_reverts_a_slower_pass(monkeypatch):
     model, x = _mlp()
     monkeypatch.setattr(pipeline, "faster_or_equal", lambda before, after, args: (False, 1e-3,
                                                                                    2e-3))
-    opt = graphopt.optimize(model, x, target="cpu", quantize="auto", measure=True)
-    if not int8_pays_on_cpu(get_target("cpu"))[0]:
-        pytest.skip("this CPU has no VNNI/AMX: the cost model never proposes INT8 here")
+    with host_isa("xeon-8380"):  # VNNI, so the cost model proposes INT8 on any machine
+        opt = graphopt.optimize(model, x, target="cpu", quantize="auto", measure=True)
     assert _quantized(opt) == []
     assert any("measured slower" in r["reason"] for r in opt.info["passes_reverted"])
 

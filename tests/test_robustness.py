@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -423,3 +424,34 @@ def test_python_api_bad_target_says_what_target_accepts(target):
             call()
         assert "is not a target" in err.value.problem
         assert "graphopt targets" in (err.value.fix or "")
+
+
+# --- 3. the host CPU a test sees -------------------------------------------------------------
+
+def test_host_isa_stand_in_swaps_the_isa_and_keeps_this_machine():
+    from graphopt.hardware.detect import build_host_profile, detect_cpu
+    from graphopt.hardware.registry import is_this_machine
+    from tests.hostisa import host_isa
+
+    real = build_host_profile(detect_cpu())
+    for name, tier, flags in (("xeon-8480", "amx", {"amx_int8", "avx512_bf16"}),
+                              ("xeon-8380", "avx512_vnni", {"avx512_vnni"}),
+                              ("epyc-7763", "avx2_fma", {"avx2"})):
+        with host_isa(name) as host:
+            assert host.name == "cpu" and is_this_machine(host) and host.generation == tier
+            assert flags <= host.capabilities == get_target(name).capabilities
+            assert (host.cores, host.memory_bytes) == (real.cores, real.memory_bytes)
+    assert get_target("cpu").capabilities == build_host_profile(
+        graphopt.hardware.detect.host_cpu_info()).capabilities  # restored
+
+
+def test_unknown_host_isa_is_a_clean_cli_error(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GRAPHOPT_HOST_ISA": "pentium-4"}
+    r = subprocess.run([sys.executable, "-m", "graphopt.cli", "detect"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "GRAPHOPT_HOST_ISA='pentium-4' is not a CPU of graphopt's table" in r.stderr
+    assert "xeon-8380" in r.stderr  # the fix lists the names that work

@@ -451,12 +451,24 @@ def _residual_stack(blocks: int) -> tuple[fx.GraphModule, dict[str, str]]:
     return fx.GraphModule(nn.Module(), g), kinds
 
 
-def test_conversion_of_6k_nodes_is_fast() -> None:
+def _best_conversion_s(gm: fx.GraphModule, kinds: dict[str, str], runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        graph_from_graph_module(gm, kinds=kinds)  # type: ignore[arg-type]
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def test_conversion_of_6k_nodes_scales_linearly() -> None:
+    """4x the nodes must cost about 4x the time (a quadratic step would cost 16x). A ratio on
+    this machine, not seconds: no test may assume the host's speed."""
     gm, kinds = _residual_stack(1000)
     n_fx = sum(1 for n in gm.graph.nodes if n.op == "call_function")
-    start = time.perf_counter()
     g = graph_from_graph_module(gm, kinds=kinds)  # type: ignore[arg-type]
-    elapsed = time.perf_counter() - start
     assert n_fx == 3000 and len(g.nodes) == 3000 and len(g.tensors) == 1 + 4000 + 3000
     assert ops(g) == Counter({"Linear": 1000, "LayerNormalization": 1000, "Add": 1000})
-    assert elapsed < 1.0, f"{elapsed:.3f}s for {len(gm.graph.nodes)} fx nodes"
+    small = _residual_stack(250)
+    t_small, t_big = _best_conversion_s(*small), _best_conversion_s(gm, kinds)
+    # measured 3.7x on a loaded 2-core EPYC (best of 5); 8x leaves room for noise
+    assert t_big < 8 * t_small, f"{t_big:.3f}s for 3000 nodes vs {t_small:.3f}s for 750"

@@ -22,7 +22,7 @@ import logging
 import os
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = [
+    "HOST_ISA_ENV",
     "CpuInfo",
     "GpuInfo",
     "build_host_profile",
@@ -48,7 +49,9 @@ __all__ = [
     "detected_gpu_profiles",
     "estimate_host_bandwidth",
     "gpu_profile_for",
+    "host_cpu_info",
     "host_cpu_profile",
+    "with_isa_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -234,10 +237,36 @@ def build_host_profile(info: CpuInfo) -> HardwareProfile:
     )
 
 
+#: Names a CPU of the table (``xeon-8380``) whose ISA stands in for the host's: vendor and flags
+#: from the table, cores, clock and memory from this machine. It runs graphopt's host
+#: decisions (and its tests) as if on that ISA; kernels still run on the real CPU.
+HOST_ISA_ENV = "GRAPHOPT_HOST_ISA"
+
+
+def with_isa_of(info: CpuInfo, name: str) -> CpuInfo:
+    """``info`` with the vendor and ISA flags of the table CPU ``name`` (see HOST_ISA_ENV)."""
+    from graphopt.hardware.cpus import CPU_PROFILES
+
+    ref = CPU_PROFILES.get(name.strip().lower())
+    if ref is None:
+        raise GraphoptError(f"{HOST_ISA_ENV}={name!r} is not a CPU of graphopt's table",
+                            f"use one of: {', '.join(CPU_PROFILES)}; or unset {HOST_ISA_ENV}")
+    arm = ref.vendor == "arm"
+    return replace(info, model=f"{info.model} with the ISA of {ref.display_name}",
+                   vendor=ref.vendor, arch="aarch64" if arm else "x86_64",
+                   flags=ref.capabilities, arm_part=next(iter(_ARM_WIDE_PARTS)) if arm else None)
+
+
+def host_cpu_info() -> CpuInfo:
+    """The host as detected, or with a stand-in ISA when ``GRAPHOPT_HOST_ISA`` is set."""
+    stand_in = os.environ.get(HOST_ISA_ENV, "").strip()
+    return with_isa_of(detect_cpu(), stand_in) if stand_in else detect_cpu()
+
+
 @functools.cache
 def host_cpu_profile() -> HardwareProfile:
     """The detected host CPU, detected once per process."""
-    profile = build_host_profile(detect_cpu())
+    profile = build_host_profile(host_cpu_info())
     logger.debug("host cpu: %s, %d cores, tier %s", profile.display_name, profile.cores,
                  profile.generation)
     return profile
@@ -362,5 +391,5 @@ def detect_report() -> dict[str, Any]:
         except GraphoptError as exc:
             entry["error"] = exc.problem
         gpus.append(entry)
-    return {"cpu": detect_cpu().to_dict(), "gpus": gpus,
+    return {"cpu": host_cpu_info().to_dict(), "gpus": gpus,
             "host_profile": host_cpu_profile().to_dict()}
