@@ -13,11 +13,13 @@ The tables, every string in them an index into ``strings``:
 3. ``decisions``: ``[kind, short value, reason, [[field, text]...], applied 1/0/null, head 1/0]``.
 4. ``dsets``: one node's decisions on one target: ``[head text, [decision...]]``.
 5. ``costs``: the cost notes as ``[[key, text]...]``.
-6. ``profiles``: what a node is and what was decided, without its name and tensors (see
-   ``PROFILE``); ``per`` holds one ``[est, bottleneck, compute, memory, peak, dset, cost]`` per
+6. ``profiles``: what a node is and costs, without its name, tensors and decisions (see
+   ``PROFILE``); ``per`` holds one ``[est, bottleneck, compute, memory, peak, cost]`` per
    target (``null`` where the target lacks the node), plus ``flops, ai`` only where they differ
    from the node's (they never do on one target).
-7. ``nodes``: ``[name, profile, [input tensor...], [output tensor...]]`` in table order.
+7. ``nodes``: ``[name, profile, [input tensor...], [output tensor...], [dset per target]]`` in
+   table order. Decisions stay out of the profile: a split plan gives every node its own
+   ``device`` decision (start and finish), which would otherwise make every profile distinct.
 
 Decoded (``decode`` here, ``decode()`` in the page), a node is the record of ``FIELDS``, with one
 ``TFIELDS`` array per target in ``per``. Profiles, decisions and cost notes are formatted once per
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import marshal
 import math
+import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -86,9 +89,10 @@ def _key(value: Any) -> bytes | None:
 
     ``marshal`` is a C walk over the JSON-like values a plan holds and keeps types apart
     (``1``, ``1.0`` and ``True`` differ); ``json.dumps(sort_keys=True)`` costs ~3x as much.
+    Version 2 writes no back-references, whose table costs more than these small values.
     """
     try:
-        return marshal.dumps(value)
+        return marshal.dumps(value, 2)
     except ValueError:  # e.g. a numpy scalar: formatted every time, never cached
         return None
 
@@ -100,11 +104,12 @@ class Tables:
         self.tables: dict[str, list[Any]] = {k: [] for k in (
             "strings", "tensors", "decisions", "dsets", "costs", "profiles")}
         self.uses: list[int] = []  # nodes per profile (the roofline counts points with it)
-        self._index: dict[str, dict[Hashable, int]] = {k: {} for k in self.tables}  # not strings
-        self._by_key: dict[tuple[str, bytes], int] = {}
-        self.strings: list[str] = self.tables["strings"]
-        self._strings: dict[str, int] = {}
-        self._shapes: dict[bytes, int | None] = {}
+        self._index: dict[str, dict[Hashable, int]] = {k: {} for k in self.tables}
+        self._by_key: dict[tuple[str, Hashable], int] = {}
+        self._strings = self._index["strings"]
+        self._kinds: dict[tuple[Any, ...], tuple[str, ...]] = {}
+        self._tensor_ids: dict[bytes, int] = {}
+        self._dset_ids: dict[bytes, int] = {}
 
     def add(self, table: str, value: Hashable) -> int:
         index = self._index[table]
@@ -114,12 +119,11 @@ class Tables:
             self.tables[table].append(value)
         return i
 
-    def cached(self, table: str, raw: Any, make: Callable[[Any], Any]) -> int:
-        """The index of ``make(raw)``, computed once per distinct ``raw``."""
-        key = _key(raw)
+    def cached(self, table: str, key: Hashable | None, make: Callable[[], Any]) -> int:
+        """The index of ``make()``, called once per distinct ``key`` (every time if None)."""
         i = self._by_key.get((table, key)) if key is not None else None
         if i is None:
-            value = make(raw)
+            value = make()
             try:
                 i = self.add(table, value)
             except TypeError:  # unhashable: a list where a number belongs; stored as it is
@@ -135,49 +139,72 @@ class Tables:
             return None
         if type(value) is not str:
             value = str(value)
-        i = self._strings.get(value)
+        i = self._strings.get(value)  # add() inlined: most of the calls are for strings
         if i is None:
-            i = self._strings[value] = len(self.strings)
-            self.strings.append(value)
+            i = self._strings[value] = len(self._strings)
+            self.tables["strings"].append(value)
         return i
 
     def tensors(self, tensors: Any) -> tuple[int, ...]:
         """Tensor indices; a tensor is one node's output and the next one's input, stored once."""
-        out = []
+        out, ids = [], self._tensor_ids
         for t in tensors or ():
             if not isinstance(t, (dict, Mapping)):  # dict first: the ABC check is slow
                 continue
-            shape = t.get("shape")
-            key = _key(shape)
-            text = self._shapes.get(key) if key is not None else None
-            if text is None:
-                text = self.s(fmt_shape(shape))
+            key = _key(t)  # cached() inlined: a 50k-node plan has ~130k tensor records
+            i = ids.get(key) if key is not None else None
+            if i is None:
+                i = self.add("tensors", self._tensor(t))
                 if key is not None:
-                    self._shapes[key] = text
-            out.append(self.add("tensors", (self.s(t.get("name", "?")), text,
-                                            self.s(t.get("dtype") or ""))))
+                    ids[key] = i
+            out.append(i)
         return tuple(out)
 
-    def dset(self, decisions: Any) -> int:
-        return self.cached("dsets", decisions, self._dset)
+    def _tensor(self, t: Mapping[str, Any]) -> tuple[int | None, ...]:
+        shape = t.get("shape")
+        text = self.cached("strings", ("shape", _key(shape)), lambda: fmt_shape(shape))
+        return self.s(t.get("name", "?")), text, self.s(t.get("dtype") or "")
 
-    def _dset(self, decisions: Any) -> tuple[Any, ...]:
+    def dset(self, decisions: Any) -> int:
+        """One node's decisions on one target; each distinct decision is formatted once.
+
+        A split plan gives every node its own ``device`` decision (its start and finish), so
+        whole sets rarely repeat there, but the precision and path decisions still do.
+        """
+        whole = _key(decisions)  # one C call finds a repeated set (every node of a layer)
+        i = self._dset_ids.get(whole) if whole is not None else None
+        if i is None:
+            i = self._dset(decisions)
+            if whole is not None:
+                self._dset_ids[whole] = i
+        return i
+
+    def _dset(self, decisions: Any) -> int:
         if not isinstance(decisions, Mapping):
-            return self.s(""), ()
-        s, out = self.s, []
-        for kind in ordered_kinds(decisions):
-            d = decisions[kind] if isinstance(decisions[kind], Mapping) else \
-                {"value": decisions[kind]}
-            applied = d.get("applied")
-            fields = tuple((s(k), s(text)) for k, text in decision_fields(d))
-            out.append(self.add("decisions", (
-                s(kind), s(decision_summary(d)), s(d.get("reason") or ""), fields,
-                None if not isinstance(applied, bool) else int(applied), int(kind in HEAD_KINDS))))
-        return s(decision_head(decisions)), tuple(out)
+            return self.add("dsets", (self.s(""), ()))
+        names = tuple(decisions)
+        kinds = self._kinds.get(names)
+        if kinds is None:
+            kinds = self._kinds[names] = tuple(ordered_kinds(decisions))
+        keys = {k: _key((k, decisions[k])) for k in kinds}
+        ids = tuple(self.cached("decisions", keys[k], lambda k=k: self._decision(k, decisions[k]))
+                    for k in kinds)
+        head_key = tuple(keys.get(k, b"") for k in HEAD_KINDS)
+        head = self.cached("strings", None if None in head_key else ("head", head_key),
+                           lambda: decision_head(decisions))
+        return self.add("dsets", (head, ids))
+
+    def _decision(self, kind: str, d: Any) -> tuple[Any, ...]:
+        if not isinstance(d, Mapping):
+            d = {"value": d}
+        s, applied = self.s, d.get("applied")
+        return (s(kind), s(decision_summary(d)), s(d.get("reason") or ""),
+                tuple((s(k), s(text)) for k, text in decision_fields(d)),
+                None if not isinstance(applied, bool) else int(applied), int(kind in HEAD_KINDS))
 
     def cost(self, fields: Any) -> int:
-        return self.cached("costs", fields, lambda f: tuple(
-            (self.s(k), self.s(v)) for k, v in _pairs(f)))
+        return self.cached("costs", _key(fields), lambda: tuple(
+            (self.s(k), self.s(v)) for k, v in _pairs(fields)))
 
 
 def _pairs(fields: Any) -> list[tuple[str, str]]:
@@ -202,8 +229,7 @@ def _per(x: Mapping[str, Any] | None, flops: Any, node_ai: float | None,
     if x is None:
         return None
     part = (r6(x.get("est_time_s")), tb.s(x.get("bottleneck")), r6(x.get("compute_time_s")),
-            r6(x.get("memory_time_s")), r6(x.get("peak_flops_used")),
-            tb.dset(x.get("decisions")), tb.cost(x.get("cost")))
+            r6(x.get("memory_time_s")), r6(x.get("peak_flops_used")), tb.cost(x.get("cost")))
     own = (x.get("flops"), r6(ai(x)))
     return part if own == (flops, node_ai) else part + own
 
@@ -221,24 +247,34 @@ def _profile(records: Sequence[Mapping[str, Any] | None], tb: Tables) -> tuple[A
 # every field a profile reads, so that equal fields mean an equal profile
 _READS = ("op", "op_type", "kernel_class", "dims", "dtype", "flops", "bytes", "bytes_read",
           "bytes_written", "arithmetic_intensity", "params", "pattern", "flags", "est_time_s",
-          "bottleneck", "compute_time_s", "memory_time_s", "peak_flops_used", "decisions", "cost")
+          "bottleneck", "compute_time_s", "memory_time_s", "peak_flops_used", "cost")
+
+
+_READER = operator.itemgetter(*_READS)
+
+
+def _reads(x: Mapping[str, Any]) -> tuple[Any, ...]:
+    try:
+        return _READER(x)  # one C call: a plan's node has every field
+    except KeyError:
+        return tuple(x.get(k) for k in _READS)
 
 
 def encode(joined: Sequence[tuple[str, Sequence[Mapping[str, Any] | None]]]) -> Tables:
-    """Intern every joined node (one record per target, or None): profile, name, tensors.
-
-    Nodes of repeated layers share a profile, so it is formatted once per distinct one.
+    """Intern every joined node (one record per target, or None): profile, name, tensors and
+    decisions. Nodes of repeated layers share a profile, so it is formatted once per distinct one.
     """
     tb = Tables()
     rows, uses = [], tb.uses
     for name, records in joined:
-        raw = [None if x is None else [x.get(k) for k in _READS] for x in records]
-        pid = tb.cached("profiles", raw, lambda _, records=records: _profile(records, tb))
+        raw = [None if x is None else _reads(x) for x in records]
+        pid = tb.cached("profiles", _key(raw), lambda records=records: _profile(records, tb))
         if pid == len(uses):
             uses.append(0)
         uses[pid] += 1
         n = next(x for x in records if x is not None)
-        rows.append((tb.s(name), pid, tb.tensors(n.get("inputs")), tb.tensors(n.get("outputs"))))
+        rows.append((tb.s(name), pid, tb.tensors(n.get("inputs")), tb.tensors(n.get("outputs")),
+                     tuple(None if x is None else tb.dset(x.get("decisions")) for x in records)))
     tb.tables["nodes"] = rows
     return tb
 
@@ -253,7 +289,7 @@ def points(tb: Tables, t: int) -> list[tuple[float, float, int]]:
         per = profile[-1][t]
         if per is None:
             continue
-        est, (flops, x) = per[0], per[7:9] if len(per) > 7 else (profile[5], profile[9])
+        est, (flops, x) = per[0], per[6:8] if len(per) > 6 else (profile[5], profile[9])
         flops = r6(flops)
         if flops and flops > 0 and est and est > 0 and x and x > 0:
             out.append((x, flops / est, count))
@@ -279,14 +315,14 @@ def decode(data: Mapping[str, Any]) -> list[list[Any]]:
     dsets = [(text(head), [decs[k] for k in ks]) for head, ks in data["dsets"]]
     costs = [pairs(c) for c in data["costs"]]
 
-    def target(q: Sequence[Any] | None, p: Mapping[str, Any]) -> list[Any] | None:
-        if q is None:
+    def target(q: Sequence[Any] | None, p: Mapping[str, Any], d: int | None) -> list[Any] | None:
+        if q is None or d is None:
             return None
-        head, decisions = dsets[q[5]]
-        flops, x = (q[7], q[8]) if len(q) > 7 else (p["flops"], p["ai"])
+        head, decisions = dsets[d]
+        flops, x = (q[6], q[7]) if len(q) > 6 else (p["flops"], p["ai"])
         t = {"est_time_s": q[0], "bottleneck": text(q[1]), "compute_time_s": q[2],
              "memory_time_s": q[3], "peak_flops_used": q[4], "flops": flops, "ai": x,
-             "decisions": decisions, "cost": costs[q[6]], "dhead": head}
+             "decisions": decisions, "cost": costs[q[5]], "dhead": head}
         return [t[f] for f in data["tfields"]]
 
     profiles = []
@@ -295,12 +331,13 @@ def decode(data: Mapping[str, Any]) -> list[list[Any]]:
         for f in ("op", "op_type", "kernel_class", "dims", "dtype", "pattern"):
             p[f] = text(p[f])
         p["flags"] = [text(f) for f in p["flags"]]
-        p["per"] = [target(q, p) for q in p["per"]]
         profiles.append(p)
     rows = []
-    for name, pid, ins, outs in data["nodes"]:
-        r = {**profiles[pid], "name": text(name), "inputs": [tensors[k] for k in ins],
-             "outputs": [tensors[k] for k in outs]}
+    for name, pid, ins, outs, ds in data["nodes"]:
+        p = profiles[pid]
+        r = {**p, "name": text(name), "inputs": [tensors[k] for k in ins],
+             "outputs": [tensors[k] for k in outs],
+             "per": [target(q, p, d) for q, d in zip(p["per"], ds, strict=True)]}
         rows.append([r[f] for f in data["fields"]])
     return rows
 

@@ -18,7 +18,7 @@ const D = JSON.parse(document.getElementById("graphopt-data").textContent);
 const NT = D.targets.length, PAGE = D.page, TI = {};
 D.tfields.forEach((f, i) => { TI[f] = i; });
 // The tables hold each distinct value once (graphopt/report/_html_data.py); expand them into one
-// record per node. Nodes of one profile share its decoded arrays, so memory stays per profile.
+// record per node. Nodes share the decoded strings, tensors and decisions.
 function decode() {
   const str = (i) => (i === null ? null : D.strings[i]);
   const pairs = (ps) => ps.map((p) => [str(p[0]), str(p[1])]);
@@ -31,20 +31,21 @@ function decode() {
     const p = {};
     D.profile.forEach((f, j) => { p[f] = TEXT.includes(f) ? str(a[j]) : a[j]; });
     p.flags = p.flags.map(str);
-    p.per = p.per.map((q) => {
-      if (q === null) return null;
-      const own = q.length > 7, ds = dsets[q[5]];
-      const t = {est_time_s: q[0], bottleneck: str(q[1]), compute_time_s: q[2],
-                 memory_time_s: q[3], peak_flops_used: q[4], flops: own ? q[7] : p.flops,
-                 ai: own ? q[8] : p.ai, decisions: ds[1], cost: costs[q[6]], dhead: ds[0]};
-      return D.tfields.map((f) => t[f]);
-    });
     return p;
   });
+  const target = (q, p, d) => {
+    if (q === null || d === null) return null;
+    const own = q.length > 6, ds = dsets[d];
+    const t = {est_time_s: q[0], bottleneck: str(q[1]), compute_time_s: q[2],
+               memory_time_s: q[3], peak_flops_used: q[4], flops: own ? q[6] : p.flops,
+               ai: own ? q[7] : p.ai, decisions: ds[1], cost: costs[q[5]], dhead: ds[0]};
+    return D.tfields.map((f) => t[f]);
+  };
   return D.nodes.map((a, i) => {
-    const r = Object.assign({i: i, name: str(a[0])}, profiles[a[1]]);
+    const p = profiles[a[1]], r = Object.assign({i: i, name: str(a[0])}, p);
     r.inputs = a[2].map((k) => tensors[k]);
     r.outputs = a[3].map((k) => tensors[k]);
+    r.per = p.per.map((q, t) => target(q, p, a[4][t]));
     r.hay = [r.name, r.op, r.op_type, r.kernel_class].join("\u0000").toLowerCase();
     return r;
   });
