@@ -25,6 +25,11 @@ them, so those models fell back to the slow ``dynamo=True`` exporter (diff) or f
 
 The symbolics are registered only for the duration of one export (:func:`lent_symbolics`) and
 only where torch has none, so a user's own registration always wins.
+
+The dynamo exporter has diff and histc, but under ``torch.export`` transformers runs its experts
+through its own op ``transformers::grouped_mm_fallback`` (same contract as case 3), which has no
+ONNX function: :func:`dynamo_translations` gives it case 3 as an onnxscript function, passed as
+``custom_translation_table``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LENT_OPS", "MIN_OPSET", "WRAPPED_OPS", "lent_symbolics"]
+__all__ = ["LENT_OPS", "MIN_OPSET", "WRAPPED_OPS", "dynamo_translations", "lent_symbolics"]
 
 logger = logging.getLogger(__name__)
 
@@ -213,3 +218,32 @@ def lent_symbolics(opset: int) -> Iterator[list[str]]:
     finally:
         for name in lent:
             torch.onnx.unregister_custom_op_symbolic(name, MIN_OPSET)
+
+
+def _grouped_mm_onnxscript(input: Any, weight: Any, offs: Any) -> Any:  # noqa: A002 - schema
+    """Case 3 for the dynamo exporter (traced by it; names follow the op's schema)."""
+    from onnxscript import opset18 as op
+
+    def ints(*v: int) -> Any:
+        return op.Constant(value_ints=list(v))
+
+    count = op.Squeeze(op.Shape(input, start=0, end=1), ints(0))
+    rows = op.Range(op.Constant(value_int=0), count, op.Constant(value_int=1))
+    ends = op.Cast(offs, to=7)  # INT64
+    hit = op.LessOrEqual(op.Unsqueeze(ends, ints(0)), op.Unsqueeze(rows, ints(1)))
+    group = op.ReduceSum(op.Cast(hit, to=7), ints(1), keepdims=0)
+    group = op.Min(group, op.Sub(op.Shape(weight, start=0, end=1), ints(1)))
+    every = op.MatMul(op.Unsqueeze(input, ints(0)), weight)  # [G, S, N]
+    index = op.Expand(op.Unsqueeze(group, ints(0, 2)),
+                      op.Concat(ints(1), op.Shape(every, start=1), axis=0))
+    return op.Squeeze(op.GatherElements(every, index, axis=0), ints(0))
+
+
+def dynamo_translations() -> dict[Any, Callable[..., Any]]:
+    """``custom_translation_table`` entries for ops in this process with no ONNX function."""
+    table: dict[Any, Callable[..., Any]] = {}
+    try:
+        table[torch.ops.transformers.grouped_mm_fallback.default] = _grouped_mm_onnxscript
+    except (AttributeError, RuntimeError):  # transformers' MoE code is not loaded
+        pass
+    return table

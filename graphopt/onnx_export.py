@@ -5,11 +5,12 @@ Why this order: measured on ``tests/zoo.py`` ``ResidualMLP(1000)`` (6,003 torch 
 on the development VM) while the TorchScript ("legacy", ``dynamo=False``) exporter takes ~15 s.
 The legacy exporter lacks symbolics for ops that real models call: transformers' decoder LLMs
 call ``aten::diff``, Mixtral's experts ``aten::histc`` and ``aten::_grouped_mm``; graphopt lends
-it those for the export (``graphopt.export_symbolics``). It still cannot export everything
-(BERT's ``forward`` rejects its argument passing). So graphopt tries the legacy exporter,
-runs its result once in ONNX Runtime against the torch outputs, and only when the export
-raises, or its model does not run or does not match (max |torch - ort| > 1e-5 of the output's
-scale), exports again with ``dynamo=True`` (model-local functions inlined). Either way the
+it those for the export (``graphopt.export_symbolics``, which also gives the dynamo exporter
+transformers' grouped-GEMM op). It still cannot export everything (BERT's ``forward`` rejects
+its argument passing). So graphopt tries the legacy exporter, runs its result once in ONNX
+Runtime against the torch outputs, and only when the export raises, or its model does not run
+or does not match (max |torch - ort| > 1e-5 of the output's scale), exports again with
+``dynamo=True`` (model-local functions inlined). Either way the
 result is one ``ModelProto`` with every weight in memory, written at exactly the requested
 opset (:func:`supported_opsets`; anything else is a ``GraphoptError``); graphopt then applies
 its decisions at the ONNX level (``onnx_rewrites.pipeline``) instead of exporting a rewritten
@@ -38,7 +39,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from graphopt.errors import GraphoptError
-from graphopt.export_symbolics import lent_symbolics
+from graphopt.export_symbolics import dynamo_translations, lent_symbolics
 from graphopt.frontends.onnx_safety import MIN_OPSET, default_opset
 
 __all__ = ["ExportResult", "export_torch", "supported_opsets", "torch_feeds"]
@@ -200,6 +201,7 @@ def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             names: list[str], out_names: list[str], opset: int) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True,
+                                    custom_translation_table=dynamo_translations() or None,
                                     opset_version=opset, verbose=False,
                                     input_names=names, output_names=out_names, optimize=True)
         if program is None:  # pragma: no cover - dynamo=True always returns a program

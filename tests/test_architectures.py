@@ -133,12 +133,15 @@ def test_measured_optimize_on_a_real_architecture() -> None:
         assert reverted
 
 
-def test_mixtral_onnx_routes_tokens_at_run_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("opset", "exporter"), [(None, "legacy"), (21, "dynamo")])
+def test_mixtral_onnx_routes_tokens_at_run_time(opset: int | None, exporter: str,
+                                                tmp_path: Path) -> None:
     """The exported Mixtral routes each token to its experts in the graph (histc, grouped
-    GEMM), not by a routing frozen from the example batch: other tokens match torch too."""
+    GEMM), not by a routing frozen from the example batch: other tokens match torch too. Both
+    exporters: opset 21 is past the TorchScript exporter's, so dynamo exports it."""
     model, inputs, _ = _model("mixtral")
-    exp = export_torch(model, inputs)
-    assert exp.exporter == "legacy", exp.fallback_reason
+    exp = export_torch(model, inputs, opset=opset)
+    assert exp.exporter == exporter, exp.fallback_reason
     ops = {n.op_type for n in exp.model.graph.node}
     assert {"GatherElements", "MatMul"} <= ops
     path = tmp_path / "mixtral.onnx"
