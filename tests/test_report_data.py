@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from graphopt.hardware import get_target
+from graphopt.partition import apply_partition, split
+from graphopt.plan import Plan
 from graphopt.planner import build_plan
 from graphopt.report.html import render_html
 from graphopt.report.markdown import (
@@ -29,7 +31,7 @@ from tests.test_report_partition import with_partition
 from tests.test_report_render import embedded_data, make_multi, make_optimized, make_plan
 
 
-def repeated_blocks(blocks: int) -> dict[str, Any]:
+def blocks_plan(blocks: int) -> Plan:
     """A real plan of ``blocks`` x (MatMul, bias Add, residual Add, LayerNorm) on an H100."""
     g = G()
     x = g.input("x", (16, 64))
@@ -41,7 +43,19 @@ def repeated_blocks(blocks: int) -> dict[str, Any]:
         res = g.op("Add", [x, lin], (16, 64), name=f"layers.{i}.residual")
         x = g.op("LayerNormalization", [res, gamma, beta], (16, 64), name=f"layers.{i}.norm",
                  axis=-1, epsilon=1e-5)
-    return json.loads(json.dumps(build_plan(g.build([x]), get_target("h100")).to_dict()))
+    return build_plan(g.build([x]), get_target("h100"))
+
+
+def repeated_blocks(blocks: int) -> dict[str, Any]:
+    """``blocks_plan`` as the JSON report holds it."""
+    return json.loads(json.dumps(blocks_plan(blocks).to_dict()))
+
+
+def split_blocks(blocks: int) -> dict[str, Any]:
+    """``blocks_plan`` in two pipeline stages: every node gets its own device decision."""
+    plan = blocks_plan(blocks)
+    plan = apply_partition(plan, split(plan, "cuda:0=h100,cuda:1=h100", "pipeline"))
+    return json.loads(json.dumps(plan.to_dict()))
 
 
 def _close(got: Any, want: Any) -> bool:
@@ -87,6 +101,7 @@ def _check_target(per: dict[str, Any], x: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("report", [
     pytest.param(lambda: repeated_blocks(6), id="real-plan"),
+    pytest.param(lambda: split_blocks(6), id="real-split"),
     pytest.param(make_optimized, id="hostile-names"),
     pytest.param(lambda: with_partition(make_plan()), id="partition"),
     pytest.param(make_multi, id="two-targets"),
@@ -148,3 +163,15 @@ def test_distinct_numbers_still_share_the_decisions() -> None:
     assert len(data["dsets"]) <= 6 and len(data["decisions"]) <= 10
     assert data["rows"][7][data["fields"].index("per")][0][0] == pytest.approx(
         plan["nodes"][7]["est_time_s"], rel=1e-5)
+
+
+def test_a_split_plan_still_shares_profiles() -> None:
+    """Each node's device decision (its start and finish) is its own; the rest is shared."""
+    report = split_blocks(30)
+    data = embedded_data(render_html(report))
+    devices = {n["decisions"]["device"]["start_s"] for n in report["nodes"]}
+    assert len(devices) > 100  # the per-node part is really per node
+    assert len(data["profiles"]) <= 6 and len(data["dsets"]) >= len(devices)
+    per = data["rows"][50][data["fields"].index("per")][0]
+    kinds = [d[0] for d in per[data["tfields"].index("decisions")]]
+    assert kinds == ordered_kinds(report["nodes"][50]["decisions"]) and "device" in kinds
