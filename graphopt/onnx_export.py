@@ -184,17 +184,80 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(text[0] if text else '')[:300]}"
 
 
+class _ExactCall(torch.nn.Module):
+    """Calls ``model`` with exactly the example's arguments.
+
+    Why: the TorchScript exporter fills every forward() parameter after the given ones with its
+    default, positionally. transformers' forwards also receive some of those by keyword from
+    their decorators (``use_cache``: "got multiple values"), and a defaulted int becomes a graph
+    input (GPT-2's ``logits_to_keep``). Behind ``forward(*tensors)`` nothing is filled in;
+    keyword arguments holding tensors follow the positional ones, the others are bound here.
+    """
+
+    def __init__(self, model: torch.nn.Module, tensor_kwargs: list[str],
+                 fixed_kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.tensor_kwargs, self.fixed_kwargs = tensor_kwargs, fixed_kwargs
+        # the exporter restores the wrapper's mode on exit, recursively: it must be the model's
+        self.train(model.training)
+
+    def forward(self, *tensors: Any) -> Any:
+        n = len(tensors) - len(self.tensor_kwargs)
+        return self.model(*tensors[:n], **dict(zip(self.tensor_kwargs, tensors[n:], strict=True)),
+                          **self.fixed_kwargs)
+
+
+def _unwrap_names(proto: onnx.ModelProto, attr: str = "model") -> onnx.ModelProto:
+    """Drop :class:`_ExactCall`'s scope from every name (``/model/up/Gemm`` -> ``/up/Gemm``,
+    ``model.up.weight`` -> ``up.weight``), so names read as the user's model's own. Left as
+    they are if that would make two names equal."""
+    g = proto.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for node in g.node for a in node.attribute):
+        return proto  # subgraphs see outer names: leave every name as it is
+
+    def strip(name: str) -> str:
+        for prefix, keep in ((f"/{attr}/", "/"), (f"{attr}.", "")):
+            if name.startswith(prefix):
+                return keep + name[len(prefix):]
+        return name
+
+    values = {n for node in g.node for n in (*node.input, *node.output)}
+    values |= {t.name for t in g.initializer} | {v.name for v in (*g.input, *g.output)}
+    renamed = {n: strip(n) for n in values if n}
+    nodes = [node.name for node in g.node]
+    if (len(set(renamed.values())) < len(renamed)
+            or len({strip(n) for n in nodes}) < len(set(nodes))):
+        return proto
+    for node in g.node:
+        node.name = strip(node.name)
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [renamed.get(n, n) for n in node.output]
+    for t in (*g.initializer, *g.input, *g.output, *g.value_info):
+        t.name = renamed.get(t.name, strip(t.name))
+    return proto
+
+
+def _has_tensor(value: Any) -> bool:
+    return any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(value))
+
+
 def _legacy(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             names: list[str], out_names: list[str], opset: int) -> onnx.ModelProto:
+    tensor_kwargs = [k for k, v in kwargs.items() if _has_tensor(v)]
+    call = _ExactCall(model, tensor_kwargs,
+                      {k: v for k, v in kwargs.items() if k not in tensor_kwargs})
+    call_args = (*args, *(kwargs[k] for k in tensor_kwargs))
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         path = Path(tmp) / "model.onnx"
-        call_args = (*args, kwargs) if kwargs else args
         with lent_symbolics(opset) as lent:
             logger.debug("symbolics lent to the TorchScript exporter: %s", lent)
-            torch.onnx.export(model, call_args, str(path), dynamo=False, opset_version=opset,
+            torch.onnx.export(call, call_args, str(path), dynamo=False, opset_version=opset,
                               input_names=names, output_names=out_names,
                               do_constant_folding=True)
-        return onnx.load(str(path))  # loads external data (> 2 GB models) from tmp
+        # loads external data (> 2 GB models) from tmp
+        return _unwrap_names(onnx.load(str(path)))
 
 
 def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -6,6 +6,8 @@ torch on the same inputs (fp32: 1e-6 of the output's scale; counts exactly).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import pytest
@@ -126,6 +128,38 @@ def test_a_users_own_symbolic_wins() -> None:
         torch.onnx.unregister_custom_op_symbolic("aten::diff", 17)
 
 
+def _sets_flag(fn):  # noqa: ANN001, ANN202 - a decorator like transformers' config defaults
+    @functools.wraps(fn)
+    def forward(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        kwargs.setdefault("flag", True)
+        return fn(self, *args, **kwargs)
+    return forward
+
+
+class DecoratedForward(nn.Module):
+    """forward() with defaulted parameters, one of them also passed by its decorator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(4, 4)
+
+    @_sets_flag
+    def forward(self, x: torch.Tensor, flag: bool | None = None, keep: int = 0) -> torch.Tensor:
+        y = self.up(x)
+        return (y.relu() if flag else y)[keep:]
+
+
+def test_the_torchscript_exporter_gets_exactly_the_given_inputs() -> None:
+    """Its default-filling would pass ``flag`` twice and make ``keep`` a graph input."""
+    model = DecoratedForward().eval()
+    exp = export_torch(model, (torch.randn(3, 4),))
+    assert exp.exporter == "legacy", exp.fallback_reason
+    assert [i.name for i in exp.model.graph.input] == ["x"]
+    assert not model.training  # the exporter restores modes: the user's model stays in eval
+    names = {n.name for n in exp.model.graph.node} | {t.name for t in exp.model.graph.initializer}
+    assert {"/up/Gemm", "up.weight"} <= names  # the user's module names, no wrapper scope
+
+
 # ------------------------------------------------------------------------------ opsets
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
@@ -197,20 +231,36 @@ def test_dynamo_failure_names_the_op_without_an_onnx_function() -> None:
     assert "custom_translation_table" in e.value.fix
 
 
+class FallbackGroupedMM(nn.Module):
+    """transformers' own grouped-GEMM op: no TorchScript symbolic, so only dynamo exports it
+    (with graphopt's translation), at opset 18; asked for 17, graphopt converts down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 8, 16))
+
+    def forward(self, a: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return torch.ops.transformers.grouped_mm_fallback(a, self.w, offs).relu()
+
+
+class FallbackGroupedMMNorm(FallbackGroupedMM):
+    def forward(self, a: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(super().forward(a, offs), (16,))
+
+
 @pytest.mark.slow
 def test_dynamo_fallback_converts_down_to_the_asked_opset_or_says_it_cannot() -> None:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    ids = torch.randint(0, 1000, (2, 16))
-    bert = transformers.BertModel(transformers.BertConfig(
-        num_hidden_layers=1, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-        vocab_size=1000, max_position_embeddings=64)).eval()
-    exp = export_torch(bert, (ids,), opset=17)  # its forward() rejects the TorchScript exporter
-    assert exp.exporter == "dynamo" and default_opset(exp.model) == 17
-    got = _ort(exp.model, ids)[0]
+    pytest.importorskip("transformers.integrations.moe")
+    a, offs = torch.randn(12, 8), torch.tensor([3, 3, 9, 12], dtype=torch.int32)
+    model = FallbackGroupedMM().eval()
+    exp = export_torch(model, (a, offs), opset=17)
+    assert exp.exporter == "dynamo" and default_opset(exp.model) == exp.opset == 17
+    assert "TorchScript exporter failed" in (exp.fallback_reason or "")
     with torch.no_grad():
-        ref = bert(ids).last_hidden_state.numpy()
-    assert float(np.abs(ref - got).max()) <= 1e-5 * float(np.abs(ref).max())
-    with pytest.raises(GraphoptError, match="does not convert to opset 16") as e:
-        export_torch(bert, (ids,), opset=16)  # LayerNormalization has no opset-16 form
-    assert "pass opset=18" in e.value.fix
+        ref = model(a, offs).numpy()
+    got = _ort(exp.model, a, offs)[0]
+    assert float(np.abs(ref - got).max()) <= 1e-6 * float(np.abs(ref).max())
+    with pytest.raises(GraphoptError, match="does not convert to opset 13") as e:
+        export_torch(FallbackGroupedMMNorm().eval(), (a, offs), opset=13)  # LayerNormalization
+        # has no opset-13 form
+    assert "pass opset=18" in (e.value.fix or "")

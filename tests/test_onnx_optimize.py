@@ -336,9 +336,12 @@ def test_calibration_npz_feeds_static_int8_and_the_guard(tmp_path):
     _checked(str(path))
 
 
-# ------------------------------------------------------------ transformers (dynamo fallback)
+# ------------------------------------------------------- transformers (both exporters)
 @pytest.mark.slow
-def test_gpt2_and_bert_export_through_the_dynamo_fallback(tmp_path):
+@pytest.mark.parametrize(("opset", "exporter"), [(None, "legacy"), (21, "dynamo")])
+def test_gpt2_and_bert_export_with_either_exporter(tmp_path, opset, exporter):
+    """Raw transformers models: the TorchScript exporter (graphopt calls forward() with exactly
+    the given inputs and lends it aten::diff); past its newest opset, the dynamo exporter."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -348,8 +351,8 @@ def test_gpt2_and_bert_export_through_the_dynamo_fallback(tmp_path):
         vocab_size=1000, max_position_embeddings=64))
     ids = torch.randint(0, 1000, (2, 16))
     for name, model in (("gpt2", gpt2.eval()), ("bert", bert.eval())):
-        exp = export_torch(model, (ids,))
-        assert exp.exporter == "dynamo" and exp.fallback_reason
+        exp = export_torch(model, (ids,), opset=opset)
+        assert exp.exporter == exporter and (exp.fallback_reason is None) == (opset is None)
         proto, _, info = optimize_onnx(exp.model, "cpu", OnnxOptions(quantize="none"),
                                        samples=[exp.feeds])
         path = tmp_path / f"{name}.onnx"
