@@ -10,7 +10,7 @@ Why it is built this way:
    written as ``\\u003c`` etc., so ``</script>`` in a name cannot close it; the script builds the
    table with ``textContent`` only.
 3. 50k-node models: the node data stores each distinct string, decision set and node profile
-   once (``_html_data``; 50k nodes: 4.8 MB where one array per node took 50 MB), the table
+   once (``_html_data``; 50k nodes: 5 MB where one array per node took 50 MB), the table
    renders a page of rows at a time, and roofline points on one pixel merge above
    ``MERGE_POINTS``.
 4. Deterministic: keys are sorted and nothing depends on time or locale, so the same report gives
