@@ -154,3 +154,30 @@ def test_mixtral_onnx_routes_tokens_at_run_time(opset: int | None, exporter: str
         got = session.run(None, {session.get_inputs()[0].name: ids.numpy()})[0]
         ok, why = _within(ref, got, 1e-5)
         assert ok, why
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "bert", "vit"])
+def test_raw_transformers_models_need_no_wrapper(name: str, tmp_path: Path) -> None:
+    """The model as transformers builds it (ModelOutput results, decorated forward()): every
+    output leaf matches after optimize and in ONNX Runtime."""
+    from torch.utils import _pytree as pytree
+
+    wrapper, inputs, _ = _model(name)
+    raw = wrapper.model
+    with torch.no_grad():
+        refs = [t for t in pytree.tree_leaves(raw(*inputs)) if isinstance(t, torch.Tensor)]
+    opt = graphopt.optimize(raw, inputs, target="cpu", measure=False)
+    with torch.no_grad():
+        outs = [t for t in pytree.tree_leaves(opt.module(*inputs)) if isinstance(t, torch.Tensor)]
+    assert len(outs) == len(refs) and all(n["within"] for n in opt.numerics)
+    for r, o, n in zip(refs, outs, opt.numerics, strict=True):
+        ok, why = _within(r, o, n["tolerance"]["rel_to_scale"], n["tolerance"]["min_cosine"])
+        assert ok, why
+    session = graphopt.ort_session(opt.export_onnx(tmp_path / f"{name}.onnx"))
+    assert opt.info["onnx"]["exporter"] == "legacy"  # the fast exporter takes them as they are
+    got = session.run(None, _feeds(raw, inputs, session))
+    assert len(got) == len(refs)
+    rtol = max(ONNX_FP32_RTOL, opt.info["onnx"]["tolerance"]["rel_to_scale"])
+    for r, o in zip(refs, got, strict=True):
+        ok, why = _within(r, o, rtol)
+        assert ok, why
