@@ -10,6 +10,7 @@ import torch
 import graphopt
 from graphopt.decisions.cpu_int8 import int8_pays_on_cpu
 from graphopt.hardware import get_target
+from graphopt.rewrites.precision_rules import choose_precision
 from tests.hostisa import host_isa
 
 
@@ -40,22 +41,30 @@ def test_forced_int8_on_host_cpu_is_within_int8_tolerance():
     assert float(cos) >= 0.999
 
 
-@pytest.mark.parametrize("isa", [None, "epyc-7763", "xeon-8380"],
-                         ids=["this-host", "as-zen3-no-vnni", "as-icelake-vnni"])
+@pytest.mark.parametrize("isa", [None, "epyc-7763", "xeon-8380", "xeon-8480"],
+                         ids=["this-host", "as-zen3-no-vnni", "as-icelake-vnni", "as-spr-amx"])
 def test_auto_follows_the_cost_model_and_the_isa(isa):
-    """Both outcomes on every machine: the host as detected, and the host with a stand-in ISA
-    without and with VNNI (the cost model alone: nothing is timed)."""
+    """Every outcome on every machine: the host as detected, and the host with a stand-in ISA
+    without VNNI, with VNNI, and with AMX (native bf16). The cost model alone: nothing is
+    timed."""
     model, x = _mlp()
     with host_isa(isa) if isa else contextlib.nullcontext():
         opt = graphopt.optimize(model, x, target="cpu", measure=False)
-        pays, _ = int8_pays_on_cpu(get_target("cpu"))
+        host = get_target("cpu")
+        pays, _ = int8_pays_on_cpu(host)
+        fmt, _ = choose_precision(host, "auto")
     if isa is not None:
-        assert pays == (isa == "xeon-8380")
+        assert (pays, fmt) == {"epyc-7763": (False, "fp32"), "xeon-8380": (True, "fp32"),
+                               "xeon-8480": (True, "bf16")}[isa]
     planned = [n.name for n in opt.plan.nodes
                if n.decisions.get("precision") is not None
                and n.decisions["precision"].fields.get("format") == "int8"]
     if not pays:
         assert _quantized(opt) == [] and planned == []
+    elif fmt == "bf16":  # AMX: the model runs in bf16, dynamic INT8 would need fp32 inputs
+        assert _quantized(opt) == []  # (on many cores INT8 is not even planned)
+        assert all("runs in bf16" in n.decisions["quantize"].reason for n in opt.plan.nodes
+                   if "quantize" in n.decisions)
     else:  # first and last Linear stay fp32 (sensitive); the middle one is quantized
         assert _quantized(opt) == ["linear_1"]
 

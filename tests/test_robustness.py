@@ -174,6 +174,26 @@ def test_cli_optimize_of_an_onnx_model_with_a_zero_batch_runs_and_matches(tmp_pa
     assert ref[0].shape == got[0].shape == (0, 10)
 
 
+def test_python_optimize_of_an_onnx_conv_with_a_zero_batch_refuses_to_pad(tmp_path):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (12, 3, 3, 3)), ("b", (12,)), ("w2", (5, 12, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2")]
+    g = helper.make_graph(
+        nodes, "conv0", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 5, 8, 8])], inits)
+    src = tmp_path / "conv0.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              src)
+    opt = graphopt.optimize(str(src), target="h100", pad="always")
+    pads = {n.name: n.decisions["padding"] for n in opt.plan.nodes if "padding" in n.decisions}
+    assert set(pads) == {"conv", "conv2"}
+    assert all(not d.applied and "zero-size" in d.reason for d in pads.values())
+    assert opt.numerics and all(c["within"] for c in opt.numerics)
+
+
 # A sweep of shapes with zeros through every kernel class, on GPU and CPU targets of every
 # generation: no exception, finite non-negative times, zero time exactly where nothing runs.
 _DIMS = st.sampled_from([0, 1, 3, 8, 64])
