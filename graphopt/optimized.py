@@ -125,28 +125,32 @@ class Optimized:
         """Write the reports (all whole or none), never over :attr:`input_files`."""
         return self.plan.save(json=json, md=md, html=html, protect=self.input_files)
 
-    def export_onnx(self, path: str | os.PathLike[str], opset: int = 17) -> Path:
+    def export_onnx(self, path: str | os.PathLike[str], opset: int | None = None) -> Path:
         """Write the optimized ONNX model, and its session config ``<name>.graphopt.json``
         (load both with ``graphopt.ort_session(path)``); written whole or not at all.
 
-        From a torch model the original is exported once (``graphopt.onnx_export``: the fast
-        TorchScript exporter, ``dynamo=True`` if that fails) and graphopt's decisions are
-        applied at the ONNX level (``onnx_rewrites.pipeline``), checked in ONNX Runtime.
+        From a torch model the original is exported once per opset (``graphopt.onnx_export``:
+        the fast TorchScript exporter, ``dynamo=True`` if that fails; ``opset=None`` takes the
+        exporter's own) and graphopt's decisions are applied at the ONNX level
+        (``onnx_rewrites.pipeline``), checked in ONNX Runtime. An ONNX input keeps its opset.
         """
         from graphopt.onnx_rewrites.pipeline import save_onnx
 
-        if self.onnx_model is None:
-            if not isinstance(self._source, tuple):
-                raise GraphoptError("this result keeps no source model to export",
-                                    "call graphopt.optimize(model, inputs, ...) again")
+        if not isinstance(self._source, tuple):
+            have = _opset_of(self.onnx_model)
+            if opset is not None and opset != have:
+                raise GraphoptError(f"the optimized model keeps its input's opset {have}; "
+                                    f"opset={opset} was asked for",
+                                    "convert the input model first (onnx.version_converter), "
+                                    "or leave opset out")
+        elif self.onnx_model is None or opset not in (None, self.info["onnx"]["opset"]):
             from graphopt.onnx_export import export_torch
             from graphopt.onnx_rewrites.context import OnnxOptions
             from graphopt.onnx_rewrites.pipeline import optimize_onnx
+            from graphopt.rewrites.isolation import clone_inputs
 
             model, inputs, opts = self._source
             # exporters run forward on real tensors: never on the user's model or inputs
-            from graphopt.rewrites.isolation import clone_inputs
-
             exported = export_torch(copy.deepcopy(model), clone_inputs(inputs), opset=opset)
             quant = {"int8": "int8_dynamic"}.get(opts.quantize, opts.quantize)
             onnx_opts = OnnxOptions(precision=opts.precision, pad=opts.pad, layout=opts.layout,
@@ -154,7 +158,8 @@ class Optimized:
             self.onnx_model, _, onnx_info = optimize_onnx(
                 exported.model, self.plan.target, onnx_opts, samples=[exported.feeds])
             self.info["onnx"] = {**onnx_info, "exporter": exported.exporter,
-                                 "export_s": exported.seconds}
+                                 "export_s": exported.seconds,
+                                 "opset": _opset_of(self.onnx_model)}
         session = self.info.get("onnx", self.info).get("session")
         return save_onnx(self.onnx_model, path, session, protect=self.input_files)
 
@@ -165,6 +170,10 @@ class Optimized:
         from graphopt.inputs import input_files
 
         return [] if isinstance(self._source, tuple) else input_files(self._source)
+
+
+def _opset_of(model: Any) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def optimize(model: Any, example_inputs: Any = None,

@@ -323,3 +323,23 @@ def test_explicit_quantize_the_plan_declines_says_so(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "quantize='int8_static' was requested but no node was quantized" in err
     assert "not a constant initializer" in err
+
+
+def test_export_onnx_writes_the_opset_asked_for_each_call(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.GELU()).eval()
+    x = torch.randn(2, 16)
+    opt = graphopt.optimize(model, (x,), target="cpu", measure=False)
+    for opset in (18, 17):
+        path = opt.export_onnx(tmp_path / f"m{opset}.onnx", opset=opset)
+        proto = onnx.load(str(path))
+        assert {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")} == {opset}
+        got = graphopt.ort_session(path).run(None, {proto.graph.input[0].name: x.numpy()})[0]
+        np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(graphopt.GraphoptError, match="99"):
+        opt.export_onnx(tmp_path / "bad.onnx", opset=99)
+    assert not (tmp_path / "bad.onnx").exists()
+    onnx_opt = graphopt.optimize(str(_mlp_onnx(tmp_path / "in.onnx")), target="cpu",
+                                 measure=False)
+    with pytest.raises(graphopt.GraphoptError, match="keeps its input's opset 17"):
+        onnx_opt.export_onnx(tmp_path / "o.onnx", opset=18)
