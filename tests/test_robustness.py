@@ -263,6 +263,15 @@ def test_shapes_with_zeros_split_across_devices():
 
 
 
+@pytest.mark.parametrize("n", [0, -2, 1.5, True])
+def test_pipeline_stages_refuse_a_microbatch_count_that_is_not_positive(n):
+    from graphopt.partition.pipeline_stages import build_pipeline_stages
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    with pytest.raises(GraphoptError, match="at least one microbatch"):
+        build_pipeline_stages(model, torch.randn(4, 4), [["linear"], ["relu"]], n)
+
+
 # --- 2. errors that used to be tracebacks ------------------------------------------------------
 
 def _cli_error(capsys, argv: list[str]) -> str:
@@ -475,3 +484,4 @@ def test_unknown_host_isa_is_a_clean_cli_error(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "GRAPHOPT_HOST_ISA='pentium-4' is not a CPU of graphopt's table" in r.stderr
     assert "xeon-8380" in r.stderr  # the fix lists the names that work
+

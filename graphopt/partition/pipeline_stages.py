@@ -55,6 +55,10 @@ logger = logging.getLogger(__name__)
 def microbatch(example_inputs: Any, n_microbatches: int) -> tuple[torch.Tensor, ...]:
     """The first microbatch of ``example_inputs`` (split along dim 0, as ``ScheduleGPipe``
     splits them); raises unless every input's batch divides evenly."""
+    if isinstance(n_microbatches, bool) or not isinstance(n_microbatches, int) \
+            or n_microbatches < 1:
+        raise GraphoptError(f"n_microbatches={n_microbatches!r}: a pipeline needs at least one "
+                            "microbatch", "pass a positive integer that divides the batch")
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
     if not isinstance(args, (tuple, list)) or not all(isinstance(a, torch.Tensor)
                                                        for a in args):
