@@ -6,6 +6,8 @@ traceback, and no file is harmed or left behind.
    refused cleanly, for torch and ONNX; a hypothesis sweep over shapes with zeros.
 2. Bad calibration files, ``.py`` specs without ``:function``, torch's fake-tensor log on a
    shape mismatch, bad ``--devices`` memory, bad ``target`` values.
+3. The host CPU a test sees: ``GRAPHOPT_HOST_ISA`` stands a table CPU's ISA in for the host's
+   (tests/hostisa.py), so host-dependent tests check every outcome on any machine.
 """
 
 from __future__ import annotations
