@@ -50,7 +50,7 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
         example_inputs: a tensor, tuple of tensors, or dict of keyword inputs (torch only).
         target: a target name (``graphopt targets`` lists them), a ``HardwareProfile``, or
             several (``"a100,h100,b200"`` or a list): then a :class:`PlanSet` side by side.
-        devices: split the model across devices (``"cuda:0=h100,cuda:1=a100:40GB,cpu:64GB"``);
+        devices: split the model across devices (``"cuda:0=h100,cuda:1=a100:40GB,cpu:8GB"``);
             each node's ``decisions.device`` and the report's ``partition`` section say where
             it runs. The plan itself is for ``target``.
         strategy: "heft" (list scheduling over the DAG) or "pipeline" (contiguous stages).

@@ -181,7 +181,7 @@ def _add_reports(p: argparse.ArgumentParser) -> None:
 
 def _add_devices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", metavar="SPEC",
-                   help="split across devices, e.g. cuda:0=h100,cuda:1=a100:40GB,cpu:64GB "
+                   help="split across devices, e.g. cuda:0=h100,cuda:1=a100:40GB,cpu:8GB "
                         "(NAME[=TARGET][:MEMORY CAP]); the report says where each op runs")
     p.add_argument("--strategy", default="heft", choices=("heft", "pipeline"),
                    help="heft: list scheduling over the DAG; pipeline: contiguous stages")

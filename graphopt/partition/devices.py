@@ -1,6 +1,6 @@
 """Devices a model can be split across: a target profile, usable memory, and the links between.
 
-``--devices cuda:0=h100,cuda:1=a100:40GB,cpu:64GB`` declares them: ``NAME[=TARGET][:CAP]`` where
+``--devices cuda:0=h100,cuda:1=a100:40GB,cpu:8GB`` declares them: ``NAME[=TARGET][:CAP]`` where
 TARGET is a `graphopt targets` name (default: the host CPU for ``cpu*`` names) and CAP an
 optional memory cap (``40GB``, ``512MiB``). Links come from the profiles (NVLink between two
 GPUs that both have it, else PCIe through the host): see :func:`graphopt.cost.link_between`.

@@ -5,7 +5,7 @@ Grammar (comma-separated): ``NAME[=TARGET][:CAP]``.
 1. ``cuda:0=h100`` -- a device named ``cuda:0`` with the h100 profile.
 2. ``cuda:1=a100:40GB`` -- the same with a memory cap; CAP is a number with a unit
    (GB/MB/TB = 10^9/10^6/10^12 bytes, GiB/MiB/TiB = powers of 2; case-insensitive).
-3. ``cpu`` / ``cpu:64GB`` / ``cpu:1`` -- a name starting with ``cpu`` and no TARGET is the host
+3. ``cpu`` / ``cpu:8GB`` / ``cpu:1`` -- a name starting with ``cpu`` and no TARGET is the host
    CPU profile; ``gpu``/``cuda:N`` alone is this machine's CUDA device; any other bare name
    (``h100``) is a target name used as both name and target. After a bare name's ``:`` only
    a device index or a CAP may follow (``cpu:abc`` is refused, not taken as a name).
@@ -42,7 +42,7 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _SIZE = re.compile(r"^\s*([+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?|nan|inf(?:inity)?))"
                    r"\s*([a-z]+)\s*$", re.IGNORECASE)
 _SIZE_FIX = "write a positive size with a unit, like 40GB, 40GiB, 512MiB or 1TB"
-_EXAMPLE = "e.g. --devices cuda:0=h100,cuda:1=a100:40GB,cpu:64GB"
+_EXAMPLE = "e.g. --devices cuda:0=h100,cuda:1=a100:40GB,cpu:8GB"
 
 
 def parse_size(text: str) -> int:
@@ -134,7 +134,7 @@ def make_device_set(devices: list[Device]) -> DeviceSet:
 
 
 def parse_devices(spec: str) -> DeviceSet:
-    """Parse ``--devices`` (``cuda:0=h100,cuda:1=a100:40GB,cpu:64GB``) into a DeviceSet."""
+    """Parse ``--devices`` (``cuda:0=h100,cuda:1=a100:40GB,cpu:8GB``) into a DeviceSet."""
     items = [s for s in (spec or "").split(",") if s.strip()]
     if not items:
         raise GraphoptError("--devices is empty", f"list the devices, {_EXAMPLE}")
