@@ -50,6 +50,8 @@ def lint(plan: Plan, precision: str = "auto") -> list[LintIssue]:
     issues: list[LintIssue] = []
     for n in plan.nodes:
         a = n.analysis
+        if a.no_work:  # zero-size: no kernel runs, so no tensor-core issue
+            continue
         d = a.dims
         kc = a.kernel_class
         if kc is KernelClass.CONV and multiple:

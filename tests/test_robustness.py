@@ -131,6 +131,15 @@ def test_torch_plan_of_a_zero_batch_is_zero_time_with_sane_reports(target):
     assert plan.to_html().startswith("<!DOCTYPE html>")
 
 
+def test_lint_of_a_zero_batch_reports_no_tensor_core_issue_for_empty_gemms():
+    from graphopt.lint import lint
+
+    model = _seeded(_TinyConvAttention())
+    empty = lint(graphopt.plan(model, torch.randn(0, 3, 4, 4), target="h100"))
+    full = lint(graphopt.plan(model, torch.randn(1, 3, 4, 4), target="h100"))
+    assert full and not empty
+
+
 def test_torch_plan_of_an_empty_reduction_input_still_costs_the_output():
     """A sum over a zero-size axis writes zeros: that output is real work, never negative."""
     class SumRows(nn.Module):
