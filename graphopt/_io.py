@@ -27,7 +27,7 @@ from pathlib import Path
 
 from graphopt.errors import GraphoptError
 
-__all__ = ["OutputSet", "atomic_write_bytes", "atomic_write_text", "same_file"]
+__all__ = ["OutputSet", "same_file"]
 
 PathLike = str | os.PathLike[str]
 
@@ -191,14 +191,3 @@ def _backup(target: Path) -> Path:
     except OSError:
         shutil.copy2(target, backup)
     return backup
-
-
-def atomic_write_bytes(path: PathLike, data: bytes, protect: Iterable[PathLike] = ()) -> Path:
-    """Write one file whole or not at all (see :class:`OutputSet`)."""
-    outputs = OutputSet(protect)
-    outputs.write(path, data)
-    return outputs.commit()[0]
-
-
-def atomic_write_text(path: PathLike, text: str, protect: Iterable[PathLike] = ()) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"), protect)
