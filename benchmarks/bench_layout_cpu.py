@@ -37,8 +37,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from graphopt.options import Options  # noqa: E402
 from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout  # noqa: E402
-from graphopt.rewrites.context import OptimizeOptions  # noqa: E402
 from graphopt.rewrites.layout import _cpu_class, channels_last  # noqa: E402
 from graphopt.rewrites.layout_regions import conv_info  # noqa: E402
 from graphopt.rewrites.pipeline import prepare  # noqa: E402
@@ -258,7 +258,7 @@ def net_cases() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
 def through_graphopt(model: nn.Module, x: torch.Tensor, layout: str
                      ) -> tuple[torch.nn.Module, str]:
     """(module after BN folding and the layout pass on target "cpu", what the pass decided)."""
-    gm, ctx = prepare(model, (x,), "cpu", OptimizeOptions(layout=layout))  # type: ignore[arg-type]
+    gm, ctx = prepare(model, (x,), "cpu", Options(layout=layout))  # type: ignore[arg-type]
     fold_batchnorm_and_drop_dropout(gm, ctx)
     channels_last(gm, ctx)
     gm.recompile()

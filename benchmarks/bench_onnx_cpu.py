@@ -32,9 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from graphopt.onnx_export import export_torch  # noqa: E402
-from graphopt.onnx_rewrites.context import OnnxOptions  # noqa: E402
 from graphopt.onnx_rewrites.pipeline import optimize_onnx, save_onnx  # noqa: E402
 from graphopt.onnx_rewrites.session import ort_session  # noqa: E402
+from graphopt.options import Options  # noqa: E402
 from tests.zoo import zoo  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def bench(name: str, rounds: int, calls: int, tmp: Path) -> dict[str, object]:
     exported = export_torch(model, inputs)
     plain_path = tmp / f"{name}.plain.onnx"
     plain_path.write_bytes(exported.model.SerializeToString())
-    opt, _, info = optimize_onnx(exported.model, "cpu", OnnxOptions(), samples=[exported.feeds])
+    opt, _, info = optimize_onnx(exported.model, "cpu", Options(), samples=[exported.feeds])
     opt_path = save_onnx(opt, tmp / f"{name}.graphopt.onnx", info["session"])
     plain = ort.InferenceSession(str(plain_path), providers=["CPUExecutionProvider"])
     control = ort.InferenceSession(str(plain_path), providers=["CPUExecutionProvider"])

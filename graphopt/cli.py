@@ -15,6 +15,7 @@ from typing import Any
 from graphopt._io import OutputSet
 from graphopt.errors import GraphoptError
 from graphopt.inputs import input_files
+from graphopt.options import CHOICES, Options
 
 __all__ = ["main"]
 
@@ -81,7 +82,6 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.api import resolve_targets, with_partition
     from graphopt.frontends import load_python_spec
-    from graphopt.onnx_rewrites.context import OnnxOptions
     from graphopt.onnx_rewrites.pipeline import optimize_onnx
     from graphopt.onnx_rewrites.save import claim_onnx, stage_onnx
 
@@ -89,8 +89,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if len(targets) > 1:
         raise GraphoptError("optimize writes one model for one target",
                             "give one --target (run optimize once per target)")
-    options = OnnxOptions(precision=args.precision, pad=args.pad, layout=args.layout,
-                          quantize=args.quantize, tolerance=args.tolerance)
+    options = Options(precision=args.precision, pad=args.pad, layout=args.layout,
+                          quantize=args.quantize, tolerance=args.tolerance, measure=args.measure)
     outputs = OutputSet(input_files(args.model, args.calibration))
     claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
     _claim_reports(outputs, args)
@@ -211,12 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the optimized model; its session config goes beside it as "
                          "OUT.graphopt.json (graphopt.ort_session loads both)")
     po.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
-    po.add_argument("--precision", default="auto",
-                    choices=("auto", "fp32", "tf32", "bf16", "fp16"))
-    po.add_argument("--pad", default="auto", choices=("auto", "always", "never"))
-    po.add_argument("--layout", default="auto", choices=("auto", "channels_last", "keep"))
-    po.add_argument("--quantize", default="auto",
-                    choices=("auto", "none", "int8_dynamic", "int8_static", "fp8", "int4"))
+    for option, choices in CHOICES.items():  # graphopt.options: one table for every backend
+        po.add_argument(f"--{option}", default="auto", choices=choices)
+    po.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
+                    help="time each auto-decided pass here and revert it if slower (default: "
+                         "only when --target is this machine's CPU)")
     po.add_argument("--calibration", metavar="F",
                     help="calibration batches: an .npz with one array per model input (named "
                          "like it, batches along axis 0) or a folder of .npz files, one batch "

@@ -145,18 +145,14 @@ class Optimized:
                                     "or leave opset out")
         elif self.onnx_model is None or opset not in (None, self.info["onnx"]["opset"]):
             from graphopt.onnx_export import export_torch
-            from graphopt.onnx_rewrites.context import OnnxOptions
             from graphopt.onnx_rewrites.pipeline import optimize_onnx
             from graphopt.rewrites.isolation import clone_inputs
 
             model, inputs, opts = self._source
             # exporters run forward on real tensors: never on the user's model or inputs
             exported = export_torch(copy.deepcopy(model), clone_inputs(inputs), opset=opset)
-            quant = {"int8": "int8_dynamic"}.get(opts.quantize, opts.quantize)
-            onnx_opts = OnnxOptions(precision=opts.precision, pad=opts.pad, layout=opts.layout,
-                                    quantize=quant)
             self.onnx_model, _, onnx_info = optimize_onnx(
-                exported.model, self.plan.target, onnx_opts, samples=[exported.feeds])
+                exported.model, self.plan.target, opts, samples=[exported.feeds])
             self.info["onnx"] = {**onnx_info, "exporter": exported.exporter,
                                  "export_s": exported.seconds,
                                  "opset": _opset_of(self.onnx_model)}
@@ -190,37 +186,38 @@ def optimize(model: Any, example_inputs: Any = None,
         precision: "auto" | "fp32" | "tf32" | "bf16" | "fp16".
         pad: tensor-core padding, "auto" (cost model) | "always" | "never".
         layout: "auto" (cost model) | "channels_last" | "keep".
-        quantize: dynamic INT8 Linear on the host CPU, "auto" (where the cost model says it
-            pays: VNNI/AMX CPUs) | "int8" (every eligible Linear) | "none".
+        quantize: "auto" (the plan's format per node: dynamic INT8 Linear where VNNI/AMX make
+            it pay) | "int8" (every eligible Linear) | "none"; ONNX also "int8_static" |
+            "fp8" | "int4" (:mod:`graphopt.options`).
         measure: time each auto-decided pass and revert it if slower; default: only when the
             target is this machine's CPU ("cpu").
         calibration: ONNX only: batches for static quantization and the accuracy guard (an
             .npz path, a folder of .npz, or a list of {input: array}; see
             ``onnx_rewrites.calibration``).
-        tolerance: ONNX only: the guard's budget, max |ref - out| <= tolerance * max |ref|.
+        tolerance: the budget of the lossy passes (precision, quantize), max |ref - out| <=
+            tolerance * max |ref| per output; default: each format's own.
 
     An ``.onnx`` path or ``onnx.ModelProto`` is optimized at the ONNX level (``quantize`` also
     takes "int8_dynamic" | "int8_static" | "fp8" | "int4" there): ``.module`` is None and
     :meth:`Optimized.export_onnx` writes the result.
     """
+    from graphopt.options import Options
+
+    options = Options(precision=precision, pad=pad, layout=layout, quantize=quantize,
+                      tolerance=tolerance, measure=measure)
     if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
-        from graphopt.onnx_rewrites.context import OnnxOptions
         from graphopt.onnx_rewrites.pipeline import optimize_onnx
 
-        quant = {"int8": "int8_dynamic"}.get(quantize, quantize)
-        onnx_opts = OnnxOptions(precision=precision, pad=pad, layout=layout,
-                                quantize=quant, tolerance=tolerance)  # type: ignore[arg-type]
-        proto, plan, info = optimize_onnx(model, target, onnx_opts, calibration)
+        proto, plan, info = optimize_onnx(model, target, options, calibration)
         return Optimized(None, plan, (), info, onnx_model=proto,
                          source=model if isinstance(model, (str, os.PathLike)) else None)
-    if calibration is not None or tolerance is not None:
-        raise GraphoptError("calibration= and tolerance= apply to ONNX models",
-                            "pass the .onnx file, or leave them out for a torch module")
-    from graphopt.rewrites.context import OptimizeOptions
+    if calibration is not None:
+        raise GraphoptError("calibration= feeds ONNX Runtime's static quantizers and the ONNX "
+                            "accuracy guard",
+                            "pass the .onnx file (or optimize the file export_onnx writes), or "
+                            "leave calibration out for a torch module")
     from graphopt.rewrites.pipeline import optimize_torch
 
-    options = OptimizeOptions(precision=precision, pad=pad, layout=layout,  # type: ignore[arg-type]
-                              quantize=quantize, measure=measure)  # type: ignore[arg-type]
     gm, plan, info = optimize_torch(model, example_inputs, target, options)
     args = info.pop("example_inputs")
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]

@@ -7,8 +7,9 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
+from graphopt.options import Options
 from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
-from graphopt.rewrites.context import OptimizeOptions, RewriteContext
+from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import get_tensor, is_aten
 from graphopt.rewrites.layout import channels_last
 from graphopt.rewrites.layout_regions import is_entry_conversion, is_exit_conversion
@@ -69,7 +70,7 @@ class GroupedNet(nn.Module):
 def _prepared(model: nn.Module, x: torch.Tensor, target: str = "cpu", layout: str = "auto",
               dtype: str = "fp32") -> tuple[fx.GraphModule, RewriteContext]:
     torch.manual_seed(0)
-    gm, ctx = prepare(model.eval(), (x,), target, OptimizeOptions(layout=layout))  # type: ignore[arg-type]
+    gm, ctx = prepare(model.eval(), (x,), target, Options(layout=layout))  # type: ignore[arg-type]
     ctx.compute_dtype = dtype
     return gm, ctx
 
@@ -134,7 +135,7 @@ def test_graph_output_gets_original_strides_back() -> None:
 def test_pipeline_keeps_outputs_within_fp32_tolerance() -> None:
     model, x = ResidualConvNet(), torch.randn(2, 3, 16, 16)
     gm, plan, info = optimize_torch(
-        model.eval(), (x,), "cpu", OptimizeOptions(layout="channels_last"),
+        model.eval(), (x,), "cpu", Options(layout="channels_last"),
         passes=[("cleanup", fold_batchnorm_and_drop_dropout, "fp32"),
                 ("layout", channels_last, "fp32")])
     assert "layout" in info["passes_applied"] and not info["passes_reverted"]

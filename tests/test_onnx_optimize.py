@@ -22,10 +22,10 @@ import graphopt
 from graphopt.cli import main
 from graphopt.errors import GraphoptError
 from graphopt.onnx_export import export_torch
-from graphopt.onnx_rewrites.context import OnnxOptions
 from graphopt.onnx_rewrites.ort_runner import emulate_fp16
 from graphopt.onnx_rewrites.pipeline import optimize_onnx
 from graphopt.onnx_rewrites.session import config_path
+from graphopt.options import Options
 from tests.zoo import OddMLP, zoo
 
 ZOO = zoo()
@@ -97,7 +97,7 @@ def test_cpu_round_trip_matches_torch(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_fp16_islands_keep_io_types_and_tolerance(name, tmp_path):
     _, _, exp = _exported(name)
-    proto, plan, info = optimize_onnx(exp.model, "h100", OnnxOptions(quantize="none"),
+    proto, plan, info = optimize_onnx(exp.model, "h100", Options(quantize="none"),
                                       samples=[exp.feeds])
     assert info["passes_applied"] == ["precision"]
     assert info["compute_dtype"] == "fp16"
@@ -122,7 +122,7 @@ def test_decomposed_rmsnorm_stays_fp32_between_its_ops():
     """The case ORT's float16 converter gets wrong: blocked ops cast back to fp16 in between,
     so x^2 would be stored in fp16. Here Pow -> ReduceMean -> Add -> Sqrt read fp32."""
     _, _, exp = _exported("rmsnorm_swiglu")
-    proto, _, _ = optimize_onnx(exp.model, "h100", OnnxOptions(quantize="none"),
+    proto, _, _ = optimize_onnx(exp.model, "h100", Options(quantize="none"),
                                 samples=[exp.feeds])
     types = {vi.name: vi.type.tensor_type.elem_type
              for vi in (*proto.graph.value_info, *proto.graph.input)}
@@ -136,7 +136,7 @@ def test_decomposed_rmsnorm_stays_fp32_between_its_ops():
 def test_precision_does_not_fire_without_fp16(target, kw):
     """CPU targets (ORT's CPU EP has no native fp16) and fp32/tf32 requests: no casts."""
     _, _, exp = _exported("transformer_hd72")
-    proto, _, info = optimize_onnx(exp.model, target, OnnxOptions(quantize="none", **kw),
+    proto, _, info = optimize_onnx(exp.model, target, Options(quantize="none", **kw),
                                    samples=[exp.feeds])
     assert "precision" not in info["passes_applied"]
     assert not any(n.op_type == "Cast" and n.name.startswith("graphopt_precision")
@@ -146,7 +146,7 @@ def test_precision_does_not_fire_without_fp16(target, kw):
 
 def test_bf16_request_becomes_fp16_on_onnx():
     _, _, exp = _exported("odd_mlp")
-    _, _, info = optimize_onnx(exp.model, "a100-80gb", OnnxOptions(precision="bf16"),
+    _, _, info = optimize_onnx(exp.model, "a100-80gb", Options(precision="bf16"),
                                samples=[exp.feeds])
     assert info["compute_dtype"] == "fp16"
     assert "bf16 becomes fp16" in info["precision_choice"]["reason"]
@@ -164,7 +164,7 @@ def test_model_overflows_in_plain_fp16():
     exp = export_torch(model, (x,))
     graph = load_onnx(exp.model)
     plan = build_plan(graph, get_target("h100"))
-    ctx = OnnxContext(plan, plan.target, OnnxOptions(), [exp.feeds], compute_dtype="fp16")
+    ctx = OnnxContext(plan, plan.target, Options(), [exp.feeds], compute_dtype="fp16")
     fp16 = reduce_precision(graph.source_model, ctx)
     assert fp16 is not None
     assert not np.all(np.isfinite(_run(emulate_fp16(fp16), exp.feeds)[0]))
@@ -173,7 +173,7 @@ def test_model_overflows_in_plain_fp16():
 def test_guard_moves_the_overflowing_gemm_back_and_ends_within_tolerance(tmp_path):
     model, x = _overflow()
     exp = export_torch(model, (x,))
-    proto, plan, info = optimize_onnx(exp.model, "h100", OnnxOptions(quantize="none"),
+    proto, plan, info = optimize_onnx(exp.model, "h100", Options(quantize="none"),
                                       samples=[exp.feeds])
     report = next(g for g in info["guard"] if g["pass"] == "precision")
     assert report["rounds"] >= 2 and not report["reverted"]
@@ -192,7 +192,7 @@ def test_guard_moves_the_overflowing_gemm_back_and_ends_within_tolerance(tmp_pat
 def test_guard_reverts_when_no_fp16_node_can_meet_the_budget():
     _, _, exp = _exported("odd_mlp")
     proto, _, info = optimize_onnx(exp.model, "h100",
-                                   OnnxOptions(quantize="none", tolerance=1e-9),
+                                   Options(quantize="none", tolerance=1e-9),
                                    samples=[exp.feeds])
     assert "precision" not in info["passes_applied"]
     assert info["passes_reverted"] and info["passes_reverted"][0]["pass"] == "precision"
@@ -241,7 +241,7 @@ def test_measured_guard_reverts_a_pass_that_is_slower_here(monkeypatch):
         assert "quantize" not in info["passes_applied"]
         assert "measured slower" in info["passes_reverted"][-1]["reason"]
         assert not any(n.op_type == "MatMulInteger" for n in proto.graph.node)
-    forced = optimize_onnx(exp.model, "cpu", OnnxOptions(quantize="int8_dynamic"),
+    forced = optimize_onnx(exp.model, "cpu", Options(quantize="int8_dynamic"),
                            samples=[exp.feeds])[2]
     assert "quantize" in forced["passes_applied"]
 
@@ -309,7 +309,7 @@ def test_op_ort_cannot_run_is_a_clear_error(tmp_path, capsys):
 def test_static_int8_without_calibration_and_bad_calibration_files(tmp_path):
     model = export_torch(OddMLP().eval(), (torch.randn(4, 61),)).model
     with pytest.raises(GraphoptError, match="needs calibration data"):
-        optimize_onnx(model, "cpu", OnnxOptions(quantize="int8_static"))
+        optimize_onnx(model, "cpu", Options(quantize="int8_static"))
     with pytest.raises(GraphoptError, match="does not exist"):
         optimize_onnx(model, "cpu", calibration=tmp_path / "missing.npz")
     np.savez(tmp_path / "wrong_name.npz", y=np.zeros((3, 4, 61), np.float32))
@@ -328,7 +328,7 @@ def test_calibration_npz_feeds_static_int8_and_the_guard(tmp_path):
     np.savez(tmp_path / "calib.npz", x=rng.standard_normal((6, 4, 61)).astype(np.float32))
     # a pinned CPU without VNNI (reduce_range), not the host: the guard runs the model on this
     # machine, and U8S8 planned for a VNNI CPU saturates on an AVX2-only one
-    proto, _, info = optimize_onnx(exp.model, "epyc-7763", OnnxOptions(quantize="int8_static"),
+    proto, _, info = optimize_onnx(exp.model, "epyc-7763", Options(quantize="int8_static"),
                                    calibration=tmp_path / "calib.npz")
     assert info["calibration_batches"] == 6 and info["samples"] == 6
     assert "quantize" in info["passes_applied"]
@@ -355,13 +355,13 @@ def test_gpt2_and_bert_export_with_either_exporter(tmp_path, opset, exporter):
     for name, model in (("gpt2", gpt2.eval()), ("bert", bert.eval())):
         exp = export_torch(model, (ids,), opset=opset)
         assert exp.exporter == exporter and (exp.fallback_reason is None) == (opset is None)
-        proto, _, info = optimize_onnx(exp.model, "cpu", OnnxOptions(quantize="none"),
+        proto, _, info = optimize_onnx(exp.model, "cpu", Options(quantize="none"),
                                        samples=[exp.feeds])
         path = tmp_path / f"{name}.onnx"
         path.write_bytes(proto.SerializeToString())
         _checked(str(path))
         _close(exp.outputs, _run(str(path), exp.feeds), FP32_RTOL)
-        fp16, _, info16 = optimize_onnx(exp.model, "h100", OnnxOptions(quantize="none"),
+        fp16, _, info16 = optimize_onnx(exp.model, "h100", Options(quantize="none"),
                                         samples=[exp.feeds])
         assert all(n["within"] for n in info16["numerics"])
         _close(exp.outputs, _run(emulate_fp16(fp16), exp.feeds), FP16_RTOL)

@@ -23,7 +23,7 @@ from graphopt.errors import GraphoptError
 from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import get_target
-from graphopt.onnx_rewrites.context import OnnxContext, OnnxOptions
+from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding import pad_channels
 from graphopt.onnx_rewrites.quantize import (
     INT4_BLOCK_SIZE,
@@ -32,6 +32,7 @@ from graphopt.onnx_rewrites.quantize import (
     quantize_int8_dynamic,
     quantize_int8_static,
 )
+from graphopt.options import Options
 from graphopt.plan import Decision
 from graphopt.planner import build_plan
 from tests.hostisa import real_host_flags
@@ -61,7 +62,7 @@ def context(m: onnx.ModelProto, target: str | HardwareProfile = "a100", *, dtype
             ) -> tuple[onnx.ModelProto, OnnxContext]:
     graph = load_onnx(m)
     tgt = get_target(target) if isinstance(target, str) else target
-    ctx = OnnxContext(build_plan(graph, tgt), tgt, OnnxOptions(**options),  # type: ignore[arg-type]
+    ctx = OnnxContext(build_plan(graph, tgt), tgt, Options(**options),  # type: ignore[arg-type]
                       samples=[], calibration=calibration, compute_dtype=dtype)
     assert graph.source_model is not None
     return graph.source_model, ctx

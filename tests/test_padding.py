@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from graphopt.options import Options
 from graphopt.plan import Decision
 from graphopt.rewrites.channel_map import ChannelMap, reshape_map, scatter_weight
-from graphopt.rewrites.context import OptimizeOptions, RewriteContext
+from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, val
 from graphopt.rewrites.padding import pad_channels
 from graphopt.rewrites.pipeline import optimize_torch, prepare
@@ -28,7 +29,7 @@ def run_pass(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, target: str 
              dtype: str = "fp16", pad: str = "always"
              ) -> tuple[fx.GraphModule, RewriteContext, bool]:
     torch.manual_seed(0)
-    gm, ctx = prepare(model.eval(), inputs, target, OptimizeOptions(pad=pad))  # type: ignore
+    gm, ctx = prepare(model.eval(), inputs, target, Options(pad=pad))  # type: ignore
     ctx.compute_dtype = dtype
     changed = pad_channels(gm, ctx)
     assert_same(model, gm, inputs)
@@ -498,7 +499,7 @@ def test_idempotent_on_the_padded_module() -> None:
 def test_pipeline_verifies_and_keeps_the_pass() -> None:
     model = NvidiaCNN().eval()
     _, _, info = optimize_torch(model, (seeded(2, 3, 16, 16),), "a100",
-                                OptimizeOptions(pad="always"),
+                                Options(pad="always"),
                                 passes=[("padding", pad_channels, False)])
     assert info["passes_applied"] == ["padding"] and info["passes_reverted"] == []
     assert info["notes"]["padding"]["padded_nodes"] == ["conv2d", "conv2d_1", "linear"]

@@ -11,7 +11,8 @@ from torch import fx, nn
 
 from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target
-from graphopt.rewrites.context import OptimizeOptions, RewriteContext, torch_dtype
+from graphopt.options import Options
+from graphopt.rewrites.context import RewriteContext, torch_dtype
 from graphopt.rewrites.fx_utils import aten_name
 from graphopt.rewrites.pipeline import prepare
 from graphopt.rewrites.precision import choose_precision, reduce_precision
@@ -334,7 +335,7 @@ def test_second_run_changes_nothing(model_fn: type[nn.Module], shape: tuple[int,
 def test_fp32_changes_no_dtype_but_says_why() -> None:
     torch.manual_seed(0)
     model, x = Block().eval(), _seeded(2, 16, 64)
-    gm, ctx = prepare(model, (x,), "xeon-8380", OptimizeOptions(precision="auto"))
+    gm, ctx = prepare(model, (x,), "xeon-8380", Options(precision="auto"))
     ctx.compute_dtype, _ = choose_precision(ctx.target, "auto")
     code = gm.code
     assert ctx.compute_dtype == "fp32" and reduce_precision(gm, ctx) is False
@@ -348,7 +349,7 @@ def test_fp32_changes_no_dtype_but_says_why() -> None:
 def test_tf32_marks_gemms_and_sets_the_runtime_flag() -> None:
     torch.manual_seed(0)
     model, x = Block().eval(), _seeded(2, 16, 64)
-    gm, ctx = prepare(model, (x,), "h100", OptimizeOptions(precision="tf32"))
+    gm, ctx = prepare(model, (x,), "h100", Options(precision="tf32"))
     ctx.compute_dtype = "tf32"
     assert reduce_precision(gm, ctx) is False
     gemms = _by_op(gm, "linear", "matmul", "scaled_dot_product_attention")

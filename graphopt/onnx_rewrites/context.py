@@ -10,43 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.options import Options
 from graphopt.plan import Decision, NodePlan, Plan
 
-__all__ = ["OnnxContext", "OnnxOptions", "OnnxPass"]
-
-Quantize = Literal["auto", "none", "int8_dynamic", "int8_static", "fp8", "int4"]
-_CHOICES = {"precision": ("auto", "fp32", "tf32", "bf16", "fp16"),
-            "pad": ("auto", "always", "never"),
-            "layout": ("auto", "channels_last", "keep"),
-            "quantize": ("auto", "none", "int8_dynamic", "int8_static", "fp8", "int4")}
-
-
-@dataclass(frozen=True)
-class OnnxOptions:
-    """User options of an ONNX optimize run (same names as the torch path, plus ``quantize``
-    and the accuracy guard's tolerance)."""
-
-    precision: str = "auto"
-    pad: str = "auto"
-    layout: str = "auto"
-    quantize: Quantize = "auto"
-    #: the guard's budget: max |ref - out| <= tolerance * max |ref| per output
-    tolerance: float | None = None
-    pad_margin: float = 1.1
-
-    def __post_init__(self) -> None:
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise GraphoptError(f"{name}={getattr(self, name)!r} is not an option",
-                                    f"use one of: {', '.join(allowed)}")
-
+__all__ = ["OnnxContext", "OnnxPass"]
 
 @dataclass
 class OnnxContext:
@@ -54,7 +27,7 @@ class OnnxContext:
 
     plan: Plan
     target: HardwareProfile
-    options: OnnxOptions
+    options: Options
     #: sample inputs (name -> array), the first used by the guard; calibration data for static
     #: INT8 when the user gave it (None otherwise)
     samples: list[dict[str, np.ndarray]]

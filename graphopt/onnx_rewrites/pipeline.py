@@ -34,12 +34,13 @@ from graphopt.errors import GraphoptError
 from graphopt.hardware import is_this_machine
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.onnx_rewrites.calibration import GUARD_SAMPLES, load_calibration
-from graphopt.onnx_rewrites.context import OnnxContext, OnnxOptions
+from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.guard import compare, guard, run_samples
 from graphopt.onnx_rewrites.ort_runner import OrtModel, sample_feeds
 from graphopt.onnx_rewrites.save import PROTO_LIMIT as _PROTO_LIMIT
 from graphopt.onnx_rewrites.save import save_onnx
 from graphopt.onnx_rewrites.session import decide_session
+from graphopt.options import Options
 from graphopt.plan import Plan, mark_reverted
 from graphopt.rewrites.verify import Tolerance, tolerance_for
 
@@ -106,14 +107,8 @@ def _resolve(target: str | HardwareProfile) -> HardwareProfile:
     return resolve_targets(target)[0] if not isinstance(target, HardwareProfile) else target
 
 
-def _tolerance(options: OnnxOptions, precision: str) -> Tolerance:
-    base = tolerance_for(precision)
-    if options.tolerance is None:
-        return base
-    if not options.tolerance > 0 or not math.isfinite(options.tolerance):
-        raise GraphoptError(f"tolerance={options.tolerance!r} must be a positive number",
-                            "give the budget as a fraction of each output's scale, e.g. 0.01")
-    return Tolerance(float(options.tolerance), base.min_cosine)
+def _tolerance(options: Options, precision: str) -> Tolerance:
+    return options.lossy_budget(tolerance_for(precision))
 
 
 def finalize(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -157,7 +152,7 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-def _option(options: OnnxOptions, pass_name: str) -> str | None:
+def _option(options: Options, pass_name: str) -> str | None:
     """The option that decides a pass: a pass the user forced is never measured away."""
     key = {"padding": "pad", "precision": "precision", "quantize": "quantize"}.get(pass_name)
     return None if key is None else str(getattr(options, key))
@@ -176,7 +171,7 @@ def _measured_slower(before: onnx.ModelProto, after: onnx.ModelProto, ctx: OnnxC
             f"{tb * 1e6:.0f} us before ({tb / ta:.2f}x)")
 
 
-def _declined_requests(opts: OnnxOptions, applied: list[str], ctx: OnnxContext) -> list[str]:
+def _declined_requests(opts: Options, applied: list[str], ctx: OnnxContext) -> list[str]:
     """A warning for an explicit quantize request that changed nothing: the user asked for it,
     so silence would read as success."""
     if opts.quantize in ("auto", "none") or "quantize" in applied:
@@ -189,7 +184,7 @@ def _declined_requests(opts: OnnxOptions, applied: list[str], ctx: OnnxContext) 
 
 
 def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
-                  target: str | HardwareProfile = "h100", options: OnnxOptions | None = None,
+                  target: str | HardwareProfile = "h100", options: Options | None = None,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
                   *, samples: Sequence[dict[str, np.ndarray]] | None = None,
                   passes: list[PassSpec] | None = None, measure: bool | None = None,
@@ -203,13 +198,14 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         samples: inputs the guard measures on when no calibration is given (e.g. the torch
             example inputs); else seeded random inputs.
         measure: time auto-decided passes in ORT and keep them only if not slower
-            (:mod:`.measure`); default: when the target is this machine ("cpu").
+            (:mod:`.measure`); default: ``options.measure``, else when the target is this
+            machine ("cpu").
     """
     from graphopt.frontends.onnx_frontend import load_onnx
     from graphopt.planner import build_plan
 
     start = time.perf_counter()
-    opts = options or OnnxOptions()
+    opts = options or Options()
     profile = _resolve(target)
     graph = load_onnx(model)
     base = graph.source_model
@@ -234,7 +230,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
     current, applied, reverted, reports = base, [], [], []
     final_tol = tolerance_for("fp32")
     if measure is None:
-        measure = is_this_machine(profile)
+        measure = is_this_machine(profile) if opts.measure is None else opts.measure
     for name, run_pass, kind in passes if passes is not None else default_passes():
         t0 = time.perf_counter()
         saved = {k: dict(v) for k, v in ctx.decisions.items()}

@@ -4,51 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import fx
 
 from graphopt.analysis.record import NodeAnalysis
-from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.options import Options
 from graphopt.plan import Decision, Plan
 from graphopt.plan import NodePlan as PlanNode
 
-__all__ = ["OptimizeOptions", "RewriteContext", "TorchPass"]
-
-Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
-PadMode = Literal["auto", "always", "never"]
-LayoutMode = Literal["auto", "channels_last", "keep"]
-
-_CHOICES = {"precision": ("auto", "fp32", "tf32", "bf16", "fp16"),
-            "pad": ("auto", "always", "never"),
-            "layout": ("auto", "channels_last", "keep"),
-            "quantize": ("auto", "int8", "none")}
-
-
-@dataclass(frozen=True)
-class OptimizeOptions:
-    """User options of ``graphopt.optimize``; validated on construction."""
-
-    precision: Precision = "auto"
-    pad: PadMode = "auto"
-    layout: LayoutMode = "auto"
-    #: dynamic INT8 Linear on the host CPU: "auto" where the cost model says it pays
-    quantize: Literal["auto", "int8", "none"] = "auto"
-    #: padding must be predicted at least this much faster (Inductor's pad_mm uses 1.1x)
-    pad_margin: float = 1.1
-    #: time each auto-decided pass on this machine and revert it if slower; None = only when
-    #: the target is this machine's CPU (the only case where the measurement means anything)
-    measure: bool | None = None
-
-    def __post_init__(self) -> None:
-        for name, allowed in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise GraphoptError(f"{name}={value!r} is not an option",
-                                    f"use one of: {', '.join(allowed)}")
-
+__all__ = ["RewriteContext", "TorchPass"]
 
 @dataclass
 class RewriteContext:
@@ -61,7 +28,7 @@ class RewriteContext:
 
     plan: Plan
     target: HardwareProfile
-    options: OptimizeOptions
+    options: Options
     example_inputs: tuple[Any, ...]
     decisions: dict[str, dict[str, Decision]] = field(default_factory=dict)
     #: model-level facts passes want in the report (e.g. layout conversions inserted)

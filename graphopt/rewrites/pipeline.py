@@ -20,9 +20,10 @@ from graphopt.errors import GraphoptError
 from graphopt.frontends.torch_frontend import trace_torch
 from graphopt.hardware import get_target, is_this_machine
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.options import Options
 from graphopt.plan import Plan, mark_reverted
 from graphopt.planner import build_plan
-from graphopt.rewrites.context import OptimizeOptions, RewriteContext, TorchPass
+from graphopt.rewrites.context import RewriteContext, TorchPass
 from graphopt.rewrites.isolation import clone_inputs, preserved_buffers, run_isolated
 from graphopt.rewrites.measure import faster_or_equal
 from graphopt.rewrites.verify import compare_outputs, tolerance_for
@@ -42,7 +43,7 @@ def _as_args(example_inputs: Any) -> tuple[Any, ...]:
 
 
 def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareProfile,
-            options: OptimizeOptions | None = None) -> tuple[fx.GraphModule, RewriteContext]:
+            options: Options | None = None) -> tuple[fx.GraphModule, RewriteContext]:
     """Trace ``model``, plan it, and return a private rewritable copy plus the pass context."""
     if not isinstance(model, torch.nn.Module):
         raise GraphoptError(f"optimize takes a torch.nn.Module, got {type(model).__name__}",
@@ -60,6 +61,7 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
         raise GraphoptError(f"{type(model).__name__} is in training mode: graphopt optimizes "
                             "for inference (BatchNorm folding, no dropout)",
                             "call model.eval() before graphopt.optimize")
+    options = (options or Options()).check_backend("torch")
     args = clone_inputs(_as_args(example_inputs))  # passes and checks never see the user's
     profile = target if isinstance(target, HardwareProfile) else get_target(target)
     graph = trace_torch(model, args)
@@ -70,7 +72,7 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
                             "make forward() exportable (see the plan's warnings) to optimize it")
     plan = build_plan(graph, profile)
     gm = copy.deepcopy(ep.module())  # cloned parameters: passes may never alias the user's
-    ctx = RewriteContext(plan=plan, target=profile, options=options or OptimizeOptions(),
+    ctx = RewriteContext(plan=plan, target=profile, options=options,
                          example_inputs=args)
     return gm, ctx
 
@@ -103,7 +105,7 @@ def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                    target: str | HardwareProfile = "h100",
-                   options: OptimizeOptions | None = None,
+                   options: Options | None = None,
                    passes: list[PassSpec] | None = None,
                    ) -> tuple[torch.nn.Module, Plan, dict[str, Any]]:
     """Run the passes with a numeric check after each; returns (module, plan, run info).
@@ -130,6 +132,8 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         gm.graph.lint()
         gm.recompile()
         tol = tolerance_for(ctx.compute_dtype if tol_key == "compute" else tol_key)
+        if tol_key != "fp32":  # a lossy pass: the user's budget, when given
+            tol = ctx.options.lossy_budget(tol)
         try:
             result = compare_outputs(reference, _run(gm, ctx.example_inputs), tol)
         except Exception as e:  # a pass produced a graph that does not run: revert it

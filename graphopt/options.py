@@ -1,0 +1,85 @@
+"""The user's options of ``graphopt.optimize``: one record and one table, for both backends.
+
+Every option means the same on the torch module and on the ONNX model:
+
+1. ``precision``: "auto" (the target's fastest 16-bit format where the plan says it pays, with
+   fp32 islands) or a format by name.
+2. ``pad``: tensor-core padding, "auto" (cost model, ``pad_margin``) | "always" | "never".
+3. ``layout``: "auto" (cost model) | "channels_last" | "keep".
+4. ``quantize``: "auto" (the plan's per-node format) | "none" | "int8_dynamic" (alias "int8")
+   | "int8_static" | "fp8" | "int4". The torch module runs dynamic INT8 Linear only; the
+   others are ONNX Runtime kernels, so the torch backend refuses them with the way to get them.
+5. ``tolerance``: the budget of the lossy passes (precision, quantize): max |ref - out| <=
+   tolerance * max |ref| per output; None: each format's own (``decisions.tolerance``).
+6. ``measure``: time each auto-decided pass on this machine and revert it if slower; None:
+   only when the target is this machine's CPU, the only case where the timing means anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from graphopt.errors import GraphoptError
+
+__all__ = ["CHOICES", "Options"]
+
+#: option -> allowed values, the same for both backends
+CHOICES: dict[str, tuple[str, ...]] = {
+    "precision": ("auto", "fp32", "tf32", "bf16", "fp16"),
+    "pad": ("auto", "always", "never"),
+    "layout": ("auto", "channels_last", "keep"),
+    "quantize": ("auto", "none", "int8", "int8_dynamic", "int8_static", "fp8", "int4"),
+}
+#: quantize modes a torch module can run (torch's quantized::linear_dynamic)
+_TORCH_QUANTIZE = ("auto", "none", "int8_dynamic")
+
+Backend = Literal["torch", "onnx"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Validated on construction; ``quantize="int8"`` is stored as "int8_dynamic"."""
+
+    precision: str = "auto"
+    pad: str = "auto"
+    layout: str = "auto"
+    quantize: str = "auto"
+    tolerance: float | None = None
+    #: padding must be predicted at least this much faster (Inductor's pad_mm uses 1.1x)
+    pad_margin: float = 1.1
+    measure: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise GraphoptError(f"{name}={getattr(self, name)!r} is not an option",
+                                    f"use one of: {', '.join(allowed)}")
+        if self.quantize == "int8":
+            object.__setattr__(self, "quantize", "int8_dynamic")
+        if self.tolerance is not None and not (
+                isinstance(self.tolerance, (int, float)) and math.isfinite(self.tolerance)
+                and self.tolerance > 0):
+            raise GraphoptError(f"tolerance={self.tolerance!r} must be a positive number",
+                                "give the budget as a fraction of each output's scale, e.g. 0.01")
+
+    def lossy_budget(self, base: T) -> T:
+        """``base`` (a format's Tolerance) with the user's ``tolerance`` as its budget, when
+        given; the cosine floor stays the format's."""
+        if self.tolerance is None:
+            return base
+        return dataclasses.replace(base, rel_to_scale=float(self.tolerance))  # type: ignore
+
+    def check_backend(self, backend: Backend) -> Options:
+        """``self`` when ``backend`` can honour every option, else a GraphoptError."""
+        if backend == "torch" and self.quantize not in _TORCH_QUANTIZE:
+            raise GraphoptError(
+                f"quantize={self.quantize!r} runs on ONNX Runtime kernels; a torch module has "
+                "dynamic INT8 Linear only",
+                f"export the model to ONNX (opt.export_onnx('m.onnx')) and optimize that file: "
+                f"graphopt.optimize('m.onnx', quantize={self.quantize!r}); or pass "
+                "quantize='int8'")
+        return self
