@@ -41,7 +41,7 @@ def _up(n: int, m: int) -> int:
 
 def lint(plan: Plan, precision: str = "auto") -> list[LintIssue]:
     """Issues of every GEMM-like node of ``plan`` for its target, in graph order."""
-    from graphopt.rewrites.precision import choose_precision
+    from graphopt.decisions.precision_format import choose_precision
 
     target = plan.target
     dtype, _ = choose_precision(target, precision)

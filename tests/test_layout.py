@@ -7,6 +7,7 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
+from graphopt.decisions.tolerance import tolerance_for
 from graphopt.options import Options
 from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
 from graphopt.rewrites.context import RewriteContext
@@ -14,7 +15,7 @@ from graphopt.rewrites.fx_utils import get_tensor, is_aten
 from graphopt.rewrites.layout import channels_last
 from graphopt.rewrites.layout_regions import is_entry_conversion, is_exit_conversion
 from graphopt.rewrites.pipeline import optimize_torch, prepare
-from graphopt.rewrites.verify import compare_outputs, tolerance_for
+from graphopt.rewrites.verify import compare_outputs
 
 ONEDNN = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                             reason="the CPU rule models oneDNN")

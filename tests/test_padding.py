@@ -14,14 +14,16 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from graphopt.decisions.channel_map import ChannelMap, reshape_map
+from graphopt.decisions.tolerance import tolerance_for
 from graphopt.options import Options
 from graphopt.plan import Decision
-from graphopt.rewrites.channel_map import ChannelMap, reshape_map, scatter_weight
+from graphopt.rewrites.channel_scatter import scatter_weight
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, val
 from graphopt.rewrites.padding import pad_channels
 from graphopt.rewrites.pipeline import optimize_torch, prepare
-from graphopt.rewrites.verify import compare_outputs, tolerance_for
+from graphopt.rewrites.verify import compare_outputs
 from tests.zoo import zoo
 
 

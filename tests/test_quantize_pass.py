@@ -9,8 +9,8 @@ import torch
 
 import graphopt
 from graphopt.decisions.cpu_int8 import int8_pays_on_cpu
+from graphopt.decisions.precision_format import choose_precision
 from graphopt.hardware import get_target
-from graphopt.rewrites.precision_rules import choose_precision
 from tests.hostisa import host_isa
 
 

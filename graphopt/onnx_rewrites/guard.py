@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 from tqdm import tqdm
 
+from graphopt.decisions.tolerance import Tolerance
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.ort_runner import (
     OrtModel,
@@ -45,7 +46,6 @@ from graphopt.onnx_rewrites.ort_runner import (
     with_outputs,
 )
 from graphopt.plan import Decision
-from graphopt.rewrites.verify import Tolerance
 
 __all__ = ["GuardReport", "LossyPass", "OutputError", "compare", "guard", "run_samples"]
 

@@ -42,6 +42,8 @@ import numpy as np
 import onnx
 
 from graphopt.cost.roofline import peak_key, tc_alignment
+from graphopt.decisions.channel_map import ChannelMap, round_up
+from graphopt.decisions.padding_cost import required_multiple
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding_carry import carry_rule
 from graphopt.onnx_rewrites.padding_cost import copy_time, downstream_cost, gemm_time, numel
@@ -55,8 +57,6 @@ from graphopt.onnx_rewrites.padding_rules import (
     scatter_axis,
     scatter_weight,
 )
-from graphopt.rewrites.channel_map import ChannelMap, round_up
-from graphopt.rewrites.padding_plan import required_multiple
 
 __all__ = ["pad_channels"]
 

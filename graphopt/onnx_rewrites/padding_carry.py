@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from graphopt.decisions.channel_map import ChannelMap, _dim_groups, reshape_map
 from graphopt.onnx_rewrites.padding_rules import (
     Carry,
     Cut,
@@ -34,7 +35,6 @@ from graphopt.onnx_rewrites.padding_rules import (
     attr,
     scatter_axis,
 )
-from graphopt.rewrites.channel_map import ChannelMap, _dim_groups, reshape_map
 
 __all__ = ["carry_rule"]
 

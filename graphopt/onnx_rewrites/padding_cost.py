@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
+from graphopt.decisions.channel_map import ChannelMap
+from graphopt.decisions.padding_cost import copy_time, elem_bytes, padded_gemm_time, stream_time
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding_carry import carry_rule
 from graphopt.onnx_rewrites.padding_rules import (
@@ -26,8 +28,6 @@ from graphopt.onnx_rewrites.padding_rules import (
     absorbs,
     gemm_site,
 )
-from graphopt.rewrites.channel_map import ChannelMap
-from graphopt.rewrites.padding_plan import copy_time, elem_bytes, padded_gemm_time, stream_time
 
 __all__ = ["copy_time", "downstream_cost", "gemm_time", "numel"]
 

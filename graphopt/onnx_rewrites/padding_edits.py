@@ -18,9 +18,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphopt._order import stable_topo_order, unique_name
+from graphopt.decisions.channel_map import ChannelMap
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding_rules import ModelInfo, subgraph_refs
-from graphopt.rewrites.channel_map import ChannelMap
 
 __all__ = ["PadState", "finish", "slice_node", "topo_order"]
 

@@ -20,7 +20,7 @@ import onnx
 import onnx.shape_inference
 from onnx import numpy_helper
 
-from graphopt.rewrites.channel_map import ChannelMap
+from graphopt.decisions.channel_map import ChannelMap
 
 __all__ = ["Carry", "Cut", "Dims", "InitSink", "Lookup", "ModelInfo", "Site", "absorbs", "attr",
            "gemm_site", "scatter_axis", "scatter_weight", "subgraph_refs"]

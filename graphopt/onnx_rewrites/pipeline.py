@@ -30,6 +30,7 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 
+from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.hardware import is_this_machine
 from graphopt.hardware.profile import HardwareProfile
@@ -42,7 +43,6 @@ from graphopt.onnx_rewrites.save import save_onnx
 from graphopt.onnx_rewrites.session import decide_session
 from graphopt.options import Options
 from graphopt.plan import Plan, mark_reverted
-from graphopt.rewrites.verify import Tolerance, tolerance_for
 
 __all__ = ["PassSpec", "default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
 
@@ -85,7 +85,7 @@ def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
     tensor cores at the same peak on sm_80+, and the guard handles fp16's narrower range.
     On CPU targets reduced precision stays fp32 (ORT's CPU EP runs fp16 by casting to fp32).
     """
-    from graphopt.rewrites.precision_rules import choose_precision
+    from graphopt.decisions.precision_format import choose_precision
 
     chosen, why = choose_precision(target, requested)
     if chosen in ("bf16", "fp16") and not target.is_gpu:

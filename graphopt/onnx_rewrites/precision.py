@@ -48,10 +48,10 @@ from onnx import numpy_helper
 
 from graphopt._order import unique_name
 from graphopt.analysis.kernel_class import KernelClass
+from graphopt.decisions.precision_islands import ISLAND_OPS as TORCH_ISLANDS
+from graphopt.decisions.precision_islands import SIGNIFICAND_BITS
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.ort_runner import tensor_types, topological
-from graphopt.rewrites.precision_rules import ISLAND_OPS as TORCH_ISLANDS
-from graphopt.rewrites.precision_rules import SIGNIFICAND_BITS
 
 __all__ = ["FOLLOW_OPS", "ISLAND_OPS", "LOW_OPS", "MEAN_OPS", "reduce_precision"]
 
@@ -60,12 +60,12 @@ logger = logging.getLogger(__name__)
 _T = onnx.TensorProto
 _FP16_MAX = 65504.0  # IEEE binary16 largest finite value
 #: a fp16 running sum stalls past 2^11 terms (fp16 has the most significand bits of the two
-#: formats in precision_rules.SIGNIFICAND_BITS: 11; bf16 8)
+#: formats in precision_islands.SIGNIFICAND_BITS: 11; bf16 8)
 _FP16_BITS = max(SIGNIFICAND_BITS.values())
 
 LOW_OPS = {"MatMul": "GEMM", "Gemm": "GEMM", "Einsum": "GEMM", "Conv": "conv",
            "ConvTranspose": "conv"}
-#: ONNX op -> the torch op whose reason it shares (precision_rules.ISLAND_OPS)
+#: ONNX op -> the torch op whose reason it shares (precision_islands.ISLAND_OPS)
 ISLAND_OPS = {
     "Softmax": "softmax", "LogSoftmax": "log_softmax", "Softplus": "softplus",
     "ReduceLogSumExp": "logsumexp", "ReduceLogSum": "logsumexp",

@@ -41,7 +41,9 @@ import torch
 from torch import fx
 
 from graphopt.cost.roofline import peak_key, tc_alignment
-from graphopt.rewrites.channel_map import ChannelMap, round_up, scatter_vector, scatter_weight
+from graphopt.decisions.channel_map import ChannelMap, round_up
+from graphopt.decisions.padding_cost import copy_time, required_multiple
+from graphopt.rewrites.channel_scatter import scatter_vector, scatter_weight
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param
 from graphopt.rewrites.padding_edits import (
@@ -51,13 +53,7 @@ from graphopt.rewrites.padding_edits import (
     refresh_meta,
     slice_real,
 )
-from graphopt.rewrites.padding_plan import (
-    attention_time,
-    copy_time,
-    downstream_cost,
-    gemm_time,
-    required_multiple,
-)
+from graphopt.rewrites.padding_plan import attention_time, downstream_cost, gemm_time
 from graphopt.rewrites.padding_rules import (
     Carry,
     GemmSite,

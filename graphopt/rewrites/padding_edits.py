@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphopt.rewrites.channel_map import ChannelMap
+from graphopt.decisions.channel_map import ChannelMap
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.padding_rules import static_shape
 

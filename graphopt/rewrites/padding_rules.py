@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from graphopt.rewrites.channel_map import ChannelMap, reshape_map, scatter_vector
+from graphopt.decisions.channel_map import ChannelMap, reshape_map
+from graphopt.rewrites.channel_scatter import scatter_vector
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param, val
 
 __all__ = ["Carry", "Cut", "GemmSite", "Lookup", "absorbs", "carry_rule", "gemm_site",

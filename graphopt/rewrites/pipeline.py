@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphopt.decisions.tolerance import tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.frontends.torch_frontend import trace_torch
 from graphopt.hardware import get_target, is_this_machine
@@ -26,7 +27,7 @@ from graphopt.planner import build_plan
 from graphopt.rewrites.context import RewriteContext, TorchPass
 from graphopt.rewrites.isolation import clone_inputs, preserved_buffers, run_isolated
 from graphopt.rewrites.measure import faster_or_equal
-from graphopt.rewrites.verify import compare_outputs, tolerance_for
+from graphopt.rewrites.verify import compare_outputs
 
 __all__ = ["default_passes", "optimize_torch", "prepare"]
 
@@ -115,7 +116,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     the model itself: never slower on the target it was optimized for.
     """
     gm, ctx = prepare(model, example_inputs, target, options)
-    from graphopt.rewrites.precision import choose_precision
+    from graphopt.decisions.precision_format import choose_precision
 
     ctx.compute_dtype, why = choose_precision(ctx.target, ctx.options.precision)
     ctx.notes["precision_choice"] = {"requested": ctx.options.precision,

@@ -4,8 +4,8 @@ Identity and assumptions: a bf16/fp16 GEMM, conv or attention whose kernel accum
 (cuBLAS/cuDNN and oneDNN do; the runtime flags in ``ctx.notes["precision"]["runtime"]`` forbid
 cuBLAS's reduced-precision split-K reductions) differs from the fp32 op only by the rounding of
 its inputs (unit roundoff 2^-8 for bf16, 2^-11 for fp16). Ops whose error or range is not
-bounded that way stay fp32 (``precision_rules.ISLAND_OPS``), so the model's outputs stay within
-``verify.tolerance_for(compute dtype)``, which the pipeline checks after this pass.
+bounded that way stay fp32 (``precision_islands.ISLAND_OPS``), so the model's outputs stay within
+``tolerance.tolerance_for(compute dtype)``, which the pipeline checks after this pass.
 
 The pass assigns every node a run dtype in graph order (dtype propagation):
 
@@ -39,21 +39,20 @@ import torch
 from torch import fx
 
 from graphopt.analysis.kernel_class import KernelClass
+from graphopt.decisions.precision_format import choose_precision
+from graphopt.decisions.precision_islands import ISLAND_OPS, SIGNIFICAND_BITS
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param, val
 from graphopt.rewrites.precision_rules import (
     CAST_OPS,
     FOLLOW_OPS,
-    ISLAND_OPS,
     LOW_OPS,
     MEAN_OPS,
     SHAPE_QUERIES,
-    SIGNIFICAND_BITS,
-    choose_precision,
 )
 
-__all__ = ["choose_precision", "reduce_precision"]
+__all__ = ["reduce_precision"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +184,7 @@ class _Assigner:
         if op == "mul" and len(node.args) >= 2 and node.args[0] is node.args[1]:
             return "island", _F32, f"fp32 island: x*x is a square; {ISLAND_OPS['pow']}"
         if op in MEAN_OPS:
-            n, limit = _reduced_count(node), 2 ** SIGNIFICAND_BITS[self.low]
+            n, limit = _reduced_count(node), 2 ** SIGNIFICAND_BITS[_NAME[self.low]]
             if n is None or n > limit:
                 return "island", _F32, (f"fp32 island: averages {n or 'an unknown number of'} "
                                        f"elements, more than the {limit} a {self.fmt} sum adds "

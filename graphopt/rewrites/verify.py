@@ -1,8 +1,8 @@
 """Compare the optimized module's outputs with the original's, per output, against a tolerance.
 
-Tolerances are relative to the output's scale (its largest magnitude): fp32 rewrites must stay
-within 1e-5 of it; reduced precision within the budget below, and with a cosine similarity
-floor so a small max error cannot hide a wrong direction.
+The budgets (relative to the output's scale, with a cosine floor) are
+:func:`graphopt.decisions.tolerance.tolerance_for`'s; this module measures torch outputs
+against them.
 """
 
 from __future__ import annotations
@@ -14,34 +14,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["Comparison", "Tolerance", "compare_outputs", "tolerance_for"]
+from graphopt.decisions.tolerance import Tolerance
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    rel_to_scale: float  # max |ref - out| <= rel_to_scale * max |ref|
-    min_cosine: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {"rel_to_scale": self.rel_to_scale, "min_cosine": self.min_cosine}
-
-
-# fp32 rewrites (folding, padding, layout) reorder float sums at most: 1e-5 of scale.
-# TF32 keeps 10 mantissa bits, fp16 10, bf16 7 (unit roundoff 2^-11, 2^-11, 2^-8); budgets
-# leave room for error accumulated over a deep network, and cosine catches systematic drift.
-_TOLERANCES = {
-    "fp32": Tolerance(1e-5, 0.999999),
-    "tf32": Tolerance(5e-3, 0.9999),
-    "fp16": Tolerance(1e-2, 0.9995),
-    "bf16": Tolerance(4e-2, 0.999),
-    # dynamic INT8: 8-bit weights per channel and activations per call (~1-2% of scale measured
-    # on a 1024x1024 Linear); cosine guards the direction
-    "int8": Tolerance(5e-2, 0.999),
-}
-
-
-def tolerance_for(precision: str) -> Tolerance:
-    return _TOLERANCES.get(precision, _TOLERANCES["fp32"])
+__all__ = ["Comparison", "compare_outputs"]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Index maps of padded channel axes: where each real channel sits inside a padded axis.
 
+Pure index arithmetic on shapes, shared by the torch and the ONNX padding passes (no torch here:
+planning or optimizing an ``.onnx`` file must not import it).
+
 A tensor whose channel axis was padded is described by a :class:`ChannelMap`: the axis, its
 padded length, and for every real channel ``i`` the position ``positions[i]`` it occupies.
 Every other position is padding. ``clean`` says the padding holds exact zeros (a conv with
@@ -21,9 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import torch
-
-__all__ = ["ChannelMap", "reshape_map", "round_up", "scatter_vector", "scatter_weight"]
+__all__ = ["ChannelMap", "reshape_map", "round_up"]
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -141,29 +142,3 @@ def reshape_map(cmap: ChannelMap, old: Sequence[int], new: Sequence[int]) -> Cha
                           for p in cmap.positions for r in range(inner))
         return ChannelMap(gj[0], outer * psize, positions, cmap.clean)
     return None
-
-
-def scatter_vector(v: torch.Tensor, positions: Sequence[int], size: int,
-                   fill: float = 0.0) -> torch.Tensor:
-    """A length-``size`` vector with ``v[i]`` at ``positions[i]`` and ``fill`` elsewhere."""
-    out = torch.full((size,), fill, dtype=v.dtype)
-    out[torch.tensor(positions, dtype=torch.long)] = v.detach()
-    return out
-
-
-def scatter_weight(w: torch.Tensor, groups: int, in_map: ChannelMap, out_map: ChannelMap
-                   ) -> torch.Tensor:
-    """Conv/linear weight ``[C_out, C_in/g, *k]`` placed at the maps' positions, zero elsewhere.
-
-    Group ``j``'s rows go to ``out_map`` positions and its columns to ``in_map`` positions
-    relative to input block ``j`` (both maps must be group-compatible, see ``group_block``).
-    """
-    c_out, per_in = w.shape[0], w.shape[1]
-    per_out, block = c_out // groups, in_map.size // groups
-    new = w.new_zeros((out_map.size, block, *w.shape[2:]))
-    for j in range(groups):
-        rows = torch.tensor(out_map.positions[j * per_out:(j + 1) * per_out], dtype=torch.long)
-        cols = torch.tensor([in_map.positions[j * per_in + i] - j * block
-                             for i in range(per_in)], dtype=torch.long)
-        new[rows[:, None], cols[None, :]] = w.detach()[j * per_out:(j + 1) * per_out]
-    return new

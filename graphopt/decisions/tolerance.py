@@ -1,0 +1,40 @@
+"""How far an optimized model's outputs may move from the original's, per compute precision.
+
+Tolerances are relative to the output's scale (its largest magnitude): fp32 rewrites must stay
+within 1e-5 of it; reduced precision within the budget below, and with a cosine similarity
+floor so a small max error cannot hide a wrong direction. Both backends check against these
+(the torch pass verifier and the ONNX accuracy guard), so the budget lives here, torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Tolerance", "tolerance_for"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel_to_scale: float  # max |ref - out| <= rel_to_scale * max |ref|
+    min_cosine: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"rel_to_scale": self.rel_to_scale, "min_cosine": self.min_cosine}
+
+
+# fp32 rewrites (folding, padding, layout) reorder float sums at most: 1e-5 of scale.
+# TF32 keeps 10 mantissa bits, fp16 10, bf16 7 (unit roundoff 2^-11, 2^-11, 2^-8); budgets
+# leave room for error accumulated over a deep network, and cosine catches systematic drift.
+_TOLERANCES = {
+    "fp32": Tolerance(1e-5, 0.999999),
+    "tf32": Tolerance(5e-3, 0.9999),
+    "fp16": Tolerance(1e-2, 0.9995),
+    "bf16": Tolerance(4e-2, 0.999),
+    # dynamic INT8: 8-bit weights per channel and activations per call (~1-2% of scale measured
+    # on a 1024x1024 Linear); cosine guards the direction
+    "int8": Tolerance(5e-2, 0.999),
+}
+
+
+def tolerance_for(precision: str) -> Tolerance:
+    return _TOLERANCES.get(precision, _TOLERANCES["fp32"])
