@@ -17,8 +17,8 @@ from urllib.parse import quote
 
 import pytest
 
+from graphopt.report.format import decision_fields, decision_head, decision_summary, fmt_dims
 from graphopt.report.html import render_html
-from graphopt.report.markdown import decision_fields, decision_head, decision_summary, fmt_dims
 from tests.test_report_data import repeated_blocks
 from tests.test_report_partition import ROWS, with_partition
 from tests.test_report_render import (

@@ -16,8 +16,7 @@ from graphopt.hardware import get_target
 from graphopt.partition import apply_partition, split
 from graphopt.plan import Plan
 from graphopt.planner import build_plan
-from graphopt.report.html import render_html
-from graphopt.report.markdown import (
+from graphopt.report.format import (
     HEAD_KINDS,
     decision_fields,
     decision_head,
@@ -26,6 +25,7 @@ from graphopt.report.markdown import (
     fmt_shape,
     ordered_kinds,
 )
+from graphopt.report.html import render_html
 from tests.irbuild import G
 from tests.test_report_partition import with_partition
 from tests.test_report_render import embedded_data, make_multi, make_optimized, make_plan

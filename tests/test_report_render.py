@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from graphopt.report._html_data import decode
-from graphopt.report.html import render_html
-from graphopt.report.markdown import (
+from graphopt.report.format import (
     decision_head,
     decision_summary,
     fmt_cosine,
     fmt_pct,
     fmt_seconds,
-    render_markdown,
 )
+from graphopt.report.html import render_html
+from graphopt.report.markdown import render_markdown
 
 EVIL_NODE = "<script>alert(1)</script>"
 EVIL_TENSOR = "</script><b>x"

@@ -36,7 +36,7 @@ import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from graphopt.report.markdown import (
+from graphopt.report.format import (
     HEAD_KINDS,
     decision_fields,
     decision_head,

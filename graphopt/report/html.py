@@ -29,8 +29,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from graphopt.report._html_assets import PAGE, SCRIPT, STYLE
+from graphopt.report._html_colors import class_colors
 from graphopt.report._html_data import Tables, encode, payload, points, r6
-from graphopt.report.markdown import (
+from graphopt.report.format import (
     BOTTLENECKS,
     finite,
     fmt_count,
@@ -57,22 +58,8 @@ logger = logging.getLogger(__name__)
 
 MERGE_POINTS = 2000  # above this many points per chart, points on the same pixel are merged
 MAX_SHOW_ALL = 5000  # "show all" is offered only up to this many matching rows (DOM cost)
-# Fixed colours for the kernel classes graphopt emits; others take the spare palette in name order.
-_CLASS_COLORS = {"gemm": "#2f64d0", "gemv": "#6f9be8", "attention": "#8a55d4",
-                 "quant_gemm": "#3d3fa8", "quant_dot": "#8285dc", "conv": "#16a08a",
-                 "rmsnorm": "#c7a020", "norm": "#9c7f16", "softmax": "#e35d5d", "rope": "#d2476f",
-                 "silu": "#f2a54e", "elementwise": "#e57d2f", "reduction": "#a0522d",
-                 "data_movement": "#7c8a9c", "view": "#c3cad3", "other": "#5b6470"}
-_SPARE = ("#2a9d8f", "#e76f51", "#6d597a", "#bc6c25", "#457b9d", "#9c89b8", "#588157", "#d4a373")
 _BN_COLORS = {"compute": "#2f64d0", "memory": "#e8903a", "latency": "#9aa3ad"}
 _W, _H, _PL, _PR, _PT, _PB = 600, 360, 58, 104, 14, 42  # roofline box and paddings (px)
-
-
-def _class_colors(plans: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    classes = sorted({str(n.get("kernel_class")) for p in plans for n in p.get("nodes") or []
-                      if n.get("kernel_class") is not None})
-    spare = iter(_SPARE * (len(classes) // len(_SPARE) + 1))
-    return {c: _CLASS_COLORS.get(c) or next(spare) for c in classes}
 
 
 def _join(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any] | None]]]:
@@ -240,7 +227,7 @@ def _render(report: Mapping[str, Any], page_size: int) -> str:
     plans = plans_of(report)
     first = plans[0] if plans else {}
     model = first.get("model") or {}
-    colors = _class_colors(plans)
+    colors = class_colors(plans)
     joined = _join(plans)
     tb = encode(joined)
     index: dict[str, int] = {}

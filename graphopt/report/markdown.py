@@ -2,301 +2,36 @@
 
 Node and tensor names come from untrusted models, so every name is written as a code span and
 every free text is backslash-escaped: a model cannot inject HTML or markdown structure into a
-page that renders this file. The number and decision formatters here are shared with the HTML
-renderer so the two reports print the same values; the per-plan sections (summary, memory,
-quantization, runtime settings, optimization, nodes) live in ``sections_md``.
+page that renders this file. The number and decision formatters are shared with the HTML
+renderer (``format``) so the two reports print the same values; the per-plan sections (summary,
+memory, quantization, runtime settings, optimization, nodes) live in ``sections_md``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = [
-    "BOTTLENECKS",
-    "HEAD_KINDS",
-    "decision_fields",
-    "decision_head",
-    "decision_summary",
-    "finite",
-    "fmt_bytes",
-    "fmt_cosine",
-    "fmt_count",
-    "fmt_dims",
-    "fmt_err",
-    "fmt_pct",
-    "fmt_rate",
-    "fmt_seconds",
-    "fmt_shape",
-    "fmt_si",
-    "fmt_value",
-    "md_code",
-    "md_table",
-    "md_text",
-    "ordered_kinds",
-    "plans_of",
-    "render_markdown",
-    "yes_no",
-]
+from graphopt.report import sections_md as sec
+from graphopt.report.format import (
+    BOTTLENECKS,
+    finite,
+    fmt_bytes,
+    fmt_count,
+    fmt_rate,
+    fmt_seconds,
+    fmt_shape,
+    fmt_si,
+    md_code,
+    md_table,
+    md_text,
+    plans_of,
+)
+
+__all__ = ["render_markdown"]
 
 logger = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
-BOTTLENECKS = ("compute", "memory", "latency")
-# Keys that name what a decision chose, most specific first; the first present is its "value".
-_VALUE_KEYS = ("choice", "value", "selected", "action", "decision", "format", "path", "layout",
-               "dtype", "precision", "device", "to", "status")
-_DIM_ORDER = ("batch", "M", "N", "K")
-HEAD_KINDS = ("precision", "exec_path")  # shown together as "bf16 · tma_wgmma"
-
-
-# --------------------------------------------------------------------------- shared formatters
-
-def finite(x: Any) -> float | None:
-    """A finite float, or None for missing/non-numeric/NaN/inf (reports may hold any of them)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
-
-
-def fmt_si(value: Any, unit: str = "", digits: int = 3) -> str:
-    """Decimal SI prefix with ``digits`` significant digits: 1.23e12 -> ``1.23 T{unit}``."""
-    v = finite(value)
-    if v is None:
-        return "—"
-    prefixes = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-    for scale, p in prefixes:
-        if abs(v) >= scale:
-            return f"{v / scale:.{digits}g} {p}{unit}".rstrip()
-    return f"{v:.{digits}g} {unit}".rstrip()
-
-
-def fmt_seconds(value: Any) -> str:
-    """Seconds in the unit a profiler would pick (ns, µs, ms, s)."""
-    v = finite(value)
-    if v is None:
-        return "—"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v * 1e9:.3g} ns"
-
-
-def fmt_bytes(value: Any) -> str:
-    """Sizes in IEC units (tensor and memory sizes are powers of two)."""
-    v = finite(value)
-    if v is None:
-        return "—"
-    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{int(v)} B"
-
-
-def fmt_rate(value: Any, unit: str = "B/s") -> str:
-    """Rates in decimal SI, the way datasheets print bandwidth and FLOP/s."""
-    return fmt_si(value, unit)
-
-
-def fmt_count(value: Any) -> str:
-    v = finite(value)
-    return "—" if v is None else f"{int(v):,}"
-
-
-def fmt_shape(shape: Any) -> str:
-    """``[1, 'seq', 768]`` -> ``[1,seq,768]``; an unknown shape is ``?``."""
-    if not isinstance(shape, (list, tuple)):
-        return "?"
-    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def fmt_dims(dims: Any) -> str:
-    """GEMM dims first in the order people say them (batch M N K), then the rest sorted."""
-    if not isinstance(dims, Mapping) or not dims:
-        return ""
-    keys = [k for k in _DIM_ORDER if k in dims] + sorted(k for k in dims if k not in _DIM_ORDER)
-    return " ".join(f"{k}={dims[k]}" for k in keys)
-
-
-def decision_summary(decision: Any) -> str:
-    """The short value of one decision (``bf16``, ``nhwc``, ``pad_to=64``, ``not applied``)."""
-    if not isinstance(decision, Mapping):
-        return str(decision)
-    applied = decision.get("applied")
-    fields = [k for k in decision if k not in ("reason", "applied")]
-    key = next((k for k in _VALUE_KEYS if k in fields), None)
-    if key is not None or len(fields) == 1:
-        value = str(decision[key if key is not None else fields[0]])
-    elif fields:
-        value = f"{fields[0]}={decision[fields[0]]}"
-    else:
-        return "not applied" if applied is False else "applied"
-    return f"{value} (not applied)" if applied is False else value
-
-
-def plans_of(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The plans of a single- or multi-target report, in report order."""
-    version = report.get("schema_version")
-    if version is not None and version != SCHEMA_VERSION:
-        logger.warning("report schema_version %s; this renderer knows %d", version, SCHEMA_VERSION)
-    plans = report.get("plans")
-    if isinstance(plans, Sequence) and not isinstance(plans, (str, bytes)):
-        return [p for p in plans if isinstance(p, Mapping)]
-    return [report]
-
-
-def yes_no(value: Any) -> str:
-    return "yes" if value is True else "no" if value is False else "—"
-
-
-def fmt_value(value: Any) -> str:
-    """A runtime setting as it would be written in code; ``None`` means "leave it alone"."""
-    if value is None:
-        return "not set"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return ", ".join(fmt_value(v) for v in value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def fmt_pct(percent: Any, nbytes: Any = None) -> str:
-    """A percentage given x100 (``8.0`` is 8 %); non-zero bytes never print as ``0.00%``."""
-    p = finite(percent)
-    if p is None:
-        return "—"
-    return "<0.01%" if p < 0.005 and (finite(nbytes) or 0) > 0 else f"{p:.2f}%"
-
-
-def fmt_err(value: Any) -> str:
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    v = finite(value)
-    return "—" if v is None else f"{v:.3g}"
-
-
-def fmt_cosine(value: Any) -> str:
-    """Enough digits to show how far from 1 it is: 0.99999951, 0.9987, 1."""
-    c = finite(value)
-    if c is None:
-        return "—"
-    if c >= 1.0:
-        return "1"
-    digits = min(12, max(4, 1 - math.floor(math.log10(1.0 - c)))) if c > 0 else 4
-    return f"{c:.{digits}f}"
-
-
-def _dims3(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return "×".join(str(v) for v in value)
-    return str(value)
-
-
-def _tile(tile: Mapping[str, Any], instruction: Any) -> str:
-    parts = []
-    if all(k in tile for k in ("m", "n", "k")):
-        parts.append(f"{tile['m']}×{tile['n']}×{tile['k']} (m×n×k)")
-    for key, label in (("stages", "stages"), ("k_iters", "k iterations"), ("waves", "waves")):
-        if tile.get(key) is not None:
-            parts.append(f"{label} {tile[key]}")
-    if tile.get("swap_ab"):
-        parts.append("A/B swapped")
-    if finite(tile.get("efficiency")) is not None:
-        parts.append(f"{100 * tile['efficiency']:.1f}% of tile slots useful")
-    if tile.get("instruction") and tile.get("instruction") != instruction:
-        parts.append(str(tile["instruction"]))
-    known = {"m", "n", "k", "stages", "k_iters", "waves", "swap_ab", "efficiency", "instruction"}
-    parts += [f"{k}={fmt_value(tile[k])}" for k in sorted(tile) if k not in known]
-    return " · ".join(parts)
-
-
-def _launch(launch: Mapping[str, Any]) -> str:
-    parts = [f"{k} {_dims3(launch[k])}" for k in ("grid", "block", "cluster") if k in launch]
-    if launch.get("smem_bytes") is not None:
-        parts.append(f"{fmt_bytes(launch['smem_bytes'])} shared memory")
-    if launch.get("vector_width") is not None:
-        parts.append(f"vector width {launch['vector_width']}")
-    known = {"grid", "block", "cluster", "smem_bytes", "vector_width"}
-    return " · ".join(parts + [f"{k}={fmt_value(launch[k])}" for k in sorted(launch)
-                               if k not in known])
-
-
-def decision_fields(decision: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A decision's fields besides its value, reason and applied; tile and launch compacted."""
-    out, value_key = [], next((k for k in _VALUE_KEYS if k in decision), None)
-    for key in sorted(decision, key=str):
-        v = decision[key]
-        if key in ("reason", "applied", value_key) or v is None or v in ("", {}, []):
-            continue
-        if key == "tile" and isinstance(v, Mapping):
-            text = _tile(v, decision.get("instruction"))
-        elif key == "launch" and isinstance(v, Mapping):
-            text = _launch(v)
-        elif isinstance(v, bool):
-            text = yes_no(v)
-        elif isinstance(v, Mapping):
-            text = ", ".join(f"{k}={fmt_value(v[k])}" for k in sorted(v, key=str))
-        else:
-            text = fmt_value(v)
-        if text:
-            out.append((str(key), text))
-    return out
-
-
-def ordered_kinds(decisions: Mapping[str, Any]) -> list[str]:
-    """Precision and execution path first (what a reader looks for), then the rest by name."""
-    rest = sorted((k for k in decisions if k not in HEAD_KINDS), key=str)
-    return [k for k in HEAD_KINDS if k in decisions] + rest
-
-
-def decision_head(decisions: Any) -> str:
-    """``bf16 · tma_wgmma``: the precision format and the execution path of a node."""
-    if not isinstance(decisions, Mapping):
-        return ""
-    parts = []
-    for kind, key in zip(HEAD_KINDS, ("format", "path"), strict=True):
-        d = decisions.get(kind)
-        if isinstance(d, Mapping):
-            parts.append(str(d.get(key) or decision_summary(d)))
-        elif d is not None:
-            parts.append(str(d))
-    return " · ".join(parts)
-
-
-# --------------------------------------------------------------------------- markdown escaping
-
-_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|&#~!])")
-_LOOSE_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
-
-
-def md_text(value: Any) -> str:
-    """Free text made inert: structure characters backslash-escaped, one line."""
-    s = " ".join(str(value).split())
-    s = _MD_SPECIAL.sub(r"\\\1", s)
-    return _LOOSE_UNDERSCORE.sub(r"\\_", s)
-
-
-def md_code(value: Any) -> str:
-    """A name as a code span (no markdown or HTML is interpreted inside) safe in a table cell."""
-    s = " ".join(str(value).split()).replace("|", "\\|")
-    if not s:
-        return ""
-    fence = "`" * (max((len(r) for r in re.findall(r"`+", s)), default=0) + 1)
-    pad = " " if s.startswith("`") or s.endswith("`") else ""
-    return f"{fence}{pad}{s}{pad}{fence}"
-
-
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
-    """A GFM table; ``align`` holds one of ``l``/``r`` per column (default left)."""
-    marks = ["---:" if a == "r" else "---" for a in align.ljust(len(header), "l")]
-    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(marks) + " |"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out + [""]
 
 
 # --------------------------------------------------------------------------- sections
@@ -373,8 +108,6 @@ def render_markdown(report: Mapping[str, Any], *, max_nodes: int = 50) -> str:
         report: the v1 report dict (a plan, or ``{"plans": [...]}``).
         max_nodes: per-node tables list only the costliest ``max_nodes`` nodes (with a note).
     """
-    from graphopt.report import sections_md as sec  # it imports this module's formatters
-
     plans = plans_of(report)
     if not plans:
         return "# graphopt plan\n\n_The report holds no plans._\n"

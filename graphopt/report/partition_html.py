@@ -17,7 +17,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from graphopt.report.markdown import finite, fmt_bytes, fmt_seconds
+from graphopt.report._html_colors import class_colors
+from graphopt.report.format import finite, fmt_bytes, fmt_seconds
 from graphopt.report.partition_md import (
     device_rows,
     items,
@@ -46,9 +47,7 @@ def _esc(value: Any) -> str:
 
 def _colors(plan: Mapping[str, Any]) -> dict[str, str]:
     """The page's kernel-class colours, so the timeline matches the roofline and the table."""
-    from graphopt.report.html import _class_colors  # html.py imports this module's caller
-
-    return _class_colors([plan])
+    return class_colors([plan])
 
 
 def _ticks(span: float) -> list[float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from graphopt.report.markdown import (
+from graphopt.report.format import (
     finite,
     fmt_bytes,
     fmt_count,

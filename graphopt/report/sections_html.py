@@ -12,7 +12,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphopt.report.markdown import (
+from graphopt.report.format import (
     BOTTLENECKS,
     finite,
     fmt_bytes,

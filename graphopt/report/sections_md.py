@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphopt.report.markdown import (
+from graphopt.report.format import (
     BOTTLENECKS,
     HEAD_KINDS,
     decision_fields,

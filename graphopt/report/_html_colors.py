@@ -1,0 +1,28 @@
+"""The kernel-class colours of the HTML report, one table for every panel that draws a class.
+
+The roofline, the node table and the partition timeline colour a node by its kernel class; they
+take the colours from here so a class looks the same everywhere on the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["CLASS_COLORS", "class_colors"]
+
+# Fixed colours for the kernel classes graphopt emits; others take the spare palette in name order.
+CLASS_COLORS = {"gemm": "#2f64d0", "gemv": "#6f9be8", "attention": "#8a55d4",
+               "quant_gemm": "#3d3fa8", "quant_dot": "#8285dc", "conv": "#16a08a",
+               "rmsnorm": "#c7a020", "norm": "#9c7f16", "softmax": "#e35d5d", "rope": "#d2476f",
+               "silu": "#f2a54e", "elementwise": "#e57d2f", "reduction": "#a0522d",
+               "data_movement": "#7c8a9c", "view": "#c3cad3", "other": "#5b6470"}
+_SPARE = ("#2a9d8f", "#e76f51", "#6d597a", "#bc6c25", "#457b9d", "#9c89b8", "#588157", "#d4a373")
+
+
+def class_colors(plans: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Fixed colours for the known classes, spare ones for the rest in name order."""
+    classes = sorted({str(n.get("kernel_class")) for p in plans for n in p.get("nodes") or []
+                      if n.get("kernel_class") is not None})
+    spare = iter(_SPARE * (len(classes) // len(_SPARE) + 1))
+    return {c: CLASS_COLORS.get(c) or next(spare) for c in classes}
