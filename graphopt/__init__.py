@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from graphopt.api import plan  # noqa: E402
-from graphopt.errors import GraphoptError  # noqa: E402
-from graphopt.plan import Decision, NodePlan, Plan  # noqa: E402
+from graphopt._version import __version__
+from graphopt.api import plan
+from graphopt.errors import GraphoptError
+from graphopt.plan import Decision, NodePlan, Plan
 
 __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
            "optimize", "ort_session", "plan"]

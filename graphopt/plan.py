@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from graphopt._version import __version__
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import NodeCost
 from graphopt.hardware.profile import HardwareProfile
@@ -181,8 +182,6 @@ class Plan(_Emitters):
         return float(self.summary["est_latency_s"])
 
     def to_dict(self) -> dict[str, Any]:
-        from graphopt import __version__
-
         return {
             "schema_version": SCHEMA_VERSION,
             "graphopt_version": __version__,
