@@ -13,6 +13,7 @@ import torch
 import graphopt
 from graphopt.errors import GraphoptError
 from graphopt.lint import lint
+from graphopt.rewrites.optimized_module import OptimizedModule
 from tests.zoo import TensorCoreGuideCNN, zoo
 
 ZOO = zoo()
@@ -123,7 +124,7 @@ def test_host_fallback_returns_a_plain_copy_when_nothing_pays(monkeypatch):
     monkeypatch.setattr(pipeline, "faster_or_equal", lambda before, after, args: (False, 1e-3,
                                                                                    2e-3))
     opt = graphopt.optimize(model, inputs, target="cpu", measure=True)
-    assert not isinstance(opt.module, graphopt.optimized.OptimizedModule)
+    assert not isinstance(opt.module, OptimizedModule)
     assert opt.module is not model
     assert any(r["pass"] == "all" for r in opt.info["passes_reverted"])
     with torch.no_grad():

@@ -1,0 +1,79 @@
+"""The torch module :func:`graphopt.optimize` returns: the rewritten graph, called like the model.
+
+Kept apart from ``graphopt.optimized`` so that optimizing an ``.onnx`` file never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphopt.errors import GraphoptError
+
+__all__ = ["OptimizedModule"]
+
+
+# runtime flag name -> (object, attribute) it sets; the precision pass asks for these
+_FLAGS = {
+    "allow_tf32": ((torch.backends.cuda.matmul, "allow_tf32"),
+                   (torch.backends.cudnn, "allow_tf32")),
+    "allow_fp16_reduced_precision_reduction": (
+        (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),),
+    "allow_bf16_reduced_precision_reduction": (
+        (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),),
+}
+
+
+@contextlib.contextmanager
+def _runtime_flags(flags: dict[str, Any]) -> Iterator[None]:
+    """Set the torch backend flags a plan asks for while the module runs, then restore them.
+
+    They only affect CUDA kernels, so on a machine without a GPU nothing is touched.
+    """
+    if not flags or not torch.cuda.is_available():
+        yield
+        return
+    saved = []
+    for key, value in flags.items():
+        for obj, attr in _FLAGS.get(key, ()):
+            saved.append((obj, attr, getattr(obj, attr)))
+            setattr(obj, attr, bool(value))
+    try:
+        yield
+    finally:
+        for obj, attr, old in reversed(saved):
+            setattr(obj, attr, old)
+
+
+class OptimizedModule(torch.nn.Module):
+    """The rewritten graph, called like the original model, for inference (no autograd).
+
+    The graph was traced for the example inputs' shapes; a call with other shapes gets a
+    ``GraphoptError`` saying so instead of an error from deep inside an op.
+    """
+
+    def __init__(self, graph_module: fx.GraphModule, input_shapes: list[tuple[int, ...] | None],
+                 runtime: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.graph_module = graph_module
+        self._input_shapes = input_shapes
+        self._runtime = dict(runtime or {})
+        # the flags only touch CUDA kernels: decided once, not per call
+        self._runtime_active = bool(self._runtime) and torch.cuda.is_available()
+        self.eval()  # an inference module: BatchNorm folded, dropout gone
+
+    def forward(self, *args: Any) -> Any:
+        shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+        if shapes != self._input_shapes:
+            raise GraphoptError(f"the optimized module was built for inputs of shapes "
+                                f"{self._input_shapes}, got {shapes}",
+                                "call graphopt.optimize again with example inputs of the "
+                                "shapes you will run")
+        if not self._runtime_active and not torch.is_grad_enabled():
+            return self.graph_module(*args)  # the common inference call: no context overhead
+        with torch.no_grad(), _runtime_flags(self._runtime):
+            return self.graph_module(*args)
