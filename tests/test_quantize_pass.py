@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import types
 
 import pytest
 import torch
@@ -39,6 +40,40 @@ def test_forced_int8_on_host_cpu_is_within_int8_tolerance():
     assert 0 < rel <= 5e-2  # lossy, but within the stated budget
     cos = torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0)
     assert float(cos) >= 0.999
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_int8_linear_layers_match_fp32_and_leave_the_model_alone(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 32)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(16, 64)
+    opt = graphopt.optimize(model, (x,), target="cpu", quantize="int8", measure=False)
+    quantized = [n for n in opt.plan.nodes
+                 if "quantize" in n.decisions and n.decisions["quantize"].applied]
+    assert len(quantized) == 2
+    assert all(n.decisions["quantize"].fields["format"] == "int8" for n in quantized)
+    assert type(model[0]) is torch.nn.Linear and type(model[2]) is torch.nn.Linear
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        ref, got = model(x), opt.module(x)
+    # Tolerance: int8 weights (per channel, step 2max|w_c|/255) and 7-bit activations
+    # (reduce_range) each add a uniform rounding error of step/sqrt(12); with data ranges ~6
+    # sigma that is at most ~0.7 % and ~1.4 % RMS per layer, ~2 % over two layers.
+    rel = float((got - ref).norm() / ref.norm())
+    assert 0 < rel < 0.03
+
+
+def test_int8_without_the_quantized_kernel_is_not_applied_and_says_why(monkeypatch):
+    """A torch build without ``quantized::linear_dynamic``: nothing changes, the plan says why."""
+    model, x = _mlp()
+    monkeypatch.setattr(torch.ops, "quantized", types.SimpleNamespace())
+    opt = graphopt.optimize(model, x, target="cpu", quantize="int8", measure=False)
+    assert _quantized(opt) == []
+    reasons = [n.decisions["quantize"].reason for n in opt.plan.nodes
+               if "quantize" in n.decisions]
+    assert len(reasons) == 3 and all("no quantized::linear_dynamic kernel" in r for r in reasons)
 
 
 @pytest.mark.parametrize("isa", [None, "epyc-7763", "xeon-8380", "xeon-8480"],

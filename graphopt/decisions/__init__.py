@@ -15,7 +15,6 @@ from graphopt.decisions.memory import (
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format, runs_natively
 from graphopt.decisions.quantization import (
     QuantRecommendation,
-    apply_dynamic_int8,
     int8_pays_on_cpu,
     node_precision,
     plan_precisions,
@@ -29,7 +28,6 @@ __all__ = [
     "QuantFormat",
     "QuantRecommendation",
     "ReservePolicy",
-    "apply_dynamic_int8",
     "get_format",
     "int8_pays_on_cpu",
     "memory_plan",

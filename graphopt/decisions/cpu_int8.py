@@ -1,4 +1,5 @@
-"""INT8 on CPUs: when it pays (VNNI / AMX-INT8 only) and the torch path that applies it.
+"""INT8 on CPUs: when it pays (VNNI / AMX-INT8 only). ``rewrites/quantize.py`` applies it in torch,
+``onnx_rewrites/quantize.py`` in ONNX; both ask this module first.
 
 Facts this module rests on (the sources are those of :mod:`graphopt.hardware.cpus`):
   * VNNI ``VPDPBUSD`` does 4 int8 multiply-adds per 32-bit lane in one instruction, 4x the fp32
@@ -15,19 +16,9 @@ Facts this module rests on (the sources are those of :mod:`graphopt.hardware.cpu
 
 from __future__ import annotations
 
-import copy
-import logging
-import warnings
-from types import MappingProxyType
-from typing import Any
-
-from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.plan import Decision
 
-__all__ = ["CONV_INT8_MEASURED", "apply_dynamic_int8", "int8_pays_on_cpu"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["CONV_INT8_MEASURED", "int8_pays_on_cpu"]
 
 _VNNI = ("amx_int8", "avx512_vnni", "avx_vnni")
 #: why convolutions never get dynamic INT8 on CPUs [MEASURED]
@@ -50,50 +41,3 @@ def int8_pays_on_cpu(target: HardwareProfile) -> tuple[bool, str]:
                    "dynamic INT8 was measured no faster than fp32 for small MLPs/transformers "
                    "and 2.2-2.5x slower for CNNs")
 
-
-def apply_dynamic_int8(module: Any, target: HardwareProfile) -> tuple[Any, Decision]:
-    """Dynamic INT8 for the ``nn.Linear`` layers of a COPY of ``module``, where it pays.
-
-    Uses ``torch.ao.quantization.quantize_dynamic`` (weights int8 per tensor, activations
-    quantized per call). It is deprecated in favour of torchao (its DeprecationWarning announces
-    removal "in 2.10"), yet works in torch 2.13; the warning is silenced here. Where
-    :func:`int8_pays_on_cpu` is False the user's module is returned unchanged, with the reason.
-    """
-    import torch
-    from torch import nn
-
-    pays, why = int8_pays_on_cpu(target)
-    n_linear = sum(isinstance(m, nn.Linear) for m in module.modules())
-    if not pays or n_linear == 0:
-        why = why if not pays else "the module has no nn.Linear layers"
-        first = next(iter(module.parameters()), None)
-        dtype = str(first.dtype).removeprefix("torch.") if first is not None else "float32"
-        fmt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
-        return module, Decision(f"dynamic INT8 not applied: {why}",
-                                MappingProxyType({"format": fmt, "runs_on": "torch",
-                                                  "layers": 0}), applied=False)
-    quantize = getattr(getattr(torch, "ao", None), "quantization", None)
-    quantize = getattr(quantize, "quantize_dynamic", None)
-    if quantize is None:
-        raise GraphoptError(
-            f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic",
-            "install torchao and use torchao.quantization.quantize_(model, "
-            "Int8DynamicActivationInt8WeightConfig()), or plan without the INT8 path")
-    engine = torch.backends.quantized.engine
-    if engine == "none" or engine not in torch.backends.quantized.supported_engines:
-        raise GraphoptError(f"no quantized CPU engine in this torch build (engine {engine!r})",
-                            "use a torch build with fbgemm/x86/onednn or qnnpack")
-    qcopy = copy.deepcopy(module).eval()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", UserWarning)
-            qmodel = quantize(qcopy, {nn.Linear}, dtype=torch.qint8)
-    except (RuntimeError, NotImplementedError, AttributeError) as exc:
-        raise GraphoptError(f"torch {torch.__version__} quantize_dynamic failed: {exc}",
-                            "install torchao and use its quantize_ API, or plan without INT8"
-                            ) from exc
-    logger.info("dynamic INT8: %d Linear layers quantized for %s", n_linear, target.name)
-    return qmodel, Decision(
-        f"dynamic INT8 on {n_linear} nn.Linear layers (engine {engine}): {why}",
-        MappingProxyType({"format": "int8", "runs_on": "torch", "layers": n_linear}))

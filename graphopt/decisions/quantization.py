@@ -36,9 +36,9 @@ Node level, :func:`node_precision` (cases 5-8):
    ``MIN_GAIN`` = 10 %: about the uncertainty of the roofline's efficiency factors, below which a
    predicted gain does not justify the accuracy risk. Quantized GEMMs also need K and N aligned to
    16 bytes of the low type (tensor-core operand alignment, ``roofline.tc_alignment``).
-8. ``runs_on``: "torch" for fp32/bf16/fp16 and for CPU INT8 on ``Linear`` nodes
-   (:func:`apply_dynamic_int8`); every other format is "plan-only" (graphopt has no torch kernels
-   for FP8, NVFP4 or GPU INT8 here) and the reason says so.
+8. ``runs_on``: "torch" for fp32/bf16/fp16 and for CPU INT8 on ``Linear`` nodes (the dynamic
+   INT8 pass of ``optimize``, ``rewrites/quantize.py``); every other format is "plan-only"
+   (graphopt has no torch kernels for FP8, NVFP4 or GPU INT8 here) and the reason says so.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from typing import Any
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import alignment_efficiency, efficiency, estimate, tc_alignment
-from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, apply_dynamic_int8, int8_pays_on_cpu
+from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
 from graphopt.decisions.memory import GIB, ReservePolicy, gemm_workspace_bytes, usable_memory
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format, runs_natively
 from graphopt.errors import GraphoptError
@@ -65,7 +65,6 @@ __all__ = [
     "PREFERENCES",
     "QuantCandidate",
     "QuantRecommendation",
-    "apply_dynamic_int8",
     "carrier_format",
     "int8_pays_on_cpu",
     "node_precision",
@@ -413,7 +412,7 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
     f, t_lo, gain = fp4 or other  # type: ignore[misc]
     runs_on = "torch" if (f.key == "int8" and not target.is_gpu and op_type == "Linear") \
         else "plan-only"
-    where = ("applied by apply_dynamic_int8" if runs_on == "torch" else
+    where = ("applied by optimize's dynamic INT8 pass" if runs_on == "torch" else
              "plan-only: graphopt's torch path has no kernel for it here; deploy with "
              "TensorRT(-LLM), vLLM or Transformer Engine" if target.is_gpu else
              "plan-only: the torch INT8 path covers nn.Linear only")
