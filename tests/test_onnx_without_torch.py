@@ -44,10 +44,12 @@ from graphopt.cli import main
 codes = [main(["plan", model, "--target", "h100,cpu", "--json", folder + "/plan.json"])]
 opt = graphopt.optimize(model, target="cpu")
 opt.export_onnx(folder + "/api.onnx")
-graphopt.optimize(model, target="h100", measure=False).export_onnx(folder + "/h100.onnx")
+gpu = graphopt.optimize(model, target="h100", pad="always", measure=False)
+gpu.export_onnx(folder + "/h100.onnx")
 graphopt.ort_session(folder + "/api.onnx")
 codes.append(main(["optimize", model, "-o", folder + "/cli.onnx", "--target", "cpu"]))
-print(json.dumps({"codes": codes, "torch": "torch" in sys.modules, "first": first[:1]}))
+print(json.dumps({"codes": codes, "gpu_passes": gpu.info["passes_applied"],
+                  "torch": "torch" in sys.modules, "first": first[:1]}))
 """
 
 
@@ -76,6 +78,7 @@ def test_onnx_paths_never_import_torch(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     verdict = json.loads(done.stdout.strip().splitlines()[-1])
     assert verdict["codes"] == [0, 0]
+    assert verdict["gpu_passes"] == ["padding", "precision"]  # both passes ran, not just loaded
     for name in ("plan.json", "api.onnx", "api.graphopt.json", "h100.onnx", "cli.onnx",
                  "cli.graphopt.json"):
         assert (tmp_path / name).is_file(), name
