@@ -88,11 +88,16 @@ class Optimized:
             model, inputs, opts = self._source
             # exporters run forward on real tensors: never on the user's model or inputs
             exported = export_torch(copy.deepcopy(model), clone_inputs(inputs), opset=opset)
-            self.onnx_model, _, onnx_info = optimize_onnx(
+            self.onnx_model, onnx_plan, onnx_info = optimize_onnx(
                 exported.model, self.plan.target, opts, samples=[exported.feeds])
-            self.info["onnx"] = {**onnx_info, "exporter": exported.exporter,
-                                 "export_s": exported.seconds,
-                                 "opset": _opset_of(self.onnx_model)}
+            export = {"exporter": exported.exporter, "export_s": exported.seconds,
+                      "opset": _opset_of(self.onnx_model)}
+            self.info["onnx"] = {**onnx_info, **export}
+            # the report keeps each artifact's own decisions and numerics: the torch module's
+            # under "optimization", the ONNX file's here (its nodes are the ONNX graph's)
+            self.plan = replace(self.plan, extra={**self.plan.extra, "onnx_optimization": {
+                **onnx_plan.extra["optimization"], **export,
+                "decisions": _rewrite_decisions(onnx_plan)}})
         session = self.info.get("onnx", self.info).get("session")
         return save_onnx(self.onnx_model, path, session, protect=self.input_files)
 
@@ -103,6 +108,16 @@ class Optimized:
         from graphopt.inputs import input_files
 
         return [] if isinstance(self._source, tuple) else input_files(self._source)
+
+
+#: the decisions the rewrite passes make (the planner's exec_path, device... stay per plan)
+_REWRITE_KINDS = ("padding", "layout", "precision", "quantize")
+
+
+def _rewrite_decisions(plan: Plan) -> dict[str, dict[str, Any]]:
+    """ONNX node -> {kind: decision} for the kinds the passes decide, in graph order."""
+    return {n.name: {k: n.decisions[k].to_dict() for k in _REWRITE_KINDS if k in n.decisions}
+            for n in plan.nodes if any(k in n.decisions for k in _REWRITE_KINDS)}
 
 
 def _opset_of(model: Any) -> int | None:

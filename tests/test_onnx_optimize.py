@@ -9,6 +9,8 @@ ORT's CPU EP runs most fp16 ops in fp32 without rounding.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -256,6 +258,32 @@ def test_torch_optimized_export_onnx_applies_decisions_at_onnx_level(tmp_path):
     with torch.no_grad():
         ref = [model(*inputs).numpy()]
     _close(ref, _run(str(out), {"x": inputs[0].numpy()}), FP32_RTOL)
+
+
+def test_export_onnx_keeps_the_onnx_artifacts_decisions_and_numerics_in_the_report(tmp_path):
+    """Before: export_onnx planned the exported model and threw that plan away, so the report
+    showed only the torch module's decisions for an ONNX file decided separately."""
+    model, inputs = ZOO["transformer_hd72"]
+    opt = graphopt.optimize(model, inputs, target="h100", measure=False)
+    torch_section = dict(opt.plan.extra["optimization"])
+    out = opt.export_onnx(tmp_path / "t.onnx")
+    report = json.loads(opt.plan.to_json())
+    assert report["optimization"] == json.loads(json.dumps(torch_section))  # unchanged
+    onnx_section = report["onnx_optimization"]
+    assert onnx_section["exporter"] == opt.info["onnx"]["exporter"]
+    assert onnx_section["passes_applied"] == opt.info["onnx"]["passes_applied"]
+    exported_names = set(onnx_section["decisions"])
+    assert exported_names and not exported_names & {n.name for n in opt.plan.nodes}
+    matmuls = [n for n, d in onnx_section["decisions"].items() if "padding" in d]
+    assert matmuls and all(isinstance(d["reason"], str) for n in matmuls
+                           for d in onnx_section["decisions"][n].values())
+    # the numbers it states are the ONNX file's, measured against the torch original
+    got = _run(str(out), {"x": inputs[0].numpy()})
+    with torch.no_grad():
+        ref = model(*inputs).numpy()
+    budget = onnx_section["tolerance"]["rel_to_scale"] * np.abs(ref).max()
+    assert np.abs(got[0].astype(np.float32) - ref).max() <= budget
+    assert all(n["within"] for n in onnx_section["numerics"])
 
 
 # ---------------------------------------------------------------------------------- CLI
