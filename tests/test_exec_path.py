@@ -12,15 +12,13 @@ from hypothesis import strategies as st
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.exec_path import CPU_PATHS, GPU_PATHS, exec_path
-from graphopt.decisions.kernel_config import (
+from graphopt.decisions.kernel_config import elementwise_config, gemm_config, gemv_config
+from graphopt.decisions.kernel_tiles import (
     MMA_SYNC,
     TCGEN05,
     WGMMA,
     GemmProblem,
     elem_bytes,
-    elementwise_config,
-    gemm_config,
-    gemv_config,
     swizzle_bytes,
     tma_check,
 )

@@ -28,7 +28,7 @@ instruction's N (8..256); a single K iteration under one wave -> ``standard`` (n
 asynchronous pipeline to overlap). CPU paths: ``amx``, ``vnni``, ``avx512``, ``avx2``,
 ``neon``, ``generic`` by ISA flag and dtype (rules in :func:`cpu_path`).
 
-Sources: [PTX-*] and [CU-TMAP] as in :mod:`graphopt.decisions.kernel_config`; the Hopper/
+Sources: [PTX-*] and [CU-TMAP] as in :mod:`graphopt.decisions.kernel_tiles`; the Hopper/
 Blackwell capability split comes from :mod:`graphopt.hardware.generations`.
 """
 
@@ -41,22 +41,24 @@ from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import peak_key
 from graphopt.decisions.kernel_config import (
+    KernelConfig,
+    attention_config,
+    cpu_config,
+    elementwise_config,
+    gemm_config,
+    gemv_config,
+    rowwise_config,
+)
+from graphopt.decisions.kernel_tiles import (
     MMA_SYNC,
     SIMT,
     TCGEN05,
     WGMMA,
     Engine,
     GemmProblem,
-    KernelConfig,
-    attention_config,
-    cpu_config,
     elem_bytes,
-    elementwise_config,
-    gemm_config,
     gemm_problem,
     gemm_tma_check,
-    gemv_config,
-    rowwise_config,
     tma_check,
 )
 from graphopt.hardware.generations import family_for
