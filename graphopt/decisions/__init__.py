@@ -5,6 +5,8 @@ One module per decision family; each re-exports its public names here.
 
 from __future__ import annotations
 
+from graphopt.decisions.cpu_int8 import int8_pays_on_cpu
+from graphopt.decisions.gemm_precision import node_precision, plan_precisions
 from graphopt.decisions.memory import (
     MemoryPlan,
     ReservePolicy,
@@ -13,13 +15,7 @@ from graphopt.decisions.memory import (
     usable_memory,
 )
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format, runs_natively
-from graphopt.decisions.quantization import (
-    QuantRecommendation,
-    int8_pays_on_cpu,
-    node_precision,
-    plan_precisions,
-    recommend_quant,
-)
+from graphopt.decisions.quantization import QuantRecommendation, recommend_quant
 
 __all__ = [
     # quantization + memory

@@ -14,8 +14,9 @@ from dataclasses import replace
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.cost.roofline import estimate
 from graphopt.decisions.exec_path import exec_path
+from graphopt.decisions.gemm_precision import plan_precisions
 from graphopt.decisions.memory import memory_plan
-from graphopt.decisions.quantization import plan_precisions, recommend_quant
+from graphopt.decisions.quantization import recommend_quant
 from graphopt.decisions.runtime import RuntimeSettings, runtime_settings
 from graphopt.plan import Plan
 

@@ -27,7 +27,7 @@ Native execution (``requires``) is a set of capability flags of which the target
     NVFP4 there as partial) [TE-MATRIX, NV-FP4].
   * INT8: int8 tensor cores (Turing+, Xavier) or a CPU int8 dot-product instruction: VNNI
     (AVX512-VNNI / AVX-VNNI) or AMX-INT8 [INTEL-OPT]. Plain AVX2 has no single-instruction int8
-    dot product (see :func:`graphopt.decisions.quantization.int8_pays_on_cpu`).
+    dot product (see :func:`graphopt.decisions.cpu_int8.int8_pays_on_cpu`).
   * GGUF K-quants are weight-only: llama.cpp dequantizes blocks inside its matmul kernels on any
     GPU or CPU, so they run everywhere but save memory and bandwidth, not arithmetic [GGUF].
 

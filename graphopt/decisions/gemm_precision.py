@@ -1,0 +1,230 @@
+"""Each node's precision on a target: its baseline format, or a low-bit one where it pays.
+
+The model-level weight format (cases 1-4) is :mod:`graphopt.decisions.quantization`; this module
+continues its numbering.
+
+5. Baseline ("carrier") precision: the model's own 16-bit format, else bf16 where the target has
+   bf16 matrix units, fp16 on older GPUs, fp32 on CPUs without bf16. Norms and softmax run in
+   fp32 (PyTorch autocast's fp32 list: their sums and exponentials overflow 16-bit).
+6. Sensitive GEMMs stay at the carrier: the first and last weight GEMMs (their quantization error
+   is not averaged out by later layers; llama.cpp's K-quant mixes keep ``output.weight`` at
+   Q6_K), GEMMs without a weight (attention logits QK^T and PV), fused attention, small GEMMs.
+7. Other weight GEMMs get the target's native low-precision format if it pays: FP8 on Ada /
+   Hopper / Blackwell (preferred to INT8 at the same width: it keeps a per-value exponent, so it
+   needs no outlier calibration), NVFP4 on Blackwell only where weights are at least half the
+   node's traffic and FP4 beats FP8 by the margin, INT8 on GPUs with int8 tensor cores and no FP8
+   (Turing, Ampere) and on CPUs where :func:`int8_pays_on_cpu`, for Linear/MatMul only.
+   "Pays" = the roofline time at the low precision (weights at its bpw, activations at the
+   carrier) is at least ``MIN_GAIN`` below the carrier's and the node is not launch-bound.
+   ``MIN_GAIN`` = 10 %: about the uncertainty of the roofline's efficiency factors, below which a
+   predicted gain does not justify the accuracy risk. Quantized GEMMs also need K and N aligned to
+   16 bytes of the low type (tensor-core operand alignment, ``roofline.tc_alignment``).
+8. ``runs_on``: "torch" for fp32/bf16/fp16 and for CPU INT8 on ``Linear`` nodes (the dynamic
+   INT8 pass of ``optimize``, ``rewrites/quantize.py``); every other format is "plan-only"
+   (graphopt has no torch kernels for FP8, NVFP4 or GPU INT8 here) and the reason says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost.roofline import alignment_efficiency, efficiency, estimate, tc_alignment
+from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
+from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format
+from graphopt.decisions.quantization import runnable
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir import DTYPE_BITS
+from graphopt.plan import Decision, NodePlan, Plan
+
+__all__ = ["MIN_GAIN", "carrier_format", "node_precision", "plan_precisions"]
+
+logger = logging.getLogger(__name__)
+
+MIN_GAIN = 0.10  # case 7
+WEIGHT_HEAVY = 0.5  # case 7: NVFP4 only where weights are >= half the node's bytes
+_ISLANDS = frozenset({KernelClass.NORM, KernelClass.RMSNORM, KernelClass.SOFTMAX})
+_CPU_INT8_CLASSES = frozenset({KernelClass.GEMM, KernelClass.GEMV})
+_TORCH_FORMATS = frozenset({"fp32", "bf16", "fp16"})
+_PEAK_DTYPE = {"fp4": "fp4", "fp8": "fp8_e4m3", "int8": "int8"}
+_DTYPE_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8_e4m3",
+                 "int8": "int8", "fp4": "nvfp4"}
+
+
+def carrier_format(target: HardwareProfile, model_format: str) -> tuple[str, str]:
+    """The format a node runs at when it is not quantized (case 5), and why."""
+    m = get_format(model_format)
+    if m.family == "float" and m.bits_per_weight == 16:
+        if runnable(m, target)[0]:
+            return m.key, f"the model's own {m.display}"
+        return "fp16", f"{m.display} is not native on {target.display_name}; fp16 tensor cores"
+    if target.is_gpu:
+        if target.has("bf16"):
+            return "bf16", "bf16 tensor cores, fp32's exponent range"
+        if target.has("tensor_cores"):
+            return "fp16", f"no bf16 on {target.generation}; fp16 tensor cores"
+        return "fp32", "no tensor cores"
+    if "bf16" in target.peak_flops:
+        return "bf16", f"{target.display_name} computes bf16 natively"
+    return "fp32", f"{target.display_name} has no native bf16 arithmetic"
+
+
+def _weights(node: NodePlan | NodeAnalysis) -> tuple[NodeAnalysis, int, str | None, str | None]:
+    """(analysis, weight bytes as traced, weight dtype, op_type); no weight -> 0 bytes."""
+    if isinstance(node, NodePlan):
+        ws = [t for t in node.inputs
+              if t is not None and t.kind in ("param", "constant") and len(t.shape or ()) >= 2]
+        dtype = ws[0].dtype if ws else None
+        return node.analysis, sum(t.nbytes for t in ws), dtype, node.op_type
+    a = node
+    return a, math.ceil(a.param_count * DTYPE_BITS.get(a.dtype or "fp32", 32) / 8), a.dtype, None
+
+
+def _cost_at(a: NodeAnalysis, target: HardwareProfile, w_bytes: int, w_scale: float,
+             act_scale: float, dtype: str) -> tuple[float, str]:
+    """(roofline time, bottleneck) with weights and activations re-sized (case 7)."""
+    act_read = max(0, a.bytes_read - w_bytes)
+    scaled = replace(a, bytes_read=math.ceil(act_read * act_scale + w_bytes * w_scale),
+                     bytes_written=math.ceil(a.bytes_written * act_scale), dtype=dtype)
+    cost = estimate(scaled, target, dtype)
+    t = cost.est_time_s
+    if dtype == "int8" and not target.is_gpu:  # dynamic quantization: read fp, write int8
+        bw = target.bandwidth_bytes_per_s * efficiency("cpu", "memory")
+        t += act_read * act_scale * 1.25 / bw + target.launch_overhead_s
+    return t, cost.bottleneck
+
+
+def _low_formats(a: NodeAnalysis, target: HardwareProfile) -> tuple[list[QuantFormat], str]:
+    """Native low-precision formats to try, best first, and why others are out (case 7)."""
+    if not target.is_gpu:
+        pays, why = int8_pays_on_cpu(target)
+        if not pays:
+            return [], why
+        if a.kernel_class not in _CPU_INT8_CLASSES:
+            return [], f"{a.kernel_class.value} on CPU: {CONV_INT8_MEASURED}"
+        return [FORMATS["int8"]], why
+    out = []
+    if target.has("fp4"):
+        out.append(FORMATS["nvfp4"])
+    if target.has("fp8"):
+        return [*out, FORMATS["fp8_e4m3"]], ""
+    if target.has("int8_tensor") and "int8" in target.peak_flops:
+        return [FORMATS["int8"]], (f"no FP8 tensor cores on {target.generation} (FP8 needs cc "
+                                   "8.9+); INT8 tensor cores instead")
+    return [], f"no FP8 or INT8 tensor cores on {target.generation}"
+
+
+def _decide(fmt: str, model: QuantFormat, reason: str, runs_on: str = "torch",
+            **extra: Any) -> Decision:
+    fields = {"format": fmt, "runs_on": runs_on, **extra}
+    return Decision(reason, MappingProxyType(fields), applied=fmt != model.key)
+
+
+def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
+                   model_format: str | None = None, *, is_first: bool = False,
+                   is_last: bool = False) -> Decision:
+    """The precision ``node`` should run at on ``target`` (cases 5-8)."""
+    a, w_bytes, w_dtype, op_type = _weights(node)
+    model = get_format(model_format or _DTYPE_FORMAT.get(w_dtype or a.dtype or "", "fp32"))
+    carrier, carrier_why = carrier_format(target, model.key)
+    kc = a.kernel_class
+    if kc in (KernelClass.QUANT_GEMM, KernelClass.QUANT_DOT):
+        return Decision("already quantized in the model: kept",
+                        MappingProxyType({"format": a.dtype or "int8", "runs_on": "torch"}),
+                        applied=False)
+    if kc in _ISLANDS:
+        return _decide("fp32", model, f"{kc.value} stays fp32: its sums/exponentials overflow or "
+                       "lose digits in 16 bits (PyTorch autocast fp32 list)")
+    if kc not in GEMM_LIKE:
+        return _decide(carrier, model, f"{kc.value}: follows the baseline {carrier} "
+                       f"({carrier_why}); nothing to quantize")
+    keep = None
+    if kc is KernelClass.ATTENTION or w_bytes == 0:
+        keep = "attention logits / a GEMM of two activations: no weight to quantize, and "\
+               "quantizing QK^T or PV hurts accuracy"
+    elif is_first or is_last:
+        keep = (f"{'first' if is_first else 'last'} weight GEMM of the model: its quantization "
+                "error is not averaged out by other layers")
+    if keep:
+        return _decide(carrier, model, f"stays {carrier} ({carrier_why}): {keep}")
+    lows, why_not = _low_formats(a, target)
+    lows = [f for f in lows if f.bits_per_weight < model.bits_per_weight]
+    if not lows:
+        return _decide(carrier, model, f"stays {carrier} ({carrier_why}): "
+                       f"{why_not or 'the model is already at or below 8 bits'}")
+    w_bits = DTYPE_BITS.get(w_dtype or model.key, int(model.bits_per_weight))
+    act_bits = DTYPE_BITS.get(a.dtype or "fp32", 32)
+    c_bits = get_format(carrier).bits_per_weight
+    t_hi, bound = _cost_at(a, target, w_bytes, c_bits / w_bits, c_bits / act_bits, carrier)
+    if bound == "latency":
+        return _decide(carrier, model, f"stays {carrier}: small GEMM, launch-bound at "
+                       f"{t_hi * 1e6:.2f} us; a lower precision cannot speed it up")
+    weight_heavy = w_bytes / w_bits >= WEIGHT_HEAVY * (
+        w_bytes / w_bits + max(0, a.bytes_total - w_bytes) / act_bits)
+    notes: list[str] = []
+    options: dict[str, tuple[QuantFormat, float, float]] = {}
+    for f in lows:
+        peak = f.peak or "fp32"
+        if target.is_gpu and alignment_efficiency(a, peak, target) != 1.0:
+            notes.append(f"{f.display} needs K and N multiples of {tc_alignment(peak)}")
+            continue
+        if f.key == "nvfp4" and not weight_heavy:
+            notes.append("NVFP4 only where weights dominate the traffic; here activations do")
+            continue
+        t_lo, _ = _cost_at(a, target, w_bytes, f.bits_per_weight / w_bits, c_bits / act_bits,
+                           _PEAK_DTYPE[peak])
+        gain = 1 - t_lo / t_hi
+        if gain < MIN_GAIN:
+            notes.append(f"{f.display} would save only {gain:.0%} (< {MIN_GAIN:.0%})")
+            continue
+        options[f.key] = (f, t_lo, gain)
+    if not options:
+        return _decide(carrier, model, f"stays {carrier}: " + "; ".join(
+            [*notes, why_not] if why_not else notes))
+    fp4 = options.pop("nvfp4", None)
+    other = next(iter(options.values()), None)
+    if fp4 is not None and other is not None and 1 - fp4[1] / other[1] < MIN_GAIN:
+        notes.append(f"NVFP4 would beat {other[0].display} by < {MIN_GAIN:.0%}")
+        fp4 = None
+    f, t_lo, gain = fp4 or other  # type: ignore[misc]
+    runs_on = "torch" if (f.key == "int8" and not target.is_gpu and op_type == "Linear") \
+        else "plan-only"
+    where = ("applied by optimize's dynamic INT8 pass" if runs_on == "torch" else
+             "plan-only: graphopt's torch path has no kernel for it here; deploy with "
+             "TensorRT(-LLM), vLLM or Transformer Engine" if target.is_gpu else
+             "plan-only: the torch INT8 path covers nn.Linear only")
+    extra = f"; {why_not}" if why_not else ""
+    return _decide(f.key, model, f"{f.display}: roofline {t_hi * 1e6:.2f} -> {t_lo * 1e6:.2f} us "
+                   f"({gain:.0%} faster than {carrier}){extra}; {where}", runs_on,
+                   baseline=carrier, speedup=round(t_hi / t_lo, 3))
+
+
+def plan_precisions(plan: Plan, model_format: str | None = None) -> dict[str, Decision]:
+    """:func:`node_precision` for every node, knowing which weight GEMMs come first and last."""
+    params: dict[str, tuple[str | None, int]] = {}
+    gemms = []
+    for n in plan.nodes:
+        for t in n.inputs:
+            if t is not None and t.kind == "param":
+                params[t.name] = (t.dtype, t.nbytes)
+        if n.analysis.kernel_class in GEMM_LIKE and _weights(n)[1] > 0 \
+                and n.analysis.kernel_class is not KernelClass.ATTENTION:
+            gemms.append(n.name)
+    if model_format is None:
+        by_dtype: dict[str, int] = {}
+        for dtype, nbytes in params.values():
+            by_dtype[dtype or "fp32"] = by_dtype.get(dtype or "fp32", 0) + nbytes
+        dominant = max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "fp32"
+        model_format = _DTYPE_FORMAT.get(dominant, "fp32")
+    first, last = (gemms[0], gemms[-1]) if gemms else (None, None)
+    out = {n.name: node_precision(n, plan.target, model_format, is_first=n.name == first,
+                                  is_last=n.name == last) for n in plan.nodes}
+    low = sum(d.fields["format"] not in _TORCH_FORMATS for d in out.values())
+    logger.info("precision on %s: %d of %d nodes at a low-precision format", plan.target.name,
+                low, len(out))
+    return out
