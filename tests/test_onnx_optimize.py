@@ -284,6 +284,11 @@ def test_export_onnx_keeps_the_onnx_artifacts_decisions_and_numerics_in_the_repo
     budget = onnx_section["tolerance"]["rel_to_scale"] * np.abs(ref).max()
     assert np.abs(got[0].astype(np.float32) - ref).max() <= budget
     assert all(n["within"] for n in onnx_section["numerics"])
+    md, page = opt.plan.to_markdown(), opt.plan.to_html()
+    for text in (md, page):
+        assert "Optimization of the ONNX file (export_onnx)" in text
+        assert all(name in text for name in matmuls)
+    assert md.index("## Optimization\n") < md.index("Optimization of the ONNX file")
 
 
 # ---------------------------------------------------------------------------------- CLI

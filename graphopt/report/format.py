@@ -295,3 +295,12 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = 
     out = ["| " + " | ".join(header) + " |", "| " + " | ".join(marks) + " |"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out + [""]
+
+
+#: (label, value, detail) of one line of a report section
+Fact = tuple[str, str, str]
+
+
+def facts_md(facts: Sequence[Fact]) -> list[str]:
+    return [f"- **{md_text(k)}:** {md_text(v)}" + (f" — {md_text(d)}" if d else "")
+            for k, v, d in facts]

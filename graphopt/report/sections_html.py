@@ -23,17 +23,16 @@ from graphopt.report.format import (
     fmt_si,
     fmt_value,
 )
-from graphopt.report.partition_html import partition_panel
-from graphopt.report.partition_md import partition_facts
-from graphopt.report.sections_md import (
-    deployment_rows,
-    memory_facts,
+from graphopt.report.optimization import (
+    ARTIFACTS,
+    decision_rows,
     note_items,
     numerics_rows,
     optimization_facts,
-    quant_facts,
-    settings_of,
 )
+from graphopt.report.partition_html import partition_panel
+from graphopt.report.partition_md import partition_facts
+from graphopt.report.sections_md import deployment_rows, memory_facts, quant_facts, settings_of
 
 __all__ = ["bar", "cards", "comparison", "deployment", "esc", "issues", "share", "target_name"]
 
@@ -225,7 +224,7 @@ def _runtime(rt: Mapping[str, Any]) -> str:
             f'</h3>{_table(["setting", "value", "reason"], rows, "lll", "rt")}</div>')
 
 
-def _optimization(opt: Mapping[str, Any]) -> str:
+def _optimization(opt: Mapping[str, Any], title: str = "Optimization") -> str:
     reverted = "".join(f'<li><b class="mono">{esc(r.get("pass", "?"))}</b>: '
                        f'{esc(r.get("reason") or "")}</li>'
                        for r in opt.get("passes_reverted") or [] if isinstance(r, Mapping))
@@ -240,14 +239,20 @@ def _optimization(opt: Mapping[str, Any]) -> str:
         lines = "".join(f'<div class="faint">{esc(k)}: {esc(v)}</div>' for k, v in texts)
         groups.append(f'<tr><td class="mono">{esc(group)}</td><td class="wrap">{chips}{lines}'
                       f"</td></tr>")
-    return ('<div class="panel opt"><h3>Optimization<span class="hint">passes, measured error '
+    decided = [f'<tr><td class="mono">{esc(r[0])}</td>'
+               + "".join(f'<td class="wrap">{esc(c)}</td>' for c in r[1:]) + "</tr>"
+               for r in decision_rows(opt)]
+    return (f'<div class="panel opt"><h3>{esc(title)}<span class="hint">passes, measured error '
             'vs the original model</span></h3>' + _facts(optimization_facts(opt))
             + (f'<h4>Reverted</h4><ul class="warn">{reverted}</ul>' if reverted else "")
             + ("<h4>Measured error</h4>" + _table(["output", "max abs", "limit", "max rel",
                                                    "cosine", "within"], nums, "rrrrr", "numerics")
                if nums else "")
             + (f'<h4>Pass notes</h4><table class="notes-t"><tbody>{"".join(groups)}</tbody>'
-               f"</table>" if groups else "") + "</div>")
+               f"</table>" if groups else "")
+            + ("<h4>Decisions on its nodes</h4>" + _table(
+                ["node", "padding", "layout", "precision", "quantize"], decided, "", "decided")
+               if decided else "") + "</div>")
 
 
 def deployment(plan: Mapping[str, Any], collapsed: bool = False,
@@ -255,10 +260,10 @@ def deployment(plan: Mapping[str, Any], collapsed: bool = False,
     """Memory + quantization, then runtime settings + optimization, as a two-column grid; the
     partition across devices (if any) full width below it. ``colors``: the kernel-class colours
     of the page (default: those of this plan alone)."""
-    mem, q, rt, opt = (_section(plan, k) for k in ("memory", "quantization", "runtime_settings",
-                                                   "optimization"))
+    mem, q, rt = (_section(plan, k) for k in ("memory", "quantization", "runtime_settings"))
     left = (_memory(mem) if mem else "") + (_runtime(rt) if rt else "")
-    right = (_optimization(opt) if opt else "") + (_quantization(q) if q else "")
+    right = "".join(_optimization(opt, title) for key, title in ARTIFACTS
+                    if (opt := _section(plan, key))) + (_quantization(q) if q else "")
     part = partition_panel(plan, colors)
     if not left and not right and not part:
         return ""

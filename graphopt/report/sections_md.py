@@ -15,15 +15,15 @@ from typing import Any
 from graphopt.report.format import (
     BOTTLENECKS,
     HEAD_KINDS,
+    Fact,
     decision_fields,
     decision_head,
     decision_summary,
+    facts_md,
     finite,
     fmt_bytes,
-    fmt_cosine,
     fmt_count,
     fmt_dims,
-    fmt_err,
     fmt_pct,
     fmt_seconds,
     fmt_si,
@@ -33,6 +33,12 @@ from graphopt.report.format import (
     md_text,
     ordered_kinds,
     yes_no,
+)
+from graphopt.report.optimization import (
+    artifacts_md,
+    note_items,
+    numerics_rows,
+    optimization_facts,
 )
 from graphopt.report.partition_md import partition_md
 
@@ -51,7 +57,6 @@ __all__ = [
 ]
 
 DETAIL_NODES = 10  # markdown lists the decision reasons of this many costliest nodes
-Fact = tuple[str, str, str]  # (label, value, detail)
 
 
 def settings_of(runtime: Any) -> list[tuple[str, str, str]]:
@@ -113,64 +118,6 @@ def quant_facts(q: Mapping[str, Any]) -> list[Fact]:
         ("fits", yes_no(q.get("fits")), f"{fmt_bytes(missing)} missing" if missing else ""),
         ("preference", str(q.get("preference") or "—"), ""),
     ]
-
-
-def _tolerance(tol: Any) -> str:
-    if not isinstance(tol, Mapping):
-        return "—"
-    rel, cos = finite(tol.get("rel_to_scale")), finite(tol.get("min_cosine"))
-    parts = ([f"max abs ≤ {100 * rel:g}% of the output's scale"] if rel is not None else [])
-    return ", ".join(parts + ([f"cosine ≥ {cos:g}"] if cos is not None else [])) or "—"
-
-
-def optimization_facts(opt: Mapping[str, Any]) -> list[Fact]:
-    nums = [n for n in opt.get("numerics") or [] if isinstance(n, Mapping)]
-    within = sum(n.get("within") is True for n in nums)
-    reverted = [r for r in opt.get("passes_reverted") or [] if isinstance(r, Mapping)]
-    return [
-        ("passes applied", ", ".join(str(p) for p in opt.get("passes_applied") or []) or "none",
-         ""),
-        ("passes reverted", ", ".join(str(r.get("pass", "?")) for r in reverted) or "none", ""),
-        ("compute dtype", str(opt.get("compute_dtype") or "—"), ""),
-        ("tolerance", _tolerance(opt.get("tolerance")), ""),
-        ("outputs within", f"{within} of {len(nums)}" if nums else "—",
-         "✓" if nums and within == len(nums) else "✗" if nums else ""),
-    ]
-
-
-def numerics_rows(opt: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """(output, max abs, limit, max rel, cosine, within) per compared output."""
-    rows = []
-    for n in opt.get("numerics") or []:
-        if not isinstance(n, Mapping):
-            continue
-        tol = n.get("tolerance") if isinstance(n.get("tolerance"), Mapping) else \
-            opt.get("tolerance") or {}
-        rel, scale = finite(tol.get("rel_to_scale")), finite(n.get("scale"))
-        limit = fmt_err(rel * scale) if rel is not None and scale is not None else "—"
-        ok = n.get("within")
-        rows.append((str(n.get("output", "?")), fmt_err(n.get("max_abs")), limit,
-                     fmt_err(n.get("max_rel")), fmt_cosine(n.get("cosine")),
-                     "✓" if ok is True else "✗" if ok is False else "—"))
-    return rows
-
-
-def note_items(group: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(counts, texts) of one optimization-notes group; a list counts as its length."""
-    if not isinstance(group, Mapping):
-        return [], [("value", fmt_value(group))]
-    counts, texts = [], []
-    for key in sorted(group, key=str):
-        v, label = group[key], str(key).replace("_", " ")
-        if isinstance(v, (list, tuple)):
-            counts.append((label, fmt_count(len(v))))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            counts.append((label, fmt_value(v) if isinstance(v, float) else fmt_count(v)))
-        elif isinstance(v, Mapping):
-            texts.append((label, ", ".join(f"{k}={fmt_value(v[k])}" for k in sorted(v, key=str))))
-        elif v is not None and v != "":
-            texts.append((label, fmt_value(v)))
-    return counts, texts
 
 
 def deployment_rows(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, list[str]]]:
@@ -251,13 +198,8 @@ def plan_summary(plan: Mapping[str, Any], h: str) -> list[str]:
     return out
 
 
-def _facts_md(facts: Sequence[Fact]) -> list[str]:
-    return [f"- **{md_text(k)}:** {md_text(v)}" + (f" — {md_text(d)}" if d else "")
-            for k, v, d in facts]
-
-
 def memory_md(mem: Mapping[str, Any], h: str) -> list[str]:
-    out = [f"{h} Memory", "", *_facts_md(memory_facts(mem)), ""]
+    out = [f"{h} Memory", "", *facts_md(memory_facts(mem)), ""]
     rows = [[md_text(b.get("component", "?")), fmt_bytes(b.get("bytes")), fmt_count(b.get("bytes")),
              md_text(fmt_pct(b.get("percent"), b.get("bytes")))]
             for b in mem.get("breakdown") or [] if isinstance(b, Mapping)]
@@ -268,7 +210,7 @@ def memory_md(mem: Mapping[str, Any], h: str) -> list[str]:
 
 
 def quantization_md(q: Mapping[str, Any], h: str) -> list[str]:
-    out = [f"{h} Quantization", "", *_facts_md(quant_facts(q))]
+    out = [f"{h} Quantization", "", *facts_md(quant_facts(q))]
     if q.get("reason"):
         out.append(f"- **why:** {md_text(q['reason'])}")
     out.append("")
@@ -294,33 +236,12 @@ def runtime_md(rt: Mapping[str, Any], h: str) -> list[str]:
             *md_table(["setting", "value", "reason"], rows)]
 
 
-def optimization_md(opt: Mapping[str, Any], h: str) -> list[str]:
-    out = [f"{h} Optimization", "", *_facts_md(optimization_facts(opt)), ""]
-    reverted = [r for r in opt.get("passes_reverted") or [] if isinstance(r, Mapping)]
-    if reverted:
-        out += md_table(["reverted pass", "reason"], [[md_code(r.get("pass", "?")),
-                                                       md_text(r.get("reason") or "—")]
-                                                      for r in reverted])
-    rows = numerics_rows(opt)
-    if rows:
-        out += [f"{h}# Measured error (optimized vs original)", ""]
-        out += md_table(["output", "max abs", "limit", "max rel", "cosine", "within"],
-                        [[md_text(c) for c in r] for r in rows], "lrrrrl")
-    notes = opt.get("notes") if isinstance(opt.get("notes"), Mapping) else {}
-    lines = []
-    for group in sorted(notes, key=str):
-        counts, texts = note_items(notes[group])
-        bits = [f"{md_text(k)} {md_text(v)}" for k, v in counts]
-        bits += [f"{md_text(k)}: {md_text(v)}" for k, v in texts]
-        lines.append(f"- **{md_text(group)}:** " + "; ".join(bits or ["—"]))
-    return out + ([f"{h}# Pass notes", "", *lines, ""] if lines else [])
-
-
 def deployment_md(plan: Mapping[str, Any], h: str) -> list[str]:
     """Memory, quantization, runtime settings and (after optimize) optimization sections."""
     out: list[str] = []
-    for key, render in (("optimization", optimization_md), ("memory", memory_md),
-                        ("quantization", quantization_md), ("runtime_settings", runtime_md)):
+    out += artifacts_md(plan, h)
+    for key, render in (("memory", memory_md), ("quantization", quantization_md),
+                        ("runtime_settings", runtime_md)):
         section = plan.get(key)
         if isinstance(section, Mapping) and section:
             out += render(section, h)
