@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.options import Options
+from graphopt.pass_driver import Pass
 from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import get_tensor, is_aten
@@ -137,8 +138,8 @@ def test_pipeline_keeps_outputs_within_fp32_tolerance() -> None:
     model, x = ResidualConvNet(), torch.randn(2, 3, 16, 16)
     gm, plan, info = optimize_torch(
         model.eval(), (x,), "cpu", Options(layout="channels_last"),
-        passes=[("cleanup", fold_batchnorm_and_drop_dropout, "fp32"),
-                ("layout", channels_last, "fp32")])
+        passes=[Pass("cleanup", fold_batchnorm_and_drop_dropout),
+                Pass("layout", channels_last, option="layout")])
     assert "layout" in info["passes_applied"] and not info["passes_reverted"]
     assert info["notes"]["layout"]["conversions"] == 2
     by_name = {n.name: n for n in plan.nodes}

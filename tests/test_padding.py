@@ -17,6 +17,7 @@ from torch import fx, nn
 from graphopt.decisions.channel_map import ChannelMap, reshape_map
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.options import Options
+from graphopt.pass_driver import Pass
 from graphopt.plan import Decision
 from graphopt.rewrites.channel_scatter import scatter_weight
 from graphopt.rewrites.context import RewriteContext
@@ -502,7 +503,7 @@ def test_pipeline_verifies_and_keeps_the_pass() -> None:
     model = NvidiaCNN().eval()
     _, _, info = optimize_torch(model, (seeded(2, 3, 16, 16),), "a100",
                                 Options(pad="always"),
-                                passes=[("padding", pad_channels, False)])
+                                passes=[Pass("padding", pad_channels, option="pad")])
     assert info["passes_applied"] == ["padding"] and info["passes_reverted"] == []
     assert info["notes"]["padding"]["padded_nodes"] == ["conv2d", "conv2d_1", "linear"]
 

@@ -3,25 +3,24 @@ passes, check, and say how to run the result.
 
 Order: padding (exact), precision (lossy: fp16 islands), quantize (lossy), then the session
 decision (layout as ORT provider options, graph optimization level, threads). The original
-model runs once in ONNX Runtime on the samples (calibration batches, else seeded inputs); an
-exact pass must stay within fp32's budget of it (1e-5 of each output's scale) or is reverted;
-a lossy pass runs under :func:`guard.guard`, which moves nodes back to higher precision until
-the user's tolerance holds. The result passes ``onnx.checker.check_model(full_check=True)``
-with shapes inferred. Passes that are not importable are skipped (the padding and quantize
-modules are optional).
+model runs once in ONNX Runtime on the samples (calibration batches, else seeded inputs). The
+loop is :func:`graphopt.pass_driver.run_passes`; this module is its ONNX backend: an exact pass
+must stay within fp32's budget of the original (1e-5 of each output's scale) or is reverted; a
+lossy pass runs under :func:`guard.guard`, which moves nodes back to higher precision until the
+user's tolerance holds. The result passes ``onnx.checker.check_model(full_check=True)`` with
+shapes inferred.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,50 +29,36 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 
-from graphopt.decisions.tolerance import Tolerance, tolerance_for
+from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
-from graphopt.hardware import is_this_machine
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.onnx_rewrites import measure as onnx_measure
 from graphopt.onnx_rewrites.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.guard import compare, guard, run_samples
 from graphopt.onnx_rewrites.ort_runner import OrtModel, sample_feeds
+from graphopt.onnx_rewrites.padding import pad_channels
+from graphopt.onnx_rewrites.precision import reduce_precision
+from graphopt.onnx_rewrites.quantize import quantize
 from graphopt.onnx_rewrites.save import PROTO_LIMIT as _PROTO_LIMIT
 from graphopt.onnx_rewrites.save import save_onnx
 from graphopt.onnx_rewrites.session import decide_session
 from graphopt.options import Options
-from graphopt.plan import Plan, mark_reverted
+from graphopt.pass_driver import Pass, PassResult, measure_here, run_passes
+from graphopt.plan import Plan
 
-__all__ = ["PassSpec", "default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
+__all__ = ["default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
 
 logger = logging.getLogger(__name__)
 
-#: (name, pass, kind): kind "exact" (fp32 budget) or the decision kind a lossy pass records
-PassSpec = tuple[str, Callable[..., "onnx.ModelProto | None"], str]
 _SEED_SAMPLES = 2  # seeded sample batches when no calibration data is given
 
 
-def _optional(module: str, attr: str) -> Callable[..., Any] | None:
-    try:
-        return getattr(importlib.import_module(f"graphopt.onnx_rewrites.{module}"), attr)
-    except (ImportError, AttributeError) as e:
-        logger.debug("pass %s.%s not available: %s", module, attr, e)
-        return None
-
-
-def default_passes() -> list[PassSpec]:
+def default_passes() -> list[Pass]:
     """Padding (exact), precision and quantize (lossy, guarded), in that order."""
-    from graphopt.onnx_rewrites.precision import reduce_precision
-
-    specs: list[PassSpec] = []
-    pad = _optional("padding", "pad_channels")
-    if pad is not None:
-        specs.append(("padding", pad, "exact"))
-    specs.append(("precision", reduce_precision, "precision"))
-    quant = _optional("quantize", "quantize")
-    if quant is not None:
-        specs.append(("quantize", quant, "quantize"))
-    return specs
+    return [Pass("padding", pad_channels, "fp32", option="pad"),
+            Pass("precision", reduce_precision, "fp16", option="precision"),
+            Pass("quantize", quantize, "int8", option="quantize")]
 
 
 def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
@@ -105,10 +90,6 @@ def _resolve(target: str | HardwareProfile) -> HardwareProfile:
     from graphopt.api import resolve_targets
 
     return resolve_targets(target)[0] if not isinstance(target, HardwareProfile) else target
-
-
-def _tolerance(options: Options, precision: str) -> Tolerance:
-    return options.lossy_budget(tolerance_for(precision))
 
 
 def finalize(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -152,23 +133,44 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-def _option(options: Options, pass_name: str) -> str | None:
-    """The option that decides a pass: a pass the user forced is never measured away."""
-    key = {"padding": "pad", "precision": "precision", "quantize": "quantize"}.get(pass_name)
-    return None if key is None else str(getattr(options, key))
+@dataclass
+class _OnnxBackend:
+    """The driver's ONNX backend: passes are functional, checks run the samples in ORT, and a
+    lossy pass runs under the accuracy guard (apply and check in one: each round is checked)."""
 
+    ctx: OnnxContext
+    original: onnx.ModelProto
+    reference: list[list[np.ndarray]]
+    guard_reports: list[dict[str, Any]] = field(default_factory=list)
 
-def _measured_slower(before: onnx.ModelProto, after: onnx.ModelProto, ctx: OnnxContext,
-                     feeds: dict[str, np.ndarray], name: str) -> str | None:
-    """Why to revert ``name`` if its result measured slower on this machine, else None."""
-    from graphopt.onnx_rewrites.measure import faster_or_equal
+    def snapshot(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        return model  # an ONNX pass returns a new model and never changes its input
 
-    keep, tb, ta = faster_or_equal(before, after, feeds)
-    ctx.notes.setdefault("measured", {})[name] = {"before_s": tb, "after_s": ta, "kept": keep}
-    if keep:
-        return None
-    return (f"reverted, measured slower on this machine: {ta * 1e6:.0f} us after vs "
-            f"{tb * 1e6:.0f} us before ({tb / ta:.2f}x)")
+    def apply(self, p: Pass, model: onnx.ModelProto, tol: Tolerance
+              ) -> PassResult[onnx.ModelProto]:
+        if not p.lossy:
+            cand = p.run(model, self.ctx)
+            return PassResult(model if cand is None else cand, cand is not None)
+        cand, report = guard(p.name, p.run, model, self.ctx, kind=p.name, tolerance=tol,
+                             original=self.original, reference=self.reference,
+                             samples=self.ctx.samples)
+        self.guard_reports.append(report.to_dict())
+        if cand is not None:
+            return PassResult(cand, True)
+        return PassResult(model, False, report.reason if report.reverted else None)
+
+    def check(self, p: Pass, model: onnx.ModelProto, tol: Tolerance) -> str | None:
+        if p.lossy:
+            return None  # the guard keeps a lossy pass only within tol
+        names = [o.name for o in self.original.graph.output]
+        errs = compare(self.reference, run_samples(model, self.ctx.samples, p.name), names, tol)
+        if all(e.within for e in errs):
+            return None
+        return f"out of fp32 tolerance: {'; '.join(e.describe() for e in errs if not e.within)}"
+
+    def time(self, before: onnx.ModelProto, after: onnx.ModelProto
+             ) -> tuple[bool, float, float]:
+        return onnx_measure.faster_or_equal(before, after, self.ctx.samples[0])
 
 
 def _declined_requests(opts: Options, applied: list[str], ctx: OnnxContext) -> list[str]:
@@ -187,7 +189,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                   target: str | HardwareProfile = "h100", options: Options | None = None,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
                   *, samples: Sequence[dict[str, np.ndarray]] | None = None,
-                  passes: list[PassSpec] | None = None, measure: bool | None = None,
+                  passes: Sequence[Pass] | None = None, measure: bool | None = None,
                   ) -> tuple[onnx.ModelProto, Plan, dict[str, Any]]:
     """Optimize an ONNX model for ``target``; returns (model, plan with decisions, run info).
 
@@ -226,48 +228,16 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                       compute_dtype=compute)
     ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
                                      "reason": why}
-    names = [o.name for o in base.graph.output]
-    current, applied, reverted, reports = base, [], [], []
-    final_tol = tolerance_for("fp32")
-    if measure is None:
-        measure = is_this_machine(profile) if opts.measure is None else opts.measure
-    for name, run_pass, kind in passes if passes is not None else default_passes():
-        t0 = time.perf_counter()
-        saved = {k: dict(v) for k, v in ctx.decisions.items()}
-        before = current
-        if kind == "exact":
-            cand = run_pass(current, ctx)
-            if cand is not None:
-                errs = compare(reference, run_samples(cand, runs, name), names, final_tol)
-                if all(e.within for e in errs):
-                    current = cand
-                    applied.append(name)
-                else:
-                    worst = "; ".join(e.describe() for e in errs if not e.within)
-                    reverted.append({"pass": name, "reason": f"out of fp32 tolerance: {worst}"})
-        else:
-            tol = _tolerance(opts, "fp16" if kind == "precision" else "int8")
-            cand, report = guard(name, run_pass, current, ctx, kind=kind, tolerance=tol,
-                                 original=base, reference=reference, samples=runs)
-            reports.append(report.to_dict())
-            if cand is not None:
-                current = cand
-                applied.append(name)
-                if tol.rel_to_scale > final_tol.rel_to_scale:
-                    final_tol = tol
-            elif report.reverted:
-                reverted.append({"pass": name, "reason": report.reason})
-        if current is not before and measure and _option(opts, name) == "auto":
-            why = _measured_slower(before, current, ctx, runs[0], name)
-            if why is not None:
-                current = before
-                applied.remove(name)
-                reverted.append({"pass": name, "reason": why})
-                ctx.decisions = mark_reverted(saved, ctx.decisions, why)
-        timings[f"{name}_s"] = time.perf_counter() - t0
+    backend = _OnnxBackend(ctx, base, reference)
+    done = run_passes(backend, base, default_passes() if passes is None else passes,
+                      measure=measure_here(opts, profile) if measure is None else measure)
+    current, applied, reports, final_tol = (done.model, done.applied, backend.guard_reports,
+                                            done.tolerance)
+    timings.update({f"{name}_s": s for name, s in done.seconds.items()})
     session = decide_session(current, ctx)
     t0 = time.perf_counter()
     current = finalize(current)
+    names = [o.name for o in base.graph.output]
     final = compare(reference, run_samples(current, runs, "the optimized model"), names,
                     final_tol)
     timings["check_s"] = time.perf_counter() - t0
@@ -278,7 +248,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
     info: dict[str, Any] = {
         "source": "onnx", "target": profile.name, "passes_applied": applied,
         "warnings": warnings,
-        "passes_reverted": reverted, "compute_dtype": compute if "precision" in applied
+        "passes_reverted": done.reverted, "compute_dtype": compute if "precision" in applied
         else "fp32", "precision_choice": ctx.notes["precision_choice"],
         "tolerance": final_tol.to_dict(), "numerics": [e.to_dict() for e in final],
         "guard": reports, "fallbacks": [f for r in reports for f in r["fallbacks"]],

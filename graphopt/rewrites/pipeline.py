@@ -1,32 +1,40 @@
 """``graphopt.optimize``: trace, plan, rewrite pass by pass, verify numbers, report.
 
-Each pass rewrites a private copy of the traced module. After each pass the candidate is run
-on the example inputs and compared with the user's model; a pass whose result leaves the
-tolerance of its precision is reverted, and the report says so. The user's model is never
-touched: the copy's parameters are cloned before any pass runs.
+Each pass rewrites a private copy of the traced module. The loop is
+:func:`graphopt.pass_driver.run_passes`; this module is its torch backend: after each pass the
+candidate is run on the example inputs and compared with the user's model, and a pass whose
+result leaves the tolerance of its precision is reverted, and the report says so. The user's
+model is never touched: the copy's parameters are cloned before any pass runs.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import fx
 
-from graphopt.decisions.tolerance import tolerance_for
+from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.frontends.torch_frontend import trace_torch
-from graphopt.hardware import get_target, is_this_machine
+from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.options import Options
+from graphopt.pass_driver import Pass, PassResult, measure_here, run_passes
 from graphopt.plan import Plan, mark_reverted
 from graphopt.planner import build_plan
-from graphopt.rewrites.context import RewriteContext, TorchPass
+from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
+from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.isolation import clone_inputs, preserved_buffers, run_isolated
+from graphopt.rewrites.layout import channels_last
 from graphopt.rewrites.measure import faster_or_equal
+from graphopt.rewrites.padding import pad_channels
+from graphopt.rewrites.precision import reduce_precision
+from graphopt.rewrites.quantize import dynamic_int8
 from graphopt.rewrites.verify import compare_outputs
 
 __all__ = ["default_passes", "optimize_torch", "prepare"]
@@ -78,24 +86,13 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
     return gm, ctx
 
 
-#: a pass: (name, function, tolerance) where tolerance is "fp32" (exact rewrites), "compute"
-#: (the chosen compute dtype's budget) or a dtype key of verify.tolerance_for
-PassSpec = tuple[str, TorchPass, str]
-
-
-def default_passes() -> list[PassSpec]:
+def default_passes() -> list[Pass]:
     """Cleanup, padding, layout (exact), then precision and INT8 (lossy, verified)."""
-    from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
-    from graphopt.rewrites.layout import channels_last
-    from graphopt.rewrites.padding import pad_channels
-    from graphopt.rewrites.precision import reduce_precision
-    from graphopt.rewrites.quantize import dynamic_int8
-
-    return [("cleanup", fold_batchnorm_and_drop_dropout, "fp32"),
-            ("padding", pad_channels, "fp32"),
-            ("layout", channels_last, "fp32"),
-            ("precision", reduce_precision, "compute"),
-            ("quantize", dynamic_int8, "int8")]
+    return [Pass("cleanup", fold_batchnorm_and_drop_dropout),
+            Pass("padding", pad_channels, option="pad"),
+            Pass("layout", channels_last, option="layout"),
+            Pass("precision", reduce_precision, "compute", option="precision"),
+            Pass("quantize", dynamic_int8, "int8", option="quantize")]
 
 
 def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
@@ -104,10 +101,44 @@ def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return gm(*clone_inputs(args))
 
 
+@dataclass
+class _TorchBackend:
+    """The driver's torch backend: passes edit a private fx copy in place; checks and timings
+    run it on clones of the example inputs."""
+
+    ctx: RewriteContext
+    reference: Any
+
+    def snapshot(self, gm: fx.GraphModule) -> fx.GraphModule:
+        return copy.deepcopy(gm)
+
+    def apply(self, p: Pass, gm: fx.GraphModule, tol: Tolerance) -> PassResult[fx.GraphModule]:
+        if not p.run(gm, self.ctx):
+            return PassResult(gm, False)
+        gm.graph.lint()
+        gm.recompile()
+        return PassResult(gm, True)
+
+    def check(self, p: Pass, gm: fx.GraphModule, tol: Tolerance) -> str | None:
+        try:
+            result = compare_outputs(self.reference, _run(gm, self.ctx.example_inputs), tol)
+        except Exception as e:  # a pass produced a graph that does not run: revert it
+            logger.warning("pass %s produced a module that fails: %s", p.name, e)
+            return "reverted, outputs out of tolerance: fails to run"
+        if all(c.within for c in result):
+            return None
+        return ("reverted, outputs out of tolerance: "
+                + "; ".join(c.describe() for c in result if not c.within))
+
+    def time(self, before: fx.GraphModule, after: fx.GraphModule) -> tuple[bool, float, float]:
+        with preserved_buffers(before, after):
+            return faster_or_equal(before, after, clone_inputs(self.ctx.example_inputs))
+
+
 def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                    target: str | HardwareProfile = "h100",
                    options: Options | None = None,
-                   passes: list[PassSpec] | None = None,
+                   passes: Sequence[Pass] | None = None,
                    ) -> tuple[torch.nn.Module, Plan, dict[str, Any]]:
     """Run the passes with a numeric check after each; returns (module, plan, run info).
 
@@ -122,43 +153,13 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     ctx.notes["precision_choice"] = {"requested": ctx.options.precision,
                                      "chosen": ctx.compute_dtype, "reason": why}
     reference = run_isolated(model, ctx.example_inputs)
-    applied: list[str] = []
-    reverted: list[dict[str, Any]] = []
-    final_tol = tolerance_for("fp32")  # the loosest budget of the passes that applied
-    for name, run_pass, tol_key in passes if passes is not None else default_passes():
-        before = copy.deepcopy(gm)
-        saved = {k: dict(v) for k, v in ctx.decisions.items()}
-        if not run_pass(gm, ctx):
-            continue
-        gm.graph.lint()
-        gm.recompile()
-        tol = tolerance_for(ctx.compute_dtype if tol_key == "compute" else tol_key)
-        if tol_key != "fp32":  # a lossy pass: the user's budget, when given
-            tol = ctx.options.lossy_budget(tol)
-        try:
-            result = compare_outputs(reference, _run(gm, ctx.example_inputs), tol)
-        except Exception as e:  # a pass produced a graph that does not run: revert it
-            logger.warning("pass %s produced a module that fails: %s", name, e)
-            result = None
-        if result is None or not all(c.within for c in result):
-            worst = "fails to run" if result is None else "; ".join(
-                c.describe() for c in result if not c.within)
-            reason: str | None = f"reverted, outputs out of tolerance: {worst}"
-        else:
-            reason = _measured_slower(name, before, gm, ctx)
-        if reason is not None:
-            reverted.append({"pass": name, "reason": reason})
-            gm = before
-            ctx.decisions = mark_reverted(saved, ctx.decisions, reason)
-            if tol_key == "compute":
-                ctx.compute_dtype = "fp32"
-            continue
-        applied.append(name)
-        if tol.rel_to_scale > final_tol.rel_to_scale:
-            final_tol = tol
+    measure = measure_here(ctx.options, ctx.target)
+    done = run_passes(_TorchBackend(ctx, reference), gm,
+                      default_passes() if passes is None else passes, measure=measure)
+    gm, applied, reverted, final_tol = done.model, done.applied, done.reverted, done.tolerance
     strip_unused(gm)
     module: torch.nn.Module = gm
-    fallback = _slower_than_original(model, gm, ctx)
+    fallback = _slower_than_original(model, gm, ctx) if measure else None
     if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
         module = copy.deepcopy(model)
         reverted.append({"pass": "all", "reason": fallback})
@@ -217,36 +218,8 @@ def _plain_codegen(gm: fx.GraphModule) -> None:
     gm.graph._codegen = fx.graph.CodeGen()
 
 
-# which option decides each pass: a pass forced by its option is never measured away
-_PASS_OPTION = {"padding": "pad", "layout": "layout", "precision": "precision",
-                "quantize": "quantize"}
-
-
-def _measure_here(ctx: RewriteContext) -> bool:
-    """Timing decides only where it means something: by default, when the target is this CPU."""
-    measure = ctx.options.measure
-    return is_this_machine(ctx.target) if measure is None else measure
-
-
-def _measured_slower(name: str, before: fx.GraphModule, after: fx.GraphModule,
-                     ctx: RewriteContext) -> str | None:
-    """A reason to revert ``name`` if it measured slower on this machine, else None."""
-    option = _PASS_OPTION.get(name)
-    if not _measure_here(ctx) or option is None or getattr(ctx.options, option) != "auto":
-        return None
-    with preserved_buffers(before, after):
-        keep, tb, ta = faster_or_equal(before, after, clone_inputs(ctx.example_inputs))
-    ctx.notes.setdefault("measured", {})[name] = {"before_s": tb, "after_s": ta, "kept": keep}
-    if keep:
-        return None
-    return (f"reverted, measured slower on this machine: {ta * 1e3:.3g} ms after vs "
-            f"{tb * 1e3:.3g} ms before ({tb / ta:.2f}x)")
-
-
 def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
                           ctx: RewriteContext) -> str | None:
-    if not _measure_here(ctx):
-        return None
     shadow = copy.deepcopy(model)  # timing runs forward many times: never on the user's model
     with preserved_buffers(gm):
         keep, t_model, t_graph = faster_or_equal(shadow, gm, clone_inputs(ctx.example_inputs))
