@@ -36,6 +36,7 @@ from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import alignment_efficiency, efficiency, estimate, tc_alignment
 from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
+from graphopt.decisions.precision_format import native_format
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format
 from graphopt.decisions.quantization import runnable
 from graphopt.hardware.profile import HardwareProfile
@@ -57,19 +58,19 @@ _DTYPE_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp
 
 
 def carrier_format(target: HardwareProfile, model_format: str) -> tuple[str, str]:
-    """The format a node runs at when it is not quantized (case 5), and why."""
+    """The format a node runs at when it is not quantized (case 5), and why: the model's own
+    16-bit format where native, else the target's (``precision_format.native_format``)."""
     m = get_format(model_format)
     if m.family == "float" and m.bits_per_weight == 16:
         if runnable(m, target)[0]:
             return m.key, f"the model's own {m.display}"
         return "fp16", f"{m.display} is not native on {target.display_name}; fp16 tensor cores"
+    fmt = native_format(target)
     if target.is_gpu:
-        if target.has("bf16"):
-            return "bf16", "bf16 tensor cores, fp32's exponent range"
-        if target.has("tensor_cores"):
-            return "fp16", f"no bf16 on {target.generation}; fp16 tensor cores"
-        return "fp32", "no tensor cores"
-    if "bf16" in target.peak_flops:
+        return fmt, {"bf16": "bf16 tensor cores, fp32's exponent range",
+                     "fp16": f"no bf16 on {target.generation}; fp16 tensor cores",
+                     "fp32": "no tensor cores"}[fmt]
+    if fmt == "bf16":
         return "bf16", f"{target.display_name} computes bf16 natively"
     return "fp32", f"{target.display_name} has no native bf16 arithmetic"
 

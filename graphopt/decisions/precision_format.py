@@ -10,7 +10,7 @@ from __future__ import annotations
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["choose_precision"]
+__all__ = ["choose_precision", "native_format"]
 
 _CHOICES = ("auto", "fp32", "tf32", "bf16", "fp16")
 
@@ -25,18 +25,30 @@ def _where(target: HardwareProfile) -> str:
             else f"{target.display_name}")
 
 
-def _auto(target: HardwareProfile) -> tuple[str, str]:
-    where = _where(target)
+def native_format(target: HardwareProfile) -> str:
+    """The fastest format ``target`` runs natively: the one rule for a target's default format.
+
+    Both the model-level ``"auto"`` choice and the plan's carrier format
+    (``gemm_precision.carrier_format``) use it. A dtype is native where the profile lists its
+    peak [HW]; on a CPU bf16 must also beat fp32, else it is emulated.
+    """
     if target.is_gpu:
-        if "bf16" in target.peak_flops:
+        return next((f for f in ("bf16", "fp16") if f in target.peak_flops), "fp32")
+    return "bf16" if _ratio(target, "bf16") > 1.0 else "fp32"
+
+
+def _auto(target: HardwareProfile) -> tuple[str, str]:
+    where, fmt = _where(target), native_format(target)
+    if target.is_gpu:
+        if fmt == "bf16":
             return "bf16", (f"bf16: {where} has bf16 tensor cores at {_ratio(target, 'bf16'):.0f}x "
                             "the fp32 peak, and bf16 keeps fp32's exponent range (no fp16 "
                             "overflow)")
-        if "fp16" in target.peak_flops:
+        if fmt == "fp16":
             return "fp16", (f"fp16: {where} tensor cores run fp16 at {_ratio(target, 'fp16'):.0f}x"
                             " the fp32 peak but not bf16 (bf16 tensor cores start at sm_80)")
         return "fp32", f"fp32: {where} has no reduced-precision tensor cores"
-    if _ratio(target, "bf16") > 1.0:
+    if fmt == "bf16":
         return "bf16", (f"bf16: {where} runs bf16 natively (AMX/AVX512-BF16/BF16 dot products) "
                         f"at {_ratio(target, 'bf16'):.0f}x the fp32 peak")
     return "fp32", (f"fp32: {where} has no native bf16 (needs AVX512-BF16 or AMX): bf16 would "

@@ -4,7 +4,7 @@ the boundaries; the model's input and output types are kept.
 Identity: a fp16 MatMul/Gemm/Conv whose kernel accumulates in fp32 (cuBLAS/cuDNN and MLAS do)
 differs from the fp32 op only by the rounding of its inputs (unit roundoff 2^-11); ops whose
 error or range is not bounded that way stay fp32, with the same rules and reasons as the torch
-path (``rewrites.precision_rules``). ``Cast(Cast(x, fp16), fp32)`` is ``x`` rounded once, so
+path (``decisions.precision_plan``). ``Cast(Cast(x, fp16), fp32)`` is ``x`` rounded once, so
 casts at island boundaries add no error beyond that rounding. The pipeline's accuracy guard
 measures the result and blocks nodes until it is within tolerance.
 
@@ -20,8 +20,9 @@ GEMM wants fp16 again.
 Cases, per node in topological order:
 
 1. GEMM-like ops (``LOW_OPS``) run fp16, unless a constant they read does not fit fp16.
-2. ``ISLAND_OPS`` (softmax, norms, exp/log/pow/sqrt, sums, trig), nodes of a planned norm
-   pattern (``rmsnorm:N``/``layernorm:N``) and the kernel classes norm/rmsnorm/softmax: fp32.
+2. fp32 islands are the plan's decision (``decisions.precision_plan``: softmax, norms,
+   exp/log/pow/sqrt, sums, trig by canonical op, norm patterns, norm/softmax kernel classes);
+   a node without a plan node (added by an earlier pass) by its op type, which is canonical.
 3. Means/average pools: fp16 over at most 2^11 elements, else an island.
 4. ``FOLLOW_OPS`` (elementwise, data movement) run fp16 when all their activation inputs are
    fp16, else fp32 (a fp32 residual stream stays fp32). Constants do not vote.
@@ -47,13 +48,12 @@ import onnx
 from onnx import numpy_helper
 
 from graphopt._order import unique_name
-from graphopt.analysis.kernel_class import KernelClass
-from graphopt.decisions.precision_islands import ISLAND_OPS as TORCH_ISLANDS
 from graphopt.decisions.precision_islands import SIGNIFICAND_BITS
+from graphopt.decisions.precision_plan import island_reason, node_decision
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.ort_runner import tensor_types, topological
 
-__all__ = ["FOLLOW_OPS", "ISLAND_OPS", "LOW_OPS", "MEAN_OPS", "reduce_precision"]
+__all__ = ["FOLLOW_OPS", "LOW_OPS", "MEAN_OPS", "reduce_precision"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,19 +65,6 @@ _FP16_BITS = max(SIGNIFICAND_BITS.values())
 
 LOW_OPS = {"MatMul": "GEMM", "Gemm": "GEMM", "Einsum": "GEMM", "Conv": "conv",
            "ConvTranspose": "conv"}
-#: ONNX op -> the torch op whose reason it shares (precision_islands.ISLAND_OPS)
-ISLAND_OPS = {
-    "Softmax": "softmax", "LogSoftmax": "log_softmax", "Softplus": "softplus",
-    "ReduceLogSumExp": "logsumexp", "ReduceLogSum": "logsumexp",
-    "LayerNormalization": "layer_norm", "GroupNormalization": "group_norm",
-    "BatchNormalization": "batch_norm", "InstanceNormalization": "instance_norm",
-    "RMSNormalization": "rms_norm", "MeanVarianceNormalization": "var",
-    "LpNormalization": "norm", "ReduceL1": "norm", "ReduceL2": "norm",
-    "Exp": "exp", "Sinh": "sinh", "Cosh": "cosh", "Log": "log", "Tan": "tan", "Asin": "asin",
-    "Acos": "acos", "Pow": "pow", "Sqrt": "sqrt", "Reciprocal": "reciprocal",
-    "ReduceSum": "sum", "ReduceSumSquare": "sum", "ReduceProd": "prod", "CumSum": "cumsum",
-    "Sin": "sin", "Cos": "cos",
-}
 MEAN_OPS = frozenset({"ReduceMean", "GlobalAveragePool", "AveragePool"})
 FOLLOW_OPS = frozenset({
     "Add", "Sub", "Mul", "Div", "Sum", "Neg", "Abs", "Relu", "Gelu", "Sigmoid", "Tanh",
@@ -89,7 +76,6 @@ FOLLOW_OPS = frozenset({
     "Trilu", "ScatterND", "ScatterElements", "ThresholdedRelu", "Shrink",
 })
 _ANY_INPUT = frozenset({"Cast", "CastLike", "Shape", "Size"})
-_ISLAND_CLASSES = (KernelClass.NORM, KernelClass.RMSNORM, KernelClass.SOFTMAX)
 _NAMES = {_T.FLOAT16: "fp16", _T.FLOAT: "fp32"}
 
 
@@ -201,13 +187,11 @@ class _Rewriter:
             t = node.input[i]
             if self.weak(t) and self.weak_max(t) > _FP16_MAX:
                 return "wide", f"constant {t} (max |v| {self.weak_max(t):.3g}) does not fit fp16"
-        pattern = plan.analysis.pattern if plan is not None else None
-        if op in ISLAND_OPS:
-            return "island", TORCH_ISLANDS[ISLAND_OPS[op]]
-        if pattern and pattern.split(":")[0] in ("rmsnorm", "layernorm"):
-            return "island", f"part of {pattern}: {TORCH_ISLANDS['layer_norm']}"
-        if plan is not None and plan.analysis.kernel_class in _ISLAND_CLASSES and op not in LOW_OPS:
-            return "island", f"{plan.analysis.kernel_class.value} kernel: fp32 island"
+        decided = node_decision(plan, "fp16") if plan is not None else None
+        if decided is not None and decided.fields["island"]:  # case 2: the plan's decision
+            return "island", decided.reason
+        if plan is None and (why := island_reason(op)) is not None:  # a node a pass added:
+            return "island", f"fp32 island: {why}"  # its ONNX op type is the canonical op
         if op in LOW_OPS:
             return "low", f"{LOW_OPS[op]} in fp16 with fp32 accumulation"
         if op in MEAN_OPS:

@@ -4,14 +4,16 @@ Identity and assumptions: a bf16/fp16 GEMM, conv or attention whose kernel accum
 (cuBLAS/cuDNN and oneDNN do; the runtime flags in ``ctx.notes["precision"]["runtime"]`` forbid
 cuBLAS's reduced-precision split-K reductions) differs from the fp32 op only by the rounding of
 its inputs (unit roundoff 2^-8 for bf16, 2^-11 for fp16). Ops whose error or range is not
-bounded that way stay fp32 (``precision_islands.ISLAND_OPS``), so the model's outputs stay within
+bounded that way stay fp32 (``decisions.precision_plan``), so the model's outputs stay within
 ``tolerance.tolerance_for(compute dtype)``, which the pipeline checks after this pass.
 
 The pass assigns every node a run dtype in graph order (dtype propagation):
 
 1. GEMM-like ops (``LOW_OPS``) run low, unless a weight they read does not fit the format.
-2. Nodes of a detected norm pattern (``rmsnorm:N``, ``layernorm:N``) and ``ISLAND_OPS``
-   (softmax, norms, exp/log/pow/rsqrt, sums, ...) and squares ``x*x`` are fp32 islands.
+2. fp32 islands are the plan's decision (``decisions.precision_plan``: norm patterns, norm
+   kernel classes, softmax/norms/exp/log/pow/rsqrt/sums by canonical op), plus squares ``x*x``.
+   A node an earlier pass added has no plan node; if it is not allowlisted, rule 5 keeps it
+   fp32, which is where an island op would be.
 3. Means/average pools run low only over at most 2^p elements (p significant bits), beyond
    which a running sum in that format stalls; larger ones are islands.
 4. Benign elementwise and data-movement ops (``FOLLOW_OPS``) run low when all their activation
@@ -38,9 +40,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphopt.analysis.kernel_class import KernelClass
 from graphopt.decisions.precision_format import choose_precision
 from graphopt.decisions.precision_islands import ISLAND_OPS, SIGNIFICAND_BITS
+from graphopt.decisions.precision_plan import node_decision
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param, val
@@ -61,7 +63,6 @@ _NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.float64: "fp64"}
 _CAST_TAG = "graphopt_precision_cast"  # node.meta key on casts this pass inserted
 _ORIG_TAG = "graphopt_orig_dtype"  # node.meta key: the dtype a retyped node had before
-_NORM_PATTERNS = ("rmsnorm", "layernorm")
 _F32 = torch.float32
 
 
@@ -171,18 +172,14 @@ class _Assigner:
         return self._fp32_op(node, op)
 
     def _fp32_op(self, node: fx.Node, op: str) -> tuple[str, torch.dtype | None, str]:
-        a = self.ctx.analysis(node)
-        pattern = (a.pattern or "").split(":")[0] if a is not None else ""
-        if pattern in _NORM_PATTERNS or (a is not None and a.kernel_class in (
-                KernelClass.NORM, KernelClass.RMSNORM)):
-            part = f"part of the decomposed norm {a.pattern}; " if pattern else ""
-            return "island", _F32, f"fp32 island: {part}{ISLAND_OPS['layer_norm']}"
+        plan = self.ctx.plan_node(node)
+        decided = node_decision(plan, self.fmt) if plan is not None else None
+        if decided is not None and decided.fields["island"]:  # rule 2: the plan's decision
+            return "island", _F32, decided.reason
         if op in LOW_OPS:
             return self._lower(node, f"{LOW_OPS[op]} on {_unit(self.ctx.target, self.fmt)}")
-        if op in ISLAND_OPS:
-            return "island", _F32, f"fp32 island: {ISLAND_OPS[op]}"
         if op == "mul" and len(node.args) >= 2 and node.args[0] is node.args[1]:
-            return "island", _F32, f"fp32 island: x*x is a square; {ISLAND_OPS['pow']}"
+            return "island", _F32, f"fp32 island: x*x is a square; {ISLAND_OPS['Pow']}"
         if op in MEAN_OPS:
             n, limit = _reduced_count(node), 2 ** SIGNIFICAND_BITS[_NAME[self.low]]
             if n is None or n > limit:

@@ -1,7 +1,8 @@
 """The torch precision pass's op tables: which ATen ops run low, follow, or read shapes only.
 
 The format a target runs is :mod:`graphopt.decisions.precision_format`'s decision and the fp32
-islands are :mod:`graphopt.decisions.precision_islands`' (shared with the ONNX pass).
+islands are :mod:`graphopt.decisions.precision_plan`'s, by canonical op (shared with the ONNX
+pass); these tables say how the torch backend propagates dtypes around them.
 
 Sources:
   [AUTOCAST] PyTorch AMP docs, "Autocast Op Reference": the CUDA ops that autocast runs in

@@ -1,0 +1,71 @@
+"""Each node's precision under a reduced compute dtype, decided on the plan by canonical op.
+
+The torch and ONNX precision passes read these decisions (their nodes carry the plan's names)
+and only add what their IR needs: dtype propagation, casts, and the legality checks of their
+own edits ("can't apply here: why").
+
+Cases, per plan node:
+
+1. fp32 island: a node of a detected norm pattern (``rmsnorm:N``/``layernorm:N``), a node of
+   kernel class norm/rmsnorm/softmax that is not GEMM-like, or a canonical op in
+   ``precision_islands.ISLAND_OPS``. Reason: why the op's error is not bounded in 16 bits.
+2. GEMM-like (``GEMM_OPS``, ``CONV_OPS``, ``ATTENTION_OPS``): runs at the compute dtype; the
+   kernel accumulates in fp32, so only the inputs' rounding is lost.
+3. Anything else is left to the backend's dtype propagation (no decision here).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from graphopt import ops
+from graphopt.analysis.kernel_class import KernelClass
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.decisions.precision_islands import ISLAND_OPS
+from graphopt.plan import Decision, NodePlan, Plan
+
+__all__ = ["LOW_KINDS", "island_reason", "node_decision", "plan_decisions"]
+
+#: canonical GEMM-like ops and the work they are (case 2)
+LOW_KINDS: dict[str, str] = {
+    **{op: "GEMM" for op in ops.GEMM_OPS},
+    **{op: "conv" for op in ("Conv", "ConvTranspose")},
+    **{op: "attention" for op in ops.ATTENTION_OPS},
+}
+_NORM_PATTERNS = ("rmsnorm", "layernorm")
+_ISLAND_CLASSES = {KernelClass.NORM: "LayerNormalization",
+                   KernelClass.RMSNORM: "RMSNormalization", KernelClass.SOFTMAX: "Softmax"}
+
+
+def island_reason(op_type: str, analysis: NodeAnalysis | None = None) -> str | None:
+    """Why a node of canonical ``op_type`` (with its analysis, if planned) is an fp32 island
+    (case 1), or None when it is not one."""
+    pattern = (analysis.pattern or "") if analysis is not None else ""
+    if pattern.split(":")[0] in _NORM_PATTERNS:
+        return f"part of the decomposed norm {pattern}; {ISLAND_OPS['LayerNormalization']}"
+    kc = analysis.kernel_class if analysis is not None else None
+    if kc in _ISLAND_CLASSES and op_type not in LOW_KINDS:
+        return f"{kc.value} kernel; {ISLAND_OPS[_ISLAND_CLASSES[kc]]}"
+    return ISLAND_OPS.get(op_type)
+
+
+def node_decision(node: NodePlan, compute_dtype: str) -> Decision | None:
+    """The precision decision for one plan node at ``compute_dtype`` (cases 1-3)."""
+    why = island_reason(node.op_type, node.analysis)
+    if why is not None:
+        return Decision(f"fp32 island: {why}", MappingProxyType(
+            {"format": "fp32", "island": True}), applied=False)
+    if node.op_type in LOW_KINDS:
+        return Decision(f"{compute_dtype}: {LOW_KINDS[node.op_type]} with fp32 accumulation",
+                        MappingProxyType({"format": compute_dtype, "island": False}))
+    return None
+
+
+def plan_decisions(plan: Plan, compute_dtype: str) -> dict[str, Decision]:
+    """{node name: decision} for every plan node with one (cases 1-2)."""
+    out = {}
+    for node in plan.nodes:
+        d = node_decision(node, compute_dtype)
+        if d is not None:
+            out[node.name] = d
+    return out
