@@ -47,10 +47,13 @@ M = TypeVar("M")
 class Pass:
     """One rewrite pass and how the driver treats it.
 
-    ``tolerance``: "fp32" for exact rewrites (fp32's budget), "compute" for the budget of the
-    context's ``compute_dtype``, else a format of ``decisions.tolerance`` ("int8", "fp16"); a
-    lossy pass (anything but "fp32") gets the user's ``tolerance`` option as its budget.
-    ``option``: the ``Options`` field that decides the pass; only its "auto" is timed.
+    ``name``: also the decision kind a lossy ONNX pass records (the guard finds the nodes it
+    lowered by it). ``run``: the backend's pass function (``TorchPass``, ``OnnxPass`` or, for
+    a lossy ONNX pass, the guard's ``LossyPass``). ``tolerance``: "fp32" for exact rewrites,
+    "compute" for the budget of the context's ``compute_dtype``, else a format of
+    ``decisions.tolerance`` ("int8", "fp16"); a lossy pass (anything but "fp32") gets the
+    user's ``tolerance`` option as its budget. ``option``: the ``Options`` field that decides
+    the pass; only its "auto" is timed, so a pass the user forced is never measured away.
     """
 
     name: str
@@ -146,6 +149,7 @@ def _step(p: Pass, backend: Backend[M], model: M, measure: bool, out: DriverResu
         out.reverted.append({"pass": p.name, "reason": result.declined})
         return before
     if not result.modified:
+        logger.debug("pass %s changed nothing", p.name)
         return result.model
     reason = backend.check(p, result.model, tol)
     if reason is None and measure and p.option is not None and \

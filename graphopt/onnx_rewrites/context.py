@@ -49,5 +49,6 @@ class OnnxContext:
         return d
 
 
-#: an ONNX pass: returns the rewritten model, or None when it changed nothing
+#: an exact ONNX pass (``pass_driver.Pass.run``): the rewritten model, or None when it changed
+#: nothing (lossy passes take an ``exclude`` set too: ``guard.LossyPass``)
 OnnxPass = Callable[[onnx.ModelProto, OnnxContext], "onnx.ModelProto | None"]

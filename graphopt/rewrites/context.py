@@ -60,7 +60,8 @@ class RewriteContext:
         return d
 
 
-#: a pass rewrites ``gm`` in place (the pipeline owns a private copy) and says if it changed it
+#: a torch pass (``pass_driver.Pass.run``) rewrites ``gm`` in place (the driver keeps a copy to
+#: revert to) and says if it changed it
 TorchPass = Callable[[fx.GraphModule, RewriteContext], bool]
 
 
