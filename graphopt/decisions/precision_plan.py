@@ -9,8 +9,8 @@ Cases, per plan node:
 1. fp32 island: a node of a detected norm pattern (``rmsnorm:N``/``layernorm:N``), a node of
    kernel class norm/rmsnorm/softmax that is not GEMM-like, or a canonical op in
    ``precision_islands.ISLAND_OPS``. Reason: why the op's error is not bounded in 16 bits.
-2. GEMM-like (``GEMM_OPS``, ``CONV_OPS``, ``ATTENTION_OPS``): runs at the compute dtype; the
-   kernel accumulates in fp32, so only the inputs' rounding is lost.
+2. GEMM-like (``GEMM_OPS``, ``Einsum``, float convs, ``ATTENTION_OPS``): runs at the compute
+   dtype; the kernel accumulates in fp32, so only the inputs' rounding is lost.
 3. Anything else is left to the backend's dtype propagation (no decision here).
 """
 
@@ -28,7 +28,7 @@ __all__ = ["LOW_KINDS", "island_reason", "node_decision", "plan_decisions"]
 
 #: canonical GEMM-like ops and the work they are (case 2)
 LOW_KINDS: dict[str, str] = {
-    **{op: "GEMM" for op in ops.GEMM_OPS},
+    **{op: "GEMM" for op in (*ops.GEMM_OPS, "Einsum")},
     **{op: "conv" for op in ("Conv", "ConvTranspose")},
     **{op: "attention" for op in ops.ATTENTION_OPS},
 }

@@ -19,7 +19,8 @@ GEMM wants fp16 again.
 
 Cases, per node in topological order:
 
-1. GEMM-like ops (``LOW_OPS``) run fp16, unless a constant they read does not fit fp16.
+1. GEMM-like nodes of the plan run fp16 where this pass can rewrite them (``LOW_OPS``; a node
+   without a plan node by its op), unless a constant they read does not fit fp16.
 2. fp32 islands are the plan's decision (``decisions.precision_plan``: softmax, norms,
    exp/log/pow/sqrt, sums, trig by canonical op, norm patterns, norm/softmax kernel classes);
    a node without a plan node (added by an earlier pass) by its op type, which is canonical.
@@ -192,8 +193,11 @@ class _Rewriter:
             return "island", decided.reason
         if plan is None and (why := island_reason(op)) is not None:  # a node a pass added:
             return "island", f"fp32 island: {why}"  # its ONNX op type is the canonical op
-        if op in LOW_OPS:
+        if op in LOW_OPS and (decided is not None or plan is None):
             return "low", f"{LOW_OPS[op]} in fp16 with fp32 accumulation"
+        if decided is not None:  # GEMM-like on the plan, no fp16 edit here
+            return "island", (f"kept fp32: can't apply here: {op} has no fp16 rewrite in this "
+                              f"pass (the plan: {decided.reason})")
         if op in MEAN_OPS:
             count = self._reduced(node)
             if count is None or count > 2 ** _FP16_BITS:

@@ -9,7 +9,9 @@ bounded that way stay fp32 (``decisions.precision_plan``), so the model's output
 
 The pass assigns every node a run dtype in graph order (dtype propagation):
 
-1. GEMM-like ops (``LOW_OPS``) run low, unless a weight they read does not fit the format.
+1. GEMM-like nodes of the plan (``decisions.precision_plan``) run low where this pass has a
+   path for their ATen op (``LOW_OPS``), unless a weight they read does not fit the format.
+   A node with no canonical op on the plan (added by a pass, or unmapped) goes by ``LOW_OPS``.
 2. fp32 islands are the plan's decision (``decisions.precision_plan``: norm patterns, norm
    kernel classes, softmax/norms/exp/log/pow/rsqrt/sums by canonical op), plus squares ``x*x``.
    A node an earlier pass added has no plan node; if it is not allowlisted, rule 5 keeps it
@@ -44,6 +46,7 @@ from graphopt.decisions.precision_format import choose_precision
 from graphopt.decisions.precision_islands import ISLAND_OPS, SIGNIFICAND_BITS
 from graphopt.decisions.precision_plan import node_decision
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ops import KNOWN_OPS
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param, val
 from graphopt.rewrites.precision_rules import (
@@ -176,8 +179,12 @@ class _Assigner:
         decided = node_decision(plan, self.fmt) if plan is not None else None
         if decided is not None and decided.fields["island"]:  # rule 2: the plan's decision
             return "island", _F32, decided.reason
-        if op in LOW_OPS:
+        unplanned = plan is None or plan.op_type not in KNOWN_OPS  # no canonical op to ask
+        if op in LOW_OPS and (decided is not None or unplanned):
             return self._lower(node, f"{LOW_OPS[op]} on {_unit(self.ctx.target, self.fmt)}")
+        if decided is not None:  # GEMM-like on the plan, no reduced-precision edit here
+            return "island", _F32, (f"kept fp32: can't apply here: aten.{op} has no "
+                                    f"{self.fmt} path in this pass (the plan: {decided.reason})")
         if op == "mul" and len(node.args) >= 2 and node.args[0] is node.args[1]:
             return "island", _F32, f"fp32 island: x*x is a square; {ISLAND_OPS['Pow']}"
         if op in MEAN_OPS:
