@@ -8,12 +8,18 @@ are the exporter's rewrites, each asserted with its reason below.
 
 from __future__ import annotations
 
+import onnx
 import pytest
 import torch
 
 import graphopt
+from graphopt import ops
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
+from graphopt.decisions.gemm_precision import carrier_format
+from graphopt.decisions.precision_format import choose_precision, native_format
+from graphopt.decisions.precision_islands import ISLAND_OPS
 from graphopt.decisions.precision_plan import plan_decisions
+from graphopt.hardware import list_targets
 from graphopt.onnx_export import export_torch
 from graphopt.plan import Plan
 from tests.zoo import zoo
@@ -104,3 +110,17 @@ def test_torch_and_onnx_plans_agree_on_islands_for_architectures(
     model, inputs = build(name)
     assert set(_agree(model, inputs, "h100")) == expected
 
+
+
+def test_one_rule_for_a_targets_default_format() -> None:
+    """The model-level "auto" choice and the plan's carrier format are the same rule."""
+    for target in list_targets():
+        fmt = native_format(target)
+        assert choose_precision(target, "auto")[0] == fmt, target.display_name
+        assert carrier_format(target, "fp32")[0] == fmt, target.display_name
+
+
+def test_island_rule_is_keyed_by_canonical_op() -> None:
+    """Every island key is graphopt's vocabulary or an ONNX operator, never an ATen name."""
+    for op in ISLAND_OPS:
+        assert op in ops.KNOWN_OPS or onnx.defs.has(op), op
