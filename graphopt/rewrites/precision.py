@@ -55,6 +55,9 @@ from graphopt.rewrites.precision_rules import (
     LOW_OPS,
     MEAN_OPS,
     SHAPE_QUERIES,
+    as_dtype,
+    explicit_dtype,
+    float_dtype,
 )
 
 __all__ = ["reduce_precision"]
@@ -70,42 +73,12 @@ _F32 = torch.float32
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _float_dtype(v: Any) -> torch.dtype | None:
-    """The floating dtype of a value (first float tensor of a list/tuple), else None."""
-    if isinstance(v, torch.Tensor):
-        return v.dtype if v.is_floating_point() else None
-    if isinstance(v, (list, tuple)):
-        for item in v:
-            d = _float_dtype(item)
-            if d is not None:
-                return d
-    return None
-
-
 def _orig_dtype(gm: fx.GraphModule, node: fx.Node) -> torch.dtype | None:
     if _ORIG_TAG in node.meta:
         return node.meta[_ORIG_TAG]
     if node.op == "get_attr":
-        return _float_dtype(get_tensor(gm, node))
-    return _float_dtype(node.meta.get("val"))
-
-
-def _as_dtype(v: Any, dtype: torch.dtype) -> Any:
-    """``v`` (a FakeTensor or a list of them) converted to ``dtype``, floats only."""
-    if isinstance(v, (list, tuple)):
-        return type(v)(_as_dtype(x, dtype) for x in v)
-    if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.dtype == dtype:
-        return v
-    mode = getattr(v, "fake_mode", None)
-    if mode is None:
-        return v.to(dtype)
-    with mode:
-        return v.to(dtype)
-
-
-def _explicit_dtype(node: fx.Node) -> bool:
-    """The op names its output dtype (``.to(dtype)``, ``softmax(dtype=)``, ``full(dtype=)``)."""
-    return any(isinstance(a, torch.dtype) for a in (*node.args, *node.kwargs.values()))
+        return float_dtype(get_tensor(gm, node))
+    return float_dtype(node.meta.get("val"))
 
 
 def _reduced_count(node: fx.Node) -> int | None:
@@ -150,9 +123,9 @@ class _Assigner:
 
     def _classify(self, node: fx.Node) -> tuple[str, torch.dtype | None, str]:
         if node.op == "placeholder":
-            return "skip", _float_dtype(node.meta.get("val")), ""
+            return "skip", float_dtype(node.meta.get("val")), ""
         if node.op == "get_attr":
-            return "weak", _float_dtype(get_tensor(self.gm, node)), ""
+            return "weak", float_dtype(get_tensor(self.gm, node)), ""
         if node.op != "call_function":
             return "skip", None, ""
         op = aten_name(node) or getattr(node.target, "__name__", str(node.target))
@@ -164,7 +137,7 @@ class _Assigner:
         if op in CAST_OPS:  # type_as: the dtype of the other tensor
             other = node.args[1] if len(node.args) > 1 else None
             return "fixed", self.dtype.get(other) if isinstance(other, fx.Node) else orig, ""
-        if node.meta.get(_CAST_TAG) or _explicit_dtype(node):
+        if node.meta.get(_CAST_TAG) or explicit_dtype(node):
             return "fixed", orig, f"kept {_NAME.get(orig, orig)}: the model sets this dtype"
         if op in SHAPE_QUERIES or op.startswith("sym_"):
             return "skip", None, ""
@@ -282,7 +255,7 @@ def _insert_casts(gm: fx.GraphModule, asg: _Assigner) -> int:
             with graph.inserting_before(before):
                 c = graph.call_function(torch.ops.aten._to_copy.default, (src,),
                                         {"dtype": dtype})
-            c.meta.update({"val": _as_dtype(src.meta.get("val"), dtype), _CAST_TAG: True})
+            c.meta.update({"val": as_dtype(src.meta.get("val"), dtype), _CAST_TAG: True})
             asg.role[c], asg.dtype[c] = "fixed", dtype
             cache[(src, dtype)] = c
             inserted += 1
@@ -323,9 +296,9 @@ def _retype(gm: fx.GraphModule, asg: _Assigner) -> int:
         if node.op != "call_function" or want is None or asg.role.get(node) not in (
                 "low", "item"):
             continue
-        if _float_dtype(node.meta.get("val")) != want:
+        if float_dtype(node.meta.get("val")) != want:
             node.meta.setdefault(_ORIG_TAG, _orig_dtype(gm, node))
-            node.meta["val"] = _as_dtype(node.meta.get("val"), want)
+            node.meta["val"] = as_dtype(node.meta.get("val"), want)
             retyped += 1
     return retyped
 

@@ -1,4 +1,5 @@
-"""The torch precision pass's op tables: which ATen ops run low, follow, or read shapes only.
+"""The torch precision pass's op tables (which ATen ops run low, follow, or read shapes only)
+and the dtype helpers it reads fx values with.
 
 The format a target runs is :mod:`graphopt.decisions.precision_format`'s decision and the fp32
 islands are :mod:`graphopt.decisions.precision_plan`'s, by canonical op (shared with the ONNX
@@ -13,12 +14,20 @@ Sources:
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+from torch import fx
+
 __all__ = [
     "CAST_OPS",
     "FOLLOW_OPS",
     "LOW_OPS",
     "MEAN_OPS",
     "SHAPE_QUERIES",
+    "as_dtype",
+    "explicit_dtype",
+    "float_dtype",
 ]
 
 #: GEMM-like ops: the tensor-core / AMX work that reduced precision exists for [AUTOCAST
@@ -73,3 +82,33 @@ CAST_OPS = frozenset({"type_as"})
 #: shape/metadata queries: they read no values, so a producer's dtype does not matter to them
 SHAPE_QUERIES = frozenset({"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size",
                            "stride", "dim", "numel"})
+
+
+def float_dtype(v: Any) -> torch.dtype | None:
+    """The floating dtype of a value (first float tensor of a list/tuple), else None."""
+    if isinstance(v, torch.Tensor):
+        return v.dtype if v.is_floating_point() else None
+    if isinstance(v, (list, tuple)):
+        for item in v:
+            d = float_dtype(item)
+            if d is not None:
+                return d
+    return None
+
+
+def as_dtype(v: Any, dtype: torch.dtype) -> Any:
+    """``v`` (a FakeTensor or a list of them) converted to ``dtype``, floats only."""
+    if isinstance(v, (list, tuple)):
+        return type(v)(as_dtype(x, dtype) for x in v)
+    if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.dtype == dtype:
+        return v
+    mode = getattr(v, "fake_mode", None)
+    if mode is None:
+        return v.to(dtype)
+    with mode:
+        return v.to(dtype)
+
+
+def explicit_dtype(node: fx.Node) -> bool:
+    """The op names its output dtype (``.to(dtype)``, ``softmax(dtype=)``, ``full(dtype=)``)."""
+    return any(isinstance(a, torch.dtype) for a in (*node.args, *node.kwargs.values()))
