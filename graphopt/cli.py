@@ -81,7 +81,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.api import resolve_targets, with_partition
-    from graphopt.frontends import load_python_spec
+    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
     from graphopt.onnx_rewrites.pipeline import optimize_onnx
     from graphopt.onnx_rewrites.save import claim_onnx, stage_onnx
 
@@ -96,8 +96,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     _claim_reports(outputs, args)
     model: Any = args.model
     samples = None
-    path, sep, func = args.model.rpartition(":")
-    if sep and path.endswith(".py") and func.isidentifier():
+    if is_python_spec(args.model):
         from graphopt.onnx_export import export_torch
 
         module, inputs = load_python_spec(args.model)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.frontends.python_spec import is_python_spec
 
 __all__ = ["input_files", "onnx_input_files"]
 
@@ -33,9 +34,8 @@ def input_files(model: Any, calibration: Any = None) -> list[Path]:
     files: list[Path] = []
     if isinstance(model, (str, os.PathLike)):
         text = os.fspath(model)
-        path, sep, func = text.rpartition(":")
-        if sep and path.endswith(".py") and func.isidentifier():
-            files.append(Path(path))
+        if is_python_spec(text):
+            files.append(Path(text.rpartition(":")[0]))
         else:
             files += onnx_input_files(text)
     if isinstance(calibration, (str, os.PathLike)):
