@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.plan import Plan
+from graphopt.plan import REWRITE_KINDS, Plan
 
 if TYPE_CHECKING:  # torch is imported only where a torch model is optimized
     import torch
@@ -110,14 +110,10 @@ class Optimized:
         return [] if isinstance(self._source, tuple) else input_files(self._source)
 
 
-#: the decisions the rewrite passes make (the planner's exec_path, device... stay per plan)
-_REWRITE_KINDS = ("padding", "layout", "precision", "quantize")
-
-
 def _rewrite_decisions(plan: Plan) -> dict[str, dict[str, Any]]:
     """ONNX node -> {kind: decision} for the kinds the passes decide, in graph order."""
-    return {n.name: {k: n.decisions[k].to_dict() for k in _REWRITE_KINDS if k in n.decisions}
-            for n in plan.nodes if any(k in n.decisions for k in _REWRITE_KINDS)}
+    return {n.name: {k: n.decisions[k].to_dict() for k in REWRITE_KINDS if k in n.decisions}
+            for n in plan.nodes if any(k in n.decisions for k in REWRITE_KINDS)}
 
 
 def _opset_of(model: Any) -> int | None:

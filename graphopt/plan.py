@@ -39,6 +39,11 @@ class Decision:
         return {**self.fields, "applied": self.applied, "reason": self.reason}
 
 
+#: the decision kinds the rewrite passes make (padding, layout, precision, quantize); the
+#: planner's own (exec_path, device...) are per plan
+REWRITE_KINDS = ("padding", "layout", "precision", "quantize")
+
+
 def mark_reverted(saved: Mapping[str, Mapping[str, Decision]],
                   now: Mapping[str, Mapping[str, Decision]],
                   reason: str) -> dict[str, dict[str, Decision]]:
@@ -170,6 +175,13 @@ class Plan(_Emitters):
     @property
     def input_files(self) -> tuple[str, ...]:
         return self.inputs
+
+    def with_decisions(self, decisions: Mapping[str, Mapping[str, Decision]]) -> Plan:
+        """This plan with ``decisions`` (node -> kind -> Decision) over the planner's: what a
+        backend's passes applied or declined overrides what the planner would do."""
+        return replace(self, nodes=tuple(
+            replace(n, decisions={**n.decisions, **decisions.get(n.name, {})})
+            for n in self.nodes))
 
     def node(self, name: str) -> NodePlan:
         for n in self.nodes:

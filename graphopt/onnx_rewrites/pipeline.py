@@ -256,9 +256,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         "calibration_batches": len(calib) if calib else 0,
         "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
         "timings": timings}
-    nodes = tuple(replace(n, decisions={**n.decisions, **ctx.decisions.get(n.name, {})})
-                  for n in plan.nodes)
-    plan = replace(plan, nodes=nodes, warnings=(*plan.warnings, *warnings),
+    plan = replace(plan.with_decisions(ctx.decisions), warnings=(*plan.warnings, *warnings),
                    extra={**plan.extra, "optimization": _plain(info)})
     logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
                 len(info["fallbacks"]), timings["total_s"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from graphopt.plan import REWRITE_KINDS
 from graphopt.report.format import (
     Fact,
     decision_summary,
@@ -29,8 +30,6 @@ __all__ = ["ARTIFACTS", "artifacts_md", "decision_rows", "note_items", "numerics
 #: report key -> section title, in the order the report shows them
 ARTIFACTS = (("optimization", "Optimization"),
              ("onnx_optimization", "Optimization of the ONNX file (export_onnx)"))
-#: the decisions of an artifact's own nodes, in table order
-_KINDS = ("padding", "layout", "precision", "quantize")
 
 
 def _tolerance(tol: Any) -> str:
@@ -97,7 +96,7 @@ def decision_rows(opt: Mapping[str, Any]) -> list[list[str]]:
     if not isinstance(decisions, Mapping):
         return []
     return [[str(node), *(decision_summary(d[k]) if isinstance(d, Mapping) and k in d else "—"
-                          for k in _KINDS)]
+                          for k in REWRITE_KINDS)]
             for node, d in decisions.items()]
 
 
@@ -129,7 +128,7 @@ def _decisions_md(opt: Mapping[str, Any], h: str) -> list[str]:
     if not rows:
         return []
     return [f"{h}# Decisions on its nodes", "",
-            *md_table(["node", *_KINDS], [[md_code(r[0]), *(md_text(c) for c in r[1:])]
+            *md_table(["node", *REWRITE_KINDS], [[md_code(r[0]), *(md_text(c) for c in r[1:])]
                                           for r in rows]), ""]
 
 

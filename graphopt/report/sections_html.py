@@ -12,6 +12,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from graphopt.plan import REWRITE_KINDS
 from graphopt.report.format import (
     BOTTLENECKS,
     finite,
@@ -251,7 +252,7 @@ def _optimization(opt: Mapping[str, Any], title: str = "Optimization") -> str:
             + (f'<h4>Pass notes</h4><table class="notes-t"><tbody>{"".join(groups)}</tbody>'
                f"</table>" if groups else "")
             + ("<h4>Decisions on its nodes</h4>" + _table(
-                ["node", "padding", "layout", "precision", "quantize"], decided, "", "decided")
+                ["node", *REWRITE_KINDS], decided, "", "decided")
                if decided else "") + "</div>")
 
 

@@ -170,7 +170,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
             "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
             "tolerance": final_tol.to_dict(),
             "numerics": [c.to_dict() for c in final]}
-    plan = _with_decisions(ctx)
+    plan = ctx.plan.with_decisions(ctx.decisions)
     plan = replace(plan, extra={**plan.extra, "optimization": info})
     return module, plan, {**info, "example_inputs": ctx.example_inputs}
 
@@ -230,10 +230,3 @@ def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
         return None
     return (f"the optimized graph measured slower than the original on this machine "
             f"({t_graph * 1e3:.3g} ms vs {t_model * 1e3:.3g} ms): returning the original model")
-
-
-def _with_decisions(ctx: RewriteContext) -> Plan:
-    # what the passes applied (or declined) overrides what the planner would do
-    nodes = tuple(replace(n, decisions={**n.decisions, **ctx.decisions.get(n.name, {})})
-                  for n in ctx.plan.nodes)
-    return replace(ctx.plan, nodes=nodes)
