@@ -189,7 +189,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                   target: str | HardwareProfile = "h100", options: Options | None = None,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
                   *, samples: Sequence[dict[str, np.ndarray]] | None = None,
-                  passes: Sequence[Pass] | None = None, measure: bool | None = None,
+                  passes: Sequence[Pass] | None = None,
                   ) -> tuple[onnx.ModelProto, Plan, dict[str, Any]]:
     """Optimize an ONNX model for ``target``; returns (model, plan with decisions, run info).
 
@@ -199,9 +199,8 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
             :mod:`.calibration` for the file format).
         samples: inputs the guard measures on when no calibration is given (e.g. the torch
             example inputs); else seeded random inputs.
-        measure: time auto-decided passes in ORT and keep them only if not slower
-            (:mod:`.measure`); default: ``options.measure``, else when the target is this
-            machine ("cpu").
+
+    Passes are timed per ``options.measure`` (:func:`graphopt.pass_driver.measure_here`).
     """
     from graphopt.frontends.onnx_frontend import load_onnx
     from graphopt.planner import build_plan
@@ -230,7 +229,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                                      "reason": why}
     backend = _OnnxBackend(ctx, base, reference)
     done = run_passes(backend, base, default_passes() if passes is None else passes,
-                      measure=measure_here(opts, profile) if measure is None else measure)
+                      measure=measure_here(opts, profile))
     current, applied, reports, final_tol = (done.model, done.applied, backend.guard_reports,
                                             done.tolerance)
     timings.update({f"{name}_s": s for name, s in done.seconds.items()})
