@@ -11,6 +11,7 @@ __all__ = [
     "TraceError",
     "UnknownTargetError",
     "UnsafePathError",
+    "first_line",
 ]
 
 
@@ -37,3 +38,9 @@ class UnknownTargetError(GraphoptError):
 
 class UnsafePathError(GraphoptError):
     """A path inside a model (e.g. ONNX external data) points outside the model's folder."""
+
+
+def first_line(e: BaseException) -> str:
+    """``Type: first line`` of an exception from a library, short enough for an error message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {(text[0] if text else '')[:300]}"

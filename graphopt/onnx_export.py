@@ -38,19 +38,21 @@ import onnx.inliner
 import torch
 from torch.utils import _pytree as pytree
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import GraphoptError, first_line
 from graphopt.export_symbolics import dynamo_translations, lent_symbolics
-from graphopt.frontends.onnx_safety import MIN_OPSET, default_opset
+from graphopt.frontends.onnx_safety import default_opset
+from graphopt.onnx_opsets import (
+    LEGACY_OPSET,
+    at_opset,
+    check_opset,
+    exporter_opsets,
+    supported_opsets,
+)
 
 __all__ = ["ExportResult", "export_torch", "supported_opsets", "torch_feeds"]
 
 logger = logging.getLogger(__name__)
 
-#: the TorchScript exporter's opset when none is asked for: 17 is the first with
-#: LayerNormalization as one op
-LEGACY_OPSET = 17
-#: the dynamo exporter translates at opset 18 and newer (an older request comes back as 18)
-DYNAMO_OPSET = 18
 #: the export must reproduce torch within this fraction of each output's largest magnitude
 #: (fp32 reorders sums at most; verify.py's fp32 budget)
 _EXPORT_RTOL = 1e-5
@@ -72,37 +74,6 @@ class ExportResult:
     #: the model's ai.onnx opset
     opset: int | None = None
     notes: dict[str, Any] = field(default_factory=dict)
-
-
-def _exporter_opsets() -> dict[str, tuple[int, int]]:
-    """The opsets each installed exporter writes, from torch's own constants."""
-    try:
-        from torch.onnx import _constants as c
-
-        legacy_max = int(c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
-        dynamo_max = int(c.ONNX_MAX_OPSET)
-    except (ImportError, AttributeError):  # pragma: no cover - older torch: its stated limits
-        legacy_max, dynamo_max = 20, 23
-    return {"TorchScript": (MIN_OPSET, legacy_max), "dynamo": (DYNAMO_OPSET, dynamo_max)}
-
-
-def supported_opsets() -> tuple[int, int]:
-    """The ai.onnx opsets :func:`export_torch` writes: graphopt reads opset 13 and newer
-    (``frontends.onnx_safety``); the newest is the newest either installed exporter writes."""
-    ranges = _exporter_opsets().values()
-    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
-
-
-def _check_opset(opset: Any) -> None:
-    if opset is None:
-        return
-    lo, hi = supported_opsets()
-    if isinstance(opset, bool) or not isinstance(opset, int) or not lo <= opset <= hi:
-        detail = ", ".join(f"{k} {a}-{b}" for k, (a, b) in _exporter_opsets().items())
-        raise GraphoptError(f"ONNX opset {opset!r} is outside what the installed exporters "
-                            f"write: {lo}-{hi} ({detail})",
-                            f"pass opset= between {lo} and {hi}, or none: {LEGACY_OPSET} "
-                            f"with the TorchScript exporter, {DYNAMO_OPSET} with dynamo")
 
 
 def _missing_op(e: BaseException) -> str | None:
@@ -177,11 +148,6 @@ def _silence_fds(*fds: int) -> Iterator[None]:
             for fd, copy in reversed(saved):
                 os.dup2(copy, fd)
                 os.close(copy)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {(text[0] if text else '')[:300]}"
 
 
 class _ExactCall(torch.nn.Module):
@@ -277,25 +243,6 @@ def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     return proto
 
 
-def _at_opset(proto: onnx.ModelProto, opset: int, name: str, why: str) -> onnx.ModelProto:
-    """``proto`` converted to exactly ``opset``: the dynamo exporter writes 18 and newer, and
-    torch's own converter keeps the old opset silently when it cannot convert."""
-    written = default_opset(proto)
-    if written == opset:
-        return proto
-    from onnx import version_converter
-
-    try:
-        return version_converter.convert_version(proto, opset)
-    except Exception as e:  # the converter raises RuntimeError/ValueError per adapter
-        raise GraphoptError(f"ONNX export of {name} at opset {opset} failed: {why}; and the "
-                            f"dynamo exporter's opset-{written} model does not convert to "
-                            f"opset {opset} ({_first_line(e)})",
-                            f"pass opset={written} (or another between {DYNAMO_OPSET} and "
-                            f"{supported_opsets()[1]}), or make forward() exportable by "
-                            "torch.onnx.export(dynamo=False)") from None
-
-
 def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
               expected: list[np.ndarray]) -> str | None:
     """Why the exported model does not reproduce torch (None when it does)."""
@@ -309,7 +256,7 @@ def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
         wanted = {i.name for i in sess.get_inputs()}
         got = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
     except Exception as e:  # ORT raises its own types: fail over, never crash here
-        return f"the exported model does not run in ONNX Runtime ({_first_line(e)})"
+        return f"the exported model does not run in ONNX Runtime ({first_line(e)})"
     if len(got) != len(expected):
         return f"the exported model has {len(got)} outputs, torch {len(expected)}"
     for i, (r, o) in enumerate(zip(expected, got, strict=True)):
@@ -337,7 +284,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
 
     ``opset``: exactly this ai.onnx opset (:func:`supported_opsets`), converting the dynamo
     exporter's model down where it writes a newer one; None: each exporter's own
-    (:data:`LEGACY_OPSET`, or :data:`DYNAMO_OPSET` when the TorchScript exporter fails).
+    (``onnx_opsets.LEGACY_OPSET``, or ``DYNAMO_OPSET`` when the TorchScript exporter fails).
 
     Raises:
         GraphoptError: the model is in training mode, ``opset`` is outside
@@ -350,7 +297,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     if model.training:
         raise GraphoptError(f"{type(model).__name__} is in training mode",
                             "call model.eval() before exporting it")
-    _check_opset(opset)
+    check_opset(opset)
     args, kwargs = _split(example_inputs)
     with torch.no_grad():
         out = model(*args, **kwargs)
@@ -359,7 +306,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     names = _input_names(model, args, kwargs)
     out_names = [f"output_{i}" for i in range(len(expected))]
     feeds = torch_feeds(names, args, kwargs)
-    ranges = _exporter_opsets()
+    ranges = exporter_opsets()
     start = time.perf_counter()
     why: str | None
     if opset is not None and opset > ranges["TorchScript"][1]:
@@ -369,7 +316,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
             proto = _legacy(model, args, kwargs, names, out_names, opset or LEGACY_OPSET)
             why = _mismatch(proto, feeds, expected) if verify else None
         except Exception as e:  # any exporter failure means: try the other exporter
-            why = f"the TorchScript exporter failed ({_first_line(e)})"
+            why = f"the TorchScript exporter failed ({first_line(e)})"
     if why is None:
         _name(proto, model)
         seconds = time.perf_counter() - start
@@ -391,11 +338,11 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
                                 "TorchScript exporter, with graphopt's symbolics), or register "
                                 f"a translation for {op} (custom_translation_table)") from None
         raise GraphoptError(f"ONNX export of {name} failed: {why}; and "
-                            f"torch.onnx.export(dynamo=True): {_first_line(e)}",
+                            f"torch.onnx.export(dynamo=True): {first_line(e)}",
                             "make forward() exportable with torch.export (see the error), "
                             "or export the model yourself and pass the .onnx file") from None
     if opset is not None:
-        proto = _at_opset(proto, opset, name, why)
+        proto = at_opset(proto, opset, f"ONNX export of {name} at opset {opset} failed: {why}")
     problem = _mismatch(proto, feeds, expected) if verify else None
     if problem is not None:
         raise GraphoptError(f"ONNX export of {name} does not reproduce the "
