@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -276,6 +277,19 @@ def test_fp32_islands_prevent_fp16_overflow_that_naive_half_hits() -> None:
     squares = [n for n in _by_op(gm, "mul") if n.args[0] is n.args[1]]
     assert len(squares) == 2
     assert all("square" in ctx.decisions[n.name]["precision"].reason for n in squares)
+
+
+def test_a_square_a_pass_added_is_still_an_island() -> None:
+    """Nodes with no plan node ask the same shared rule by canonical op (``CANONICAL``)."""
+    torch.manual_seed(0)
+    model, x = Overflowing().eval(), _seeded(4, 64)
+    gm, ctx = prepare(model, (x,), "h100")
+    ctx = replace(ctx, plan=replace(ctx.plan, nodes=()), compute_dtype="fp16")
+    reduce_precision(gm, ctx)
+    squares = [n for n in _by_op(gm, "mul") if n.args[0] is n.args[1]]
+    assert len(squares) == 2
+    assert all("square" in ctx.decisions[n.name]["precision"].reason for n in squares)
+    _check_numerics(model, gm, (x,), "fp16")
 
 
 # --------------------------------------------------------------- integers, tied weights

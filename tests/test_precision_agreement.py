@@ -4,9 +4,14 @@ of it agree on which GEMM / norm / softmax nodes are fp32 islands (``decisions.p
 Compared by kernel class (derived from the canonical op: torch's ``Linear`` is ONNX's ``Gemm``
 or ``MatMul``), as the set of (kernel class, island) pairs of each plan. The only differences
 are the exporter's rewrites, each asserted with its reason below.
+
+And one rule per node: the planner's precision (``gemm_precision``) makes the islands the
+backends make, and the torch and ONNX passes apply them (x*x, softmax, layernorm, a Linear).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import onnx
 import pytest
@@ -18,10 +23,10 @@ from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.decisions.gemm_precision import carrier_format
 from graphopt.decisions.precision_format import choose_precision, native_format
 from graphopt.decisions.precision_islands import ISLAND_OPS
-from graphopt.decisions.precision_plan import plan_decisions
+from graphopt.decisions.precision_plan import LOW_KINDS, island_reason, plan_decisions
 from graphopt.hardware import list_targets
 from graphopt.onnx_export import export_torch
-from graphopt.plan import Plan
+from graphopt.plan import NodePlan, Plan
 from tests.zoo import zoo
 
 _CLASSES = GEMM_LIKE | {KernelClass.NORM, KernelClass.RMSNORM, KernelClass.SOFTMAX}
@@ -124,3 +129,100 @@ def test_island_rule_is_keyed_by_canonical_op() -> None:
     """Every island key is graphopt's vocabulary or an ONNX operator, never an ATen name."""
     for op in ISLAND_OPS:
         assert op in ops.KNOWN_OPS or onnx.defs.has(op), op
+
+
+def test_a_square_is_an_island_by_canonical_op_and_inputs() -> None:
+    """Mul(x, x) is Pow(x, 2) (same range, same reason); a product of two tensors is not."""
+    assert "square" in island_reason("Mul", None, ["h", "h"])
+    assert ISLAND_OPS["Pow"] in island_reason("Mul", None, ("h", "h"))
+    for inputs in (["h", "g"], ["h"], ["", ""], [None, None], []):
+        assert island_reason("Mul", None, inputs) is None, inputs
+    assert island_reason("Add", None, ["h", "h"]) is None
+
+
+@pytest.mark.parametrize("name", sorted(_EXPECTED))
+def test_the_planners_islands_are_the_backends_rule(name: str) -> None:
+    """On h100 (bf16 carrier) a plan node is fp32 exactly where ``precision_plan`` makes it an
+    island, with the same reason the backends record."""
+    model, inputs = zoo()[name]
+    for plan in (graphopt.plan(model, inputs, target="h100"),
+                 graphopt.plan(export_torch(model, inputs).model, target="h100")):
+        decided = plan_decisions(plan, "bf16")
+        for node in plan.nodes:
+            d, rule = node.decisions["precision"], decided.get(node.name)
+            island = rule is not None and rule.fields["island"]
+            assert (d.fields["format"] == "fp32") == island, (node.name, d.reason)
+            assert not island or d.reason == rule.reason, (node.name, d.reason)
+
+
+class _Square(torch.nn.Module):
+    """LayerNorm -> Linear -> x*x -> softmax: one node per kind of decision."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.fc = torch.nn.LayerNorm(16), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(self.ln(x))
+        return torch.softmax(h * h, -1)
+
+
+def _kind(node: NodePlan) -> str | None:
+    names = [t.name if t is not None else None for t in node.inputs]
+    if node.op_type in LOW_KINDS:
+        return "gemm"
+    if node.op_type == "Mul":
+        return "square" if len(names) == 2 and names[0] == names[1] else None
+    return node.op_type if node.op_type in ("LayerNormalization", "Softmax") else None
+
+
+def _by_kind(plan: Plan) -> dict[str, tuple[bool, str]]:
+    """{kind: (fp32 island?, reason)} from each node's precision decision."""
+    out = {}
+    for n in plan.nodes:
+        if (kind := _kind(n)) is not None:
+            d = n.decisions["precision"]
+            out[kind] = (d.fields["format"] == "fp32", d.reason if d.fields["format"] ==
+                         "fp32" else "")
+    return out
+
+
+def test_plan_torch_and_onnx_backends_make_one_decision_per_node() -> None:
+    """The plan's precision per node (planner) == what the torch pass applies == what the ONNX
+    pass applies on the exported model: islands, with the same reason, and a low GEMM."""
+    torch.manual_seed(0)
+    model, x = _Square().eval(), torch.randn(2, 4, 16)
+    proto = export_torch(model, (x,)).model
+    seen = {"torch plan": _by_kind(graphopt.plan(model, (x,), target="h100")),
+            "torch backend": _by_kind(graphopt.optimize(model, x, target="h100").plan),
+            "ONNX plan": _by_kind(graphopt.plan(proto, target="h100")),
+            "ONNX backend": _by_kind(graphopt.optimize(proto, target="h100").plan)}
+    islands = {k: v[0] for k, v in seen["torch plan"].items()}
+    assert islands == {"LayerNormalization": True, "gemm": False, "square": True,
+                       "Softmax": True}
+    assert "square" in seen["torch plan"]["square"][1]
+    for where, decided in seen.items():
+        assert decided == seen["torch plan"], where
+
+
+def test_onnx_pass_makes_a_square_an_island_without_a_plan_node() -> None:
+    """A node a pass added has no plan node: the ONNX pass asks the same rule by its op type
+    and inputs, so Mul(h, h) is still an island (and the GEMM still fp16)."""
+    from graphopt.onnx_rewrites.context import OnnxContext
+    from graphopt.onnx_rewrites.precision import reduce_precision
+    from graphopt.options import Options
+
+    torch.manual_seed(0)
+    model, x = _Square().eval(), torch.randn(2, 4, 16)
+    proto = export_torch(model, (x,)).model
+    plan = graphopt.plan(proto, target="h100")
+    ctx = OnnxContext(plan=replace(plan, nodes=()), target=plan.target, options=Options(),
+                      samples=[], compute_dtype="fp16")
+    assert reduce_precision(proto, ctx) is not None
+    squares = [n for n in proto.graph.node if n.op_type == "Mul" and n.input[0] == n.input[1]]
+    assert len(squares) == 1
+    d = ctx.decisions[squares[0].name]["precision"]
+    assert d.fields["role"] == "island" and "square" in d.reason
+    assert all(ctx.decisions[n.name]["precision"].fields["format"] == "fp16"
+               for n in proto.graph.node if n.op_type == "MatMul")
+

@@ -4,8 +4,9 @@ The model-level weight format (cases 1-4) is :mod:`graphopt.decisions.quantizati
 continues its numbering.
 
 5. Baseline ("carrier") precision: the model's own 16-bit format, else bf16 where the target has
-   bf16 matrix units, fp16 on older GPUs, fp32 on CPUs without bf16. Norms and softmax run in
-   fp32 (PyTorch autocast's fp32 list: their sums and exponentials overflow 16-bit).
+   bf16 matrix units, fp16 on older GPUs, fp32 on CPUs without bf16. fp32 islands (norms,
+   softmax, exp/log/pow, sums, squares ``x*x``) run in fp32 by ``precision_plan.node_island``,
+   the rule both backends apply, so the plan says what they do.
 6. Sensitive GEMMs stay at the carrier: the first and last weight GEMMs (their quantization error
    is not averaged out by later layers; llama.cpp's K-quant mixes keep ``output.weight`` at
    Q6_K), GEMMs without a weight (attention logits QK^T and PV), fused attention, small GEMMs.
@@ -37,6 +38,7 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import alignment_efficiency, efficiency, estimate, tc_alignment
 from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
 from graphopt.decisions.precision_format import native_format
+from graphopt.decisions.precision_plan import island_reason, node_island
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format
 from graphopt.decisions.quantization import runnable
 from graphopt.hardware.profile import HardwareProfile
@@ -49,7 +51,6 @@ logger = logging.getLogger(__name__)
 
 MIN_GAIN = 0.10  # case 7
 WEIGHT_HEAVY = 0.5  # case 7: NVFP4 only where weights are >= half the node's bytes
-_ISLANDS = frozenset({KernelClass.NORM, KernelClass.RMSNORM, KernelClass.SOFTMAX})
 _CPU_INT8_CLASSES = frozenset({KernelClass.GEMM, KernelClass.GEMV})
 _TORCH_FORMATS = frozenset({"fp32", "bf16", "fp16"})
 _PEAK_DTYPE = {"fp4": "fp4", "fp8": "fp8_e4m3", "int8": "int8"}
@@ -138,9 +139,9 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
         return Decision("already quantized in the model: kept",
                         MappingProxyType({"format": a.dtype or "int8", "runs_on": "torch"}),
                         applied=False)
-    if kc in _ISLANDS:
-        return _decide("fp32", model, f"{kc.value} stays fp32: its sums/exponentials overflow or "
-                       "lose digits in 16 bits (PyTorch autocast fp32 list)")
+    island = node_island(node) if isinstance(node, NodePlan) else island_reason("", a)
+    if island is not None:  # case 5: the backends' rule, so plan and backends agree
+        return _decide("fp32", model, f"fp32 island: {island}")
     if kc not in GEMM_LIKE:
         return _decide(carrier, model, f"{kc.value}: follows the baseline {carrier} "
                        f"({carrier_why}); nothing to quantize")

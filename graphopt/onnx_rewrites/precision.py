@@ -22,8 +22,9 @@ Cases, per node in topological order:
 1. GEMM-like nodes of the plan run fp16 where this pass can rewrite them (``LOW_OPS``; a node
    without a plan node by its op), unless a constant they read does not fit fp16.
 2. fp32 islands are the plan's decision (``decisions.precision_plan``: softmax, norms,
-   exp/log/pow/sqrt, sums, trig by canonical op, norm patterns, norm/softmax kernel classes);
-   a node without a plan node (added by an earlier pass) by its op type, which is canonical.
+   exp/log/pow/sqrt, sums, trig by canonical op, squares ``Mul(x, x)``, norm patterns,
+   norm/softmax kernel classes); a node without a plan node (added by an earlier pass) by its
+   op type, which is canonical, and its inputs.
 3. Means/average pools: fp16 over at most 2^11 elements, else an island.
 4. ``FOLLOW_OPS`` (elementwise, data movement) run fp16 when all their activation inputs are
    fp16, else fp32 (a fp32 residual stream stays fp32). Constants do not vote.
@@ -191,8 +192,8 @@ class _Rewriter:
         decided = node_decision(plan, "fp16") if plan is not None else None
         if decided is not None and decided.fields["island"]:  # case 2: the plan's decision
             return "island", decided.reason
-        if plan is None and (why := island_reason(op)) is not None:  # a node a pass added:
-            return "island", f"fp32 island: {why}"  # its ONNX op type is the canonical op
+        if plan is None and (why := island_reason(op, None, node.input)) is not None:
+            return "island", f"fp32 island: {why}"  # a node a pass added: its op is canonical
         if op in LOW_OPS and (decided is not None or plan is None):
             return "low", f"{LOW_OPS[op]} in fp16 with fp32 accumulation"
         if decided is not None:  # GEMM-like on the plan, no fp16 edit here

@@ -13,9 +13,10 @@ The pass assigns every node a run dtype in graph order (dtype propagation):
    path for their ATen op (``LOW_OPS``), unless a weight they read does not fit the format.
    A node with no canonical op on the plan (added by a pass, or unmapped) goes by ``LOW_OPS``.
 2. fp32 islands are the plan's decision (``decisions.precision_plan``: norm patterns, norm
-   kernel classes, softmax/norms/exp/log/pow/rsqrt/sums by canonical op), plus squares ``x*x``.
-   A node an earlier pass added has no plan node; if it is not allowlisted, rule 5 keeps it
-   fp32, which is where an island op would be.
+   kernel classes, softmax/norms/exp/log/pow/rsqrt/sums by canonical op, squares ``x*x``).
+   A node an earlier pass added has no plan node: an allowlisted op that the shared rule can
+   still make an island (``CANONICAL``: a square ``mul``) asks it by canonical op; any other
+   op off the allowlist is kept fp32 by rule 5, which is where an island op would be.
 3. Means/average pools run low only over at most 2^p elements (p significant bits), beyond
    which a running sum in that format stalls; larger ones are islands.
 4. Benign elementwise and data-movement ops (``FOLLOW_OPS``) run low when all their activation
@@ -43,13 +44,14 @@ import torch
 from torch import fx
 
 from graphopt.decisions.precision_format import choose_precision
-from graphopt.decisions.precision_islands import ISLAND_OPS, SIGNIFICAND_BITS
-from graphopt.decisions.precision_plan import node_decision
+from graphopt.decisions.precision_islands import SIGNIFICAND_BITS
+from graphopt.decisions.precision_plan import island_reason, node_decision
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ops import KNOWN_OPS
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param, val
 from graphopt.rewrites.precision_rules import (
+    CANONICAL,
     CAST_OPS,
     FOLLOW_OPS,
     LOW_OPS,
@@ -152,14 +154,16 @@ class _Assigner:
         decided = node_decision(plan, self.fmt) if plan is not None else None
         if decided is not None and decided.fields["island"]:  # rule 2: the plan's decision
             return "island", _F32, decided.reason
+        if plan is None and op in CANONICAL:  # a node a pass added: the shared rule (rule 2)
+            names = [a.name if isinstance(a, fx.Node) else None for a in node.args]
+            if (why := island_reason(CANONICAL[op], None, names)) is not None:
+                return "island", _F32, f"fp32 island: {why}"
         unplanned = plan is None or plan.op_type not in KNOWN_OPS  # no canonical op to ask
         if op in LOW_OPS and (decided is not None or unplanned):
             return self._lower(node, f"{LOW_OPS[op]} on {_unit(self.ctx.target, self.fmt)}")
         if decided is not None:  # GEMM-like on the plan, no reduced-precision edit here
             return "island", _F32, (f"kept fp32: can't apply here: aten.{op} has no "
                                     f"{self.fmt} path in this pass (the plan: {decided.reason})")
-        if op == "mul" and len(node.args) >= 2 and node.args[0] is node.args[1]:
-            return "island", _F32, f"fp32 island: x*x is a square; {ISLAND_OPS['Pow']}"
         if op in MEAN_OPS:
             n, limit = _reduced_count(node), 2 ** SIGNIFICAND_BITS[_NAME[self.low]]
             if n is None or n > limit:

@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 __all__ = [
+    "CANONICAL",
     "CAST_OPS",
     "FOLLOW_OPS",
     "LOW_OPS",
@@ -43,6 +44,11 @@ LOW_OPS: dict[str, str] = {
                                   "_scaled_dot_product_efficient_attention",
                                   "_scaled_dot_product_flash_attention_for_cpu")},
 }
+
+#: allowlisted ATen ops the shared island rule (``precision_plan.island_reason``) can still make
+#: islands, by canonical op: a node a pass added has no plan node, so the pass asks with this
+#: (a square ``mul(x, x)`` is ``Pow``'s island)
+CANONICAL: dict[str, str] = {"mul": "Mul"}
 
 #: averaging reductions: reduced precision only while the element count stays below the
 #: format's exact-accumulation bound (``precision_islands.SIGNIFICAND_BITS``)
