@@ -14,12 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from graphopt.decisions.channel_map import ChannelMap, reshape_map
+from graphopt.decisions.channel_map import ChannelMap, reshape_map, scatter_weight
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.options import Options
 from graphopt.pass_driver import Pass
 from graphopt.plan import Decision
-from graphopt.rewrites.channel_scatter import scatter_weight
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, val
 from graphopt.rewrites.padding import pad_channels
@@ -209,7 +208,7 @@ class Residual(nn.Module):
 def test_residual_add_of_equally_padded_branches_is_carried() -> None:
     gm, ctx, _ = run_pass(Residual(), (seeded(2, 16, 8, 8),))
     assert pad(ctx, "add", "padding_carry").reason.startswith(
-        "carried: add of two equally padded tensors")
+        "carried: Add of two equally padded tensors")
     assert slices(ctx) == [] and "slice" not in ops(gm)
     assert dict(pad(ctx, "conv2d_2").fields["new"]) == {"C_in": 72, "C_out": 64}
 
@@ -226,7 +225,7 @@ class Concat(nn.Module):
 
 def test_concat_along_channels_places_maps_at_offsets() -> None:
     gm, ctx, _ = run_pass(Concat(), (seeded(2, 16, 8, 8),))
-    assert dict(pad(ctx, "cat", "padding_carry").fields) == {"real": 8, "padded": 16}
+    assert dict(pad(ctx, "cat", "padding_carry").fields) == {"real": 8, "padded": 16, "clean": True}
     # the consumer sees [a: 3 real of 8 | b: 5 real of 8]; its in-weights sit at 0-2 and 8-12
     assert dict(pad(ctx, "conv2d_2").fields["new"]) == {"C_in": 16, "C_out": 64}
     w = next(n for n in gm.graph.nodes if n.name == "conv2d_2").args[1]
@@ -269,7 +268,7 @@ class ConvGroupNorm(nn.Module):
 def test_groupnorm_over_padded_groups_slices_before_it() -> None:
     _, ctx, _ = run_pass(ConvGroupNorm(), (seeded(2, 16, 8, 8),))
     assert slices(ctx) == [("group_norm", 66, 72)]
-    assert "GroupNorm statistics would include the padded channels" in \
+    assert "GroupNormalization statistics would include the padded channels" in \
         pad(ctx, "group_norm", "padding_slice").reason
 
 
@@ -302,7 +301,8 @@ class ConvBN(nn.Module):
 
 def test_eval_batchnorm_is_carried_with_padded_params() -> None:
     gm, ctx, _ = run_pass(ConvBN(), (seeded(2, 16, 8, 8),))
-    assert pad(ctx, "batch_norm", "padding_carry").reason.startswith("carried: eval BatchNorm")
+    assert pad(ctx, "batch_norm", "padding_carry").reason.startswith(
+        "carried: BatchNormalization is per-channel affine")
     bn = next(n for n in gm.graph.nodes if aten_name(n) == "batch_norm")
     weight, bias, mean, var = (getattr(gm, a.target) for a in bn.args[1:5])
     assert weight.shape == (72,) and weight[67:].eq(0).all() and bias[67:].eq(0).all()
@@ -390,8 +390,9 @@ class SqueezeExcite(nn.Module):
 
 def test_sigmoid_gate_times_zero_padding_stays_clean() -> None:
     gm, ctx, _ = run_pass(SqueezeExcite(), (seeded(2, 16, 8, 8),))
-    assert pad(ctx, "mean", "padding_carry").reason.startswith("carried: mean reduces other axes")
-    assert pad(ctx, "mul", "padding_carry").reason.startswith("carried: mul of two equally padded")
+    assert pad(ctx, "mean", "padding_carry").reason.startswith(
+        "carried: ReduceMean reduces other axes")
+    assert pad(ctx, "mul", "padding_carry").reason.startswith("carried: Mul of two equally padded")
     assert slices(ctx) == []
 
 
@@ -523,6 +524,6 @@ def test_scatter_weight_per_group() -> None:
     w = torch.arange(1.0, 1 + 4 * 2 * 1).reshape(4, 2, 1)  # 2 groups: 2 out x 2 in each
     in_map = ChannelMap.grouped(1, 4, 2, 3)
     out_map = ChannelMap.grouped(1, 4, 2, 3)
-    new = scatter_weight(w, 2, in_map, out_map)
+    new = scatter_weight(w, 2, in_map, out_map, torch)
     assert new.shape == (6, 3, 1)
     assert torch.equal(new[[0, 1, 3, 4]][:, [0, 1]], w) and new[2].eq(0).all()

@@ -23,8 +23,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-__all__ = ["ChannelMap", "reshape_map", "round_up"]
+__all__ = ["ChannelMap", "reshape_map", "round_up", "scatter_axis", "scatter_weight"]
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -142,3 +143,35 @@ def reshape_map(cmap: ChannelMap, old: Sequence[int], new: Sequence[int]) -> Cha
                           for p in cmap.positions for r in range(inner))
         return ChannelMap(gj[0], outer * psize, positions, cmap.clean)
     return None
+
+
+def scatter_axis(a: Any, axis: int, positions: Sequence[int], size: int, fill: float,
+                 xp: Any) -> Any:
+    """``a`` with ``axis`` spread to ``size``: slice ``i`` at ``positions[i]``, ``fill`` elsewhere.
+
+    ``xp`` is the array module (``numpy`` or ``torch``), so both backends place constants the
+    same way (identity 1: zeros where a consumer's sums would read the padding).
+    """
+    shape = list(a.shape)
+    shape[axis] = size
+    out = xp.full(tuple(shape), fill, dtype=a.dtype)
+    idx: list[Any] = [slice(None)] * a.ndim
+    idx[axis] = xp.asarray(list(positions))
+    out[tuple(idx)] = a
+    return out
+
+
+def scatter_weight(w: Any, groups: int, in_map: ChannelMap, out_map: ChannelMap, xp: Any) -> Any:
+    """Weight ``[C_out, C_in/g, *k]`` at the maps' positions (per group), zero elsewhere.
+
+    Group ``j``'s rows go to ``out_map`` positions and its columns to ``in_map`` positions
+    relative to input block ``j`` (both maps must be group-compatible, see ``group_block``).
+    """
+    c_out, per_in = w.shape[0], w.shape[1]
+    per_out, block = c_out // groups, in_map.size // groups
+    new = xp.full((out_map.size, block, *w.shape[2:]), 0, dtype=w.dtype)
+    for j in range(groups):
+        rows = xp.asarray(list(out_map.positions[j * per_out:(j + 1) * per_out]))
+        cols = xp.asarray([in_map.positions[j * per_in + i] - j * block for i in range(per_in)])
+        new[rows[:, None], cols[None, :]] = w[j * per_out:(j + 1) * per_out]
+    return new

@@ -12,16 +12,18 @@ the ONNX padding passes ask the same cost model (and an ``.onnx`` file never imp
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Protocol
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import efficiency, estimate, peak_key, tc_alignment
+from graphopt.decisions.padding_sites import GemmSite, numel
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["CostContext", "copy_time", "elem_bytes", "padded_gemm_time", "required_multiple",
-           "stream_time"]
+__all__ = ["CostContext", "attention_time", "copy_time", "elem_bytes", "padded_gemm_time",
+           "required_multiple", "site_time", "stream_time"]
 
 # Dtypes the roofline runs on tensor cores (graphopt.cost.roofline rule 1).
 _TC_KEYS = frozenset({"tf32", "fp16", "bf16", "fp8", "int8"})
@@ -87,3 +89,34 @@ def stream_time(ctx: CostContext, nbytes: float) -> float:
     """Seconds to stream ``nbytes`` through DRAM at the achievable bandwidth."""
     bw = ctx.target.bandwidth_bytes_per_s * efficiency(ctx.target.kind, "memory")
     return nbytes / bw
+
+
+def site_time(ctx: CostContext, a: NodeAnalysis | None, site: GemmSite, c_in: int,
+              c_out: int) -> tuple[float, int]:
+    """(roofline seconds, FLOPs) of ``site`` run with ``c_in``/``c_out`` (padded) channels."""
+    kc = KernelClass.GEMM if site.op == "linear" else KernelClass.CONV
+    base = a if a is not None else NodeAnalysis(kc, {}, 0, 0, 0, 0, "fp32")
+    in_per, out_per = numel(site.in_shape) // site.c_in, numel(site.out_shape) // site.c_out
+    return padded_gemm_time(
+        ctx, base, kc, linear=site.op == "linear",
+        rows=in_per if site.op == "conv_transpose" else out_per, in_per=in_per,
+        out_per=out_per, c_in=c_in, c_out=c_out, groups=site.groups, kernel=site.kernel,
+        bias=site.bias is not None)
+
+
+def attention_time(ctx: CostContext, a: NodeAnalysis | None, shapes: list[tuple[int, ...]],
+                   dp: int, dvp: int) -> tuple[float, int]:
+    """(roofline seconds, FLOPs) of attention with head dims padded to ``dp``/``dvp``."""
+    q, k, v = shapes[:3]
+    d, dv = q[-1], v[-1]
+    base = a if a is not None else NodeAnalysis(KernelClass.ATTENTION, {}, 0, 0, 0, 0, "fp32")
+    e = elem_bytes(ctx.compute_dtype)
+    qk_rows, v_rows = (math.prod(q[:-1]) + math.prod(k[:-1])), math.prod(v[:-1])
+    out_rows = math.prod(q[:-1])
+    flops = (int(base.flops * (dp + dvp) / (d + dv)) if base.flops
+             else 2 * out_rows * k[-2] * (dp + dvp))
+    variant = replace(base, kernel_class=KernelClass.ATTENTION,
+                      dims={**base.dims, "head_dim": dp}, flops=flops,
+                      bytes_read=e * (qk_rows * dp + v_rows * dvp),
+                      bytes_written=e * out_rows * dvp)
+    return estimate(variant, ctx.target, ctx.compute_dtype).est_time_s, flops

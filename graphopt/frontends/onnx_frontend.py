@@ -340,3 +340,12 @@ def _build(proto: onnx.ModelProto, name: str, warnings: list[str]) -> Graph:
         warnings.append(f"custom-domain ops kept as they are, not analysed: {listed}")
     return Graph(name=name, source="onnx", nodes=nodes, tensors=tensors, inputs=inputs,
                  outputs=outputs, warnings=warnings, source_model=proto)
+
+
+def graph_from_proto(proto: onnx.ModelProto) -> Graph:
+    """The graph of a model graphopt already loaded and owns (a rewrite's private copy).
+
+    No copy, no safety checks: unnamed nodes are named in ``proto`` itself, so the rewrite
+    finds every graph node by name.
+    """
+    return _build(proto, proto.graph.name or "model", [])

@@ -1,7 +1,7 @@
-"""Graph edits of the padding pass: per-call pads, slices back to the real channels.
+"""fx edits of the padding backend: per-call pads, slices back to the real channels.
 
 Both are exact copies of values (zeros appended or gathered, real channels selected), so they
-change no numbers; the pass's cost model charges each as one memory-bound kernel.
+change no numbers; the padding decision charged each as one memory-bound kernel.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from torch import fx
 
 from graphopt.decisions.channel_map import ChannelMap
 from graphopt.rewrites.context import RewriteContext
-from graphopt.rewrites.padding_rules import static_shape
 
-__all__ = ["PadState", "cut_inputs", "insert_call", "pad_per_call", "refresh_meta", "slice_real"]
+__all__ = ["PadState", "insert_call", "pad_per_call", "refresh_meta", "slice_real"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,24 +27,13 @@ _counter = itertools.count()
 
 @dataclass
 class PadState:
-    """What the pass knows while it sweeps the graph: the map of every padded tensor."""
+    """The map of every padded fx node, and the slice made for each (made once, shared)."""
 
     gm: fx.GraphModule
     ctx: RewriteContext
     maps: dict[fx.Node, ChannelMap] = field(default_factory=dict)
-    done: set[fx.Node] = field(default_factory=set)
     sliced: dict[fx.Node, fx.Node] = field(default_factory=dict)
-    padded: list[str] = field(default_factory=list)
-    carried: int = 0
-    slices: list[dict[str, Any]] = field(default_factory=list)
-    pads: list[dict[str, Any]] = field(default_factory=list)
     changed: bool = False
-
-    def lookup(self, n: fx.Node) -> ChannelMap | None:
-        return self.maps.get(n)
-
-    def pending(self, n: fx.Node) -> bool:
-        return n not in self.done
 
 
 def insert_call(st: PadState, target: Any, args: tuple[Any, ...], *,
@@ -67,7 +55,7 @@ def _index_buffer(st: PadState, idx: list[int], before: fx.Node) -> fx.Node:
         return st.gm.graph.get_attr(name)
 
 
-def slice_real(st: PadState, src: fx.Node, at: fx.Node, reason: str) -> fx.Node:
+def slice_real(st: PadState, src: fx.Node, at: fx.Node) -> fx.Node:
     """The real channels of padded ``src`` (a view for a prefix map, else a gather)."""
     cmap = st.maps[src]
     if src not in st.sliced:
@@ -76,41 +64,30 @@ def slice_real(st: PadState, src: fx.Node, at: fx.Node, reason: str) -> fx.Node:
         else:
             node = insert_call(st, _aten.index_select.default, (src, cmap.axis, src), after=src)
             node.args = (src, cmap.axis, _index_buffer(st, list(cmap.positions), node))
-        node.meta["val"] = src.meta.get("val")  # the pass keeps real-shaped vals until the end
+        node.meta["val"] = src.meta.get("val")  # real-shaped vals until refresh_meta
         st.sliced[src] = node
-    st.slices.append({"node": at.name, "source": src.name, "real": cmap.real,
-                      "padded": cmap.size, "reason": reason})
-    logger.debug("slice %s (%d of %d) before %s: %s", src.name, cmap.real, cmap.size, at.name,
-                 reason)
+    logger.debug("slice %s (%d of %d) before %s", src.name, cmap.real, cmap.size, at.name)
     return st.sliced[src]
-
-
-def cut_inputs(st: PadState, node: fx.Node, reason: str) -> None:
-    """Slice every padded input of ``node`` back to its real channels (case 4)."""
-    for inp in [n for n in node.all_input_nodes if n in st.maps]:
-        node.replace_input_with(inp, slice_real(st, inp, node, reason))
-    st.ctx.decide(node, "padding_slice", f"slice to real channels before {node.name}: {reason}")
 
 
 def pad_per_call(st: PadState, x: fx.Node, src: ChannelMap, dst: ChannelMap,
                  at: fx.Node) -> fx.Node:
     """Per-call copy of ``x`` (laid out as ``src``) into the padded layout ``dst``."""
-    nd = len(static_shape(x) or ())
+    v = x.meta.get("val")
+    nd = len(v.shape) if isinstance(v, torch.Tensor) else dst.axis + 1
     pad = [0] * (2 * (nd - dst.axis))
     if src.positions == dst.positions:  # tail pad with zeros
         pad[-1] = dst.size - src.size
-        node = insert_call(st, _aten.constant_pad_nd.default, (x, pad, 0.0), before=at)
-    else:  # gather; padded slots read a zero slot (appended if the source has none)
-        base, zero = x, src.zero_slot()
-        if zero is None:
-            pad[-1], zero = 1, src.size
-            base = insert_call(st, _aten.constant_pad_nd.default, (x, pad, 0.0), before=at)
-        idx = [zero] * dst.size
-        for s, d in zip(src.positions, dst.positions, strict=True):
-            idx[d] = s
-        node = insert_call(st, _aten.index_select.default, (base, dst.axis, base), before=at)
-        node.args = (base, dst.axis, _index_buffer(st, idx, node))
-    st.pads.append({"node": at.name, "source": x.name, "from": src.size, "to": dst.size})
+        return insert_call(st, _aten.constant_pad_nd.default, (x, pad, 0.0), before=at)
+    base, zero = x, src.zero_slot()  # gather; padded slots read a zero slot
+    if zero is None:
+        pad[-1], zero = 1, src.size
+        base = insert_call(st, _aten.constant_pad_nd.default, (x, pad, 0.0), before=at)
+    idx = [zero] * dst.size
+    for s, d in zip(src.positions, dst.positions, strict=True):
+        idx[d] = s
+    node = insert_call(st, _aten.index_select.default, (base, dst.axis, base), before=at)
+    node.args = (base, dst.axis, _index_buffer(st, idx, node))
     return node
 
 

@@ -1,0 +1,86 @@
+"""What a padded output costs after its GEMM: carried bytes and slices, found by a dry run.
+
+The padding decision (:mod:`graphopt.decisions.padding`) adds these to a padded variant's time,
+so a pad that saves 5% in the GEMM but forces a slice copy before a LayerNorm is not made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from graphopt.decisions.channel_map import ChannelMap
+from graphopt.decisions.padding_carry import Carry, carry_rule
+from graphopt.decisions.padding_cost import copy_time, elem_bytes, stream_time
+from graphopt.decisions.padding_sites import GemmSite, absorbs, gemm_site, numel, shape_of
+
+if TYPE_CHECKING:
+    from graphopt.decisions.padding import Sweep
+
+__all__ = ["downstream_cost", "partner_cut_time"]
+
+
+def downstream_cost(sw: Sweep, tensor: str, cmap: ChannelMap) -> tuple[float, int]:
+    """(seconds, slices) a padded ``tensor`` would add downstream.
+
+    Carried ops move ``size/real`` times the bytes; each padded tensor some reader cannot take
+    is sliced once (one copy shared by its readers; free for a prefix slice handed to the
+    caller where the backend returns views). Operands of binary ops not produced yet
+    (``pending``) are assumed to be padded the same way.
+    """
+    graph, backend = sw.graph, sw.backend
+    hypo: dict[str, ChannelMap] = {tensor: cmap}
+    outputs = set(graph.outputs)
+
+    def look(t: str) -> ChannelMap | None:
+        m = hypo.get(t) or sw.lookup(t)
+        shape = shape_of(graph, t)
+        if m is None and sw.pending(t) and shape is not None:
+            for cand in reversed(list(hypo.values())):
+                if len(shape) > cand.axis and shape[cand.axis] == cand.real:
+                    return cand
+        return m
+
+    seconds, slices = 0.0, 0
+    stack = [tensor]
+    while stack:
+        src = stack.pop()
+        m = hypo[src]
+        cuts, copies = int(src in outputs), not (backend.output_slice_free and m.is_prefix)
+        for user in graph.consumers.get(src, []):
+            site = gemm_site(graph, user)
+            rule = None
+            if isinstance(site, GemmSite) and user.inputs[0] == src:
+                if absorbs(site, m):
+                    continue
+                if site.depthwise and site.c_out == site.c_in and m.axis == site.in_axis:
+                    rule = Carry(m.moved(m.axis, True), "depthwise")
+            elif site is None and user.op_type != "Attention":
+                rule = carry_rule(graph, user, look, sw.value)
+            if isinstance(rule, Carry):
+                a = backend.analysis(user.name)
+                if a is not None:
+                    ratio = elem_bytes(backend.compute_dtype) / elem_bytes(a.dtype or "fp32")
+                    seconds += stream_time(backend, a.bytes_total * ratio * (m.size / m.real - 1))
+                out = user.outputs[0]
+                if out not in hypo:
+                    hypo[out] = rule.out
+                    stack.append(out)
+                continue
+            cuts, copies = cuts + 1, True
+        if cuts:
+            n = numel(shape_of(graph, src))
+            slices += cuts
+            seconds += copy_time(backend, n * m.size // m.real, n) if copies else 0.0
+    return seconds, slices
+
+
+def partner_cut_time(sw: Sweep, tensor: str) -> float:
+    """Left unpadded, ``tensor`` forces a slice on padded partners of its Add/Sub/Mul users."""
+    seconds = 0.0
+    for user in sw.graph.consumers.get(tensor, []):
+        if user.op_type in ("Add", "Sub", "Mul", "Div"):
+            for other in user.inputs:
+                if other and other != tensor and other in sw.maps:
+                    n = numel(shape_of(sw.graph, other))
+                    seconds += copy_time(sw.backend, n, n)
+    return seconds

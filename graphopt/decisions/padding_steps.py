@@ -1,0 +1,104 @@
+"""The padding plan: what each backend applies, in graph order, and the bookkeeping it reports.
+
+:mod:`graphopt.decisions.padding` decides; the torch and ONNX backends turn these steps into
+their own graph edits and decide nothing. Every consumer of a padded tensor that no step says
+reads it padded gets the real channels back (a slice), so a step list is always safe to apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.decisions.channel_map import ChannelMap
+from graphopt.decisions.padding_carry import Edit
+from graphopt.decisions.padding_sites import GemmSite
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir import Node
+
+__all__ = ["AttentionStep", "CarryStep", "GemmStep", "InputPlan", "PadBackend", "PaddingPlan",
+           "Step"]
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """How a GEMM reads its input: unchanged, sliced to real channels, or padded per call."""
+
+    action: str  # "none" | "slice" | "pad"
+    reads: ChannelMap  # the layout the GEMM sees
+    src: ChannelMap | None = None  # "pad": the layout the copy starts from
+    seconds: float = 0.0
+
+    @property
+    def from_padded(self) -> bool:
+        """Reads the padded tensor (absorbing it, or padding on from it) rather than the real."""
+        if self.action == "pad":
+            return self.src is not None and self.src.is_padded
+        return self.action == "none" and self.reads.is_padded
+
+
+@dataclass(frozen=True)
+class GemmStep:
+    """Pad a GEMM-like site: read ``inp``, write ``out`` (weights placed at the maps' positions)."""
+
+    site: GemmSite
+    inp: InputPlan
+    out: ChannelMap
+
+
+@dataclass(frozen=True)
+class AttentionStep:
+    """Pad q, k, v head dims with zeros per call; the softmax scale is fixed at ``scale``."""
+
+    node: Node
+    pads: tuple[tuple[str, int, int], ...]  # (tensor, real head dim, padded head dim)
+    ready: tuple[str, ...]  # inputs already padded as needed: read as they are
+    scale: float | None  # set when the model left it implicit
+    out: ChannelMap | None
+
+
+@dataclass(frozen=True)
+class CarryStep:
+    """``node`` runs on the padded tensor(s) it reads; its output keeps map ``out``."""
+
+    node: Node
+    out: ChannelMap
+    edits: tuple[Edit, ...]
+
+
+Step = GemmStep | AttentionStep | CarryStep
+
+
+@dataclass
+class PaddingPlan:
+    """The steps in graph order, the final map of every padded tensor, and the summary."""
+
+    steps: list[Step] = field(default_factory=list)
+    maps: dict[str, ChannelMap] = field(default_factory=dict)
+    padded: list[str] = field(default_factory=list)
+    carried: int = 0
+    slices: list[dict[str, Any]] = field(default_factory=list)
+    pads: list[dict[str, Any]] = field(default_factory=list)
+
+    def notes(self, mode: str, compute_dtype: str) -> dict[str, Any]:
+        return {"mode": mode, "compute_dtype": compute_dtype, "padded_nodes": list(self.padded),
+                "carried": self.carried, "slices": list(self.slices),
+                "per_call_pads": list(self.pads)}
+
+
+class PadBackend(Protocol):
+    """What the decision asks of the backend that will apply it, and where it records."""
+
+    target: HardwareProfile
+    compute_dtype: str
+    #: a prefix slice handed to the caller costs nothing (torch: a view; ORT: a copy)
+    output_slice_free: bool
+
+    def analysis(self, node: str) -> NodeAnalysis | None: ...
+
+    def cannot_edit(self, node: Node) -> str | None:
+        """Why this backend has no legal edit for a GEMM or attention node (None: it has)."""
+
+    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
+               **fields: Any) -> Any: ...
