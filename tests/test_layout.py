@@ -96,6 +96,11 @@ def _layout(ctx: RewriteContext, node: str):
     return ctx.decisions[node]["layout"]
 
 
+def _net(region: dict) -> float:
+    """The predicted gain a conv's decision carries: its region's, net of conversions."""
+    return region["gain_s"] - region["cost_s"]
+
+
 def _assert_same(model: nn.Module, gm: fx.GraphModule, x: torch.Tensor) -> None:
     gm.graph.lint()
     gm.recompile()
@@ -120,7 +125,8 @@ def test_forced_region_one_entry_one_exit_and_same_numbers() -> None:
         assert w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
     for conv in ("conv2d", "conv2d_1"):
         d = _layout(ctx, conv)
-        assert d.applied and d.fields == {"format": "channels_last", "region": 0}
+        assert d.applied and d.fields == {"format": "channels_last", "region": 0,
+                                          "predicted_gain_s": _net(region)}
         assert "forced by layout=channels_last" in d.reason
     assert any(n.op == "call_module" for n in gm.graph.nodes)  # _guards_fn kept
     _assert_same(model, gm, x)
@@ -154,7 +160,8 @@ def test_fp32_on_volta_is_kept_with_the_reason() -> None:
     assert gm.code == before and _conversions(gm) == (0, 0)
     for conv in ("conv2d", "conv2d_1"):
         d = _layout(ctx, conv)
-        assert not d.applied and d.fields == {"format": "nchw", "region": None}
+        assert not d.applied and d.fields == {"format": "nchw", "region": None,
+                                              "predicted_gain_s": None}
         assert "Volta" in d.reason and "sm_70" in d.reason
 
 
@@ -175,7 +182,8 @@ def test_depthwise_conv_joins_the_region_on_h100_fp16() -> None:
     gm, ctx = _prepared(model, x, target="h100", dtype="fp16")
     assert channels_last(gm, ctx)
     d = _layout(ctx, "conv2d_1")
-    assert d.applied and d.fields == {"format": "channels_last", "region": 0}
+    assert d.applied and d.fields == {"format": "channels_last", "region": 0,
+                                      "predicted_gain_s": _net(ctx.notes["layout"]["regions"][0])}
     assert "tensor-core" in d.reason
     assert len(ctx.notes["layout"]["regions"]) == 1
     _assert_same(model, gm, x)

@@ -4,16 +4,17 @@
 Layout is a runtime decision on ONNX: ONNX Conv is NCHW by definition, and ONNX Runtime's
 CUDA EP runs NHWC kernels (transposing once at region boundaries) when its provider option
 ``prefer_nhwc`` is "1"; its CPU EP converts convs to its own blocked NCHWc layout at
-``ORT_ENABLE_ALL`` whatever graphopt does. So the layout "pass" rewrites nothing: it decides
-the provider options, with the torch layout pass's rules:
+``ORT_ENABLE_ALL`` whatever graphopt does. So the layout "pass" rewrites nothing: it applies the
+plan's layout decision (:func:`graphopt.decisions.layout.decide_layout`, the one the torch
+backend applies too) as provider options, and each conv's ``"layout"`` decision says where ORT
+differs from it (a ``backend`` field):
 
-1. ``layout="keep"``, or a CPU target: no NHWC option (CPU: ORT's NCHWc transformer decides).
-2. GPU target with convs running on tensor cores (fp16/bf16, or fp32 as TF32 on sm_80+):
-   NHWC is what the tensor-core kernels read; cuDNN transposes NCHW in and out of each one
-   (NVIDIA, "Convolutional Layers User's Guide", NCHW vs NHWC). ``prefer_nhwc`` = "1" unless
-   grouped convs with more than one channel per group (cuDNN's slow NHWC grouped kernels,
-   pytorch/pytorch#70954) dominate the convs' estimated time (case 3 of the torch pass).
-3. ``layout="channels_last"``: NHWC whenever there are convs, paying or not.
+1. CPU target: no NHWC option; ORT's NCHWc transformer decides. Convs the plan would run
+   channels_last are marked not applied, with that reason.
+2. GPU target: ``prefer_nhwc`` = "1" when the plan's model-level decision is NHWC (the convs it
+   runs channels_last hold at least half the conv time). The option is one per session, so
+   convs the plan keeps NCHW run NHWC with the rest, and the reverse; their decisions say so.
+3. ``layout="keep"``, or no convs: no NHWC option.
 
 Other settings: CUDA EP ``use_tf32`` follows the precision decision (torch runtime rule 1) and
 ``cudnn_conv_algo_search`` = EXHAUSTIVE for static-shape conv nets (rule 2); graph
@@ -37,7 +38,7 @@ from typing import Any
 
 import onnx
 
-from graphopt.analysis.kernel_class import KernelClass
+from graphopt.decisions.layout import LayoutPlan, decide_layout
 from graphopt.errors import GraphoptError
 from graphopt.onnx_rewrites.context import OnnxContext
 
@@ -84,22 +85,27 @@ class SessionConfig:
                    None if threads is None else int(threads), dict(d.get("reasons", {})))
 
 
-def _conv_time(ctx: OnnxContext) -> tuple[float, float]:
-    """(estimated time of all convs, of grouped convs with > 1 channel per group)."""
-    total = grouped = 0.0
-    for n in ctx.plan.nodes:
-        if n.analysis.kernel_class is not KernelClass.CONV:
+_CPU_EP = "ORT's CPU EP picks its own blocked (NCHWc) conv layout; the graph stays NCHW"
+
+
+def _record(ctx: OnnxContext, layout: LayoutPlan, nhwc: bool | None) -> None:
+    """Each conv's plan decision, applied where ORT runs it so (``nhwc``: the session's
+    prefer_nhwc; None on the CPU EP, which runs neither)."""
+    for name, d in layout.convs.items():
+        fields = d.fields()
+        if nhwc is None:
+            if d.channels_last:
+                fields["backend"] = f"case 1: {_CPU_EP}"
+            ctx.decide(name, "layout", d.reason, applied=False, **fields)
             continue
-        total += n.cost.est_time_s
-        groups = int(n.analysis.dims.get("groups", 1) or 1)
-        c_in = int(n.analysis.dims.get("C_in", 0) or 0)
-        if groups > 1 and c_in and c_in // groups > 1:
-            grouped += n.cost.est_time_s
-    return total, grouped
+        if d.channels_last != nhwc and layout.mode != "keep":
+            fields["backend"] = ("case 2: prefer_nhwc is one option per session: ORT runs "
+                                 f"this conv {'NHWC' if nhwc else 'NCHW'} with the rest")
+        ctx.decide(name, "layout", d.reason, applied=d.channels_last and nhwc, **fields)
 
 
 def decide_session(model: onnx.ModelProto, ctx: OnnxContext) -> SessionConfig:
-    """The session config for ``ctx.target`` (cases 1-3 of the module doc)."""
+    """The session config for ``ctx.target`` (layout: cases 1-3 of the module doc)."""
     t, opts = ctx.target, ctx.options
     reasons: dict[str, str] = {}
     level = "ORT_ENABLE_ALL"
@@ -109,37 +115,28 @@ def decide_session(model: onnx.ModelProto, ctx: OnnxContext) -> SessionConfig:
         reasons["graph_optimization_level"] = f"{level}: the quantize pass asks for it"
     else:
         reasons["graph_optimization_level"] = "ORT_ENABLE_ALL: every fusion and layout transform"
+    layout = decide_layout(ctx.plan, t, ctx.compute_dtype, opts.layout)
+    ctx.notes["layout"] = {"decision": {"nhwc": layout.nhwc, "reason": layout.reason}}
     if not t.is_gpu:
-        reasons["layout"] = ("case 1: CPU target, ORT's CPU EP picks its own blocked (NCHWc) "
-                             "conv layout at ORT_ENABLE_ALL; the graph stays NCHW")
+        _record(ctx, layout, None)
+        reasons["layout"] = f"case 1: CPU target, {_CPU_EP} (the plan: {layout.reason})"
         reasons["intra_op_num_threads"] = (f"ORT's default: one per physical core of "
                                            f"{t.display_name} ({t.cores})")
         return SessionConfig(t.name, (("CPUExecutionProvider", {}),), level, None, reasons)
     cuda: dict[str, str] = {}
-    total, grouped = _conv_time(ctx)
-    tensor_cores = ctx.compute_dtype in ("fp16", "bf16") or (
-        ctx.compute_dtype == "tf32" and t.has("tf32"))
-    if opts.layout == "keep" or total == 0.0:
-        reasons["layout"] = ("case 1: layout='keep'" if opts.layout == "keep"
-                             else "no convolutions: layout does not matter")
-    elif opts.layout == "channels_last":
+    _record(ctx, layout, layout.nhwc)
+    if layout.nhwc:
         cuda["prefer_nhwc"] = "1"
-        reasons["layout"] = "case 3: layout='channels_last' requested: NHWC conv kernels"
-    elif not tensor_cores:
-        reasons["layout"] = (f"case 2: convs run in {ctx.compute_dtype} without tensor cores on "
-                             f"{t.display_name}: NCHW kernels, no transposes")
-    elif grouped > 0.5 * total:
-        reasons["layout"] = (f"case 2: grouped convs are {grouped / total:.0%} of the conv time "
-                             "and cuDNN's NHWC grouped kernels are slow (pytorch#70954)")
-    else:
-        cuda["prefer_nhwc"] = "1"
-        reasons["layout"] = (f"case 2: {ctx.compute_dtype} convs on tensor cores read NHWC; "
+        reasons["layout"] = (f"case 2: {layout.reason}; convs on tensor cores read NHWC, "
                              "prefer_nhwc saves cuDNN's per-conv NCHW<->NHWC transposes")
+    else:
+        reasons["layout"] = f"case {3 if opts.layout == 'keep' or not layout.convs else 2}: " \
+            f"{layout.reason}"
     tf32 = ctx.compute_dtype == "tf32" or (t.has("tf32") and opts.precision not in ("fp32",))
     cuda["use_tf32"] = "1" if tf32 else "0"
     reasons["use_tf32"] = ("TF32 tensor cores for fp32 GEMMs/convs" if tf32 else
                            "IEEE fp32: precision='fp32' or no TF32 units")
-    if total > 0.0:
+    if layout.convs:
         cuda["cudnn_conv_algo_search"] = "EXHAUSTIVE"
         reasons["cudnn_conv_algo_search"] = "static-shape conv net: cuDNN autotunes once"
     return SessionConfig(t.name, (("CUDAExecutionProvider", cuda), ("CPUExecutionProvider", {})),

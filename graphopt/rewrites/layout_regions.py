@@ -1,5 +1,8 @@
 """Conv regions for the channels_last pass: which ops may run in NHWC, and where regions meet.
 
+This finds regions on the fx graph to edit them; the decision is made on the plan's regions
+(:mod:`graphopt.decisions.layout_regions`, the same rules in canonical op names).
+
 A region is a maximal connected set of layout-agnostic ops whose outputs are 4-D (or 5-D) and
 that contains at least one conv. "Layout-agnostic" means the op is defined on logical indices
 and accepts any strides (true of every ATen op listed in ``AGNOSTIC``) and keeps the rank, so a
@@ -63,7 +66,8 @@ def memory_format_for(rank: int) -> torch.memory_format:
 
 @dataclass(frozen=True)
 class ConvInfo:
-    """What the layout rules need to know about one conv node."""
+    """What applying the layout decision needs to know about one conv node (the decision's
+    own facts come from the plan: ``graphopt.decisions.layout.ConvFacts``)."""
 
     weight: fx.Node | None  # the get_attr node, None when the weight is computed
     rank: int
@@ -72,8 +76,6 @@ class ConvInfo:
     c_out: int
     kernel: tuple[int, ...]
     out_spatial: int  # H_out * W_out (* D_out)
-    in_bytes: int
-    out_bytes: int
     transposed: bool
 
     @property
@@ -90,12 +92,8 @@ class ConvInfo:
         return self.groups > 1 and self.channels_per_group > 1
 
 
-def _nbytes(t: torch.Tensor, itemsize: int | None) -> int:
-    return t.numel() * (itemsize or t.element_size())
-
-
-def conv_info(node: fx.Node, itemsize: int | None = None) -> ConvInfo | None:
-    """Conv facts from the traced shapes; ``itemsize`` overrides the traced dtype's width."""
+def conv_info(node: fx.Node) -> ConvInfo | None:
+    """Conv facts from the traced shapes."""
     name = aten_name(node)
     if name not in _CONVS:
         return None
@@ -117,7 +115,6 @@ def conv_info(node: fx.Node, itemsize: int | None = None) -> ConvInfo | None:
     return ConvInfo(weight=w if w is not None and w.op == "get_attr" else None, rank=out.dim(),
                     groups=groups, c_in=int(xv.shape[1]), c_out=int(out.shape[1]),
                     kernel=tuple(int(k) for k in wv.shape[2:]), out_spatial=spatial,
-                    in_bytes=_nbytes(xv, itemsize), out_bytes=_nbytes(out, itemsize),
                     transposed=transposed)
 
 
