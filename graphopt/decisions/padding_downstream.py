@@ -23,8 +23,10 @@ def downstream_cost(sw: Sweep, tensor: str, cmap: ChannelMap) -> tuple[float, in
     """(seconds, slices) a padded ``tensor`` would add downstream.
 
     Carried ops move ``size/real`` times the bytes; each padded tensor some reader cannot take
-    is sliced once (one copy shared by its readers; free for a prefix slice handed to the
-    caller where the backend returns views). Operands of binary ops not produced yet
+    is sliced once (one copy shared by its readers). A graph output counts as a copy on every
+    backend: ONNX Runtime's Slice copies, and a torch view handed to the caller is strided
+    memory the caller's next kernel pays for; one number keeps both backends' decisions equal.
+    Operands of binary ops not produced yet
     (``pending``) are assumed to be padded the same way.
     """
     graph, backend = sw.graph, sw.backend
@@ -45,7 +47,7 @@ def downstream_cost(sw: Sweep, tensor: str, cmap: ChannelMap) -> tuple[float, in
     while stack:
         src = stack.pop()
         m = hypo[src]
-        cuts, copies = int(src in outputs), not (backend.output_slice_free and m.is_prefix)
+        cuts = int(src in outputs)
         for user in graph.consumers.get(src, []):
             site = gemm_site(graph, user)
             rule = None
@@ -66,11 +68,11 @@ def downstream_cost(sw: Sweep, tensor: str, cmap: ChannelMap) -> tuple[float, in
                     hypo[out] = rule.out
                     stack.append(out)
                 continue
-            cuts, copies = cuts + 1, True
+            cuts += 1
         if cuts:
             n = numel(shape_of(graph, src))
             slices += cuts
-            seconds += copy_time(backend, n * m.size // m.real, n) if copies else 0.0
+            seconds += copy_time(backend, n * m.size // m.real, n)
     return seconds, slices
 
 

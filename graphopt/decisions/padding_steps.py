@@ -92,8 +92,6 @@ class PadBackend(Protocol):
 
     target: HardwareProfile
     compute_dtype: str
-    #: a prefix slice handed to the caller costs nothing (torch: a view; ORT: a copy)
-    output_slice_free: bool
 
     def analysis(self, node: str) -> NodeAnalysis | None: ...
 

@@ -77,7 +77,6 @@ class _Backend:
     ctx: OnnxContext
     nodes: dict[str, onnx.NodeProto]
     values: _Values
-    output_slice_free: bool = False  # in ONNX Runtime every Slice copies
 
     @property
     def target(self) -> HardwareProfile:

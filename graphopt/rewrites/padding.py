@@ -46,7 +46,6 @@ class _Backend:
     ctx: RewriteContext
     gm: fx.GraphModule
     nodes: dict[str, fx.Node]
-    output_slice_free: bool = True  # a prefix slice returned to the caller is a view
 
     @property
     def target(self) -> HardwareProfile:
