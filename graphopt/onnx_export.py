@@ -20,6 +20,7 @@ module.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import io
 import logging
@@ -298,6 +299,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
         raise GraphoptError(f"{type(model).__name__} is in training mode",
                             "call model.eval() before exporting it")
     check_opset(opset)
+    model = copy.deepcopy(model)  # tracing runs forward, and some forwards write to self
     args, kwargs = _split(example_inputs)
     with torch.no_grad():
         out = model(*args, **kwargs)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 from dataclasses import replace
@@ -87,7 +86,7 @@ class Optimized:
 
             model, inputs, opts = self._source
             # exporters run forward on real tensors: never on the user's model or inputs
-            exported = export_torch(copy.deepcopy(model), clone_inputs(inputs), opset=opset)
+            exported = export_torch(model, clone_inputs(inputs), opset=opset)
             self.onnx_model, onnx_plan, onnx_info = optimize_onnx(
                 exported.model, self.plan.target, opts, samples=[exported.feeds])
             export = {"exporter": exported.exporter, "export_s": exported.seconds,

@@ -533,3 +533,24 @@ def test_scatter_weight_per_group() -> None:
     new = scatter_weight(w, 2, in_map, out_map, torch)
     assert new.shape == (6, 3, 1)
     assert torch.equal(new[[0, 1, 3, 4]][:, [0, 1]], w) and new[2].eq(0).all()
+
+
+class AddmmMm(nn.Module):
+    """GPT-2's Conv1D (``addmm`` with a ``[K, N]`` weight) feeding a bare ``mm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(129, 250) * 0.1)
+        self.b1 = nn.Parameter(torch.randn(250))
+        self.w2 = nn.Parameter(torch.randn(250, 77) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(torch.relu(torch.addmm(self.b1, x, self.w1)), self.w2)
+
+
+def test_addmm_and_mm_weights_are_padded_like_linear() -> None:
+    gm, ctx, changed = run_pass(AddmmMm(), (seeded(64, 129),))
+    assert changed
+    assert dict(pad(ctx, "addmm").fields["new"]) == {"K": 136, "N": 256}
+    assert dict(pad(ctx, "mm").fields["new"]) == {"K": 256, "N": 80}
+    assert slices(ctx) == [("output", 77, 80)]

@@ -343,3 +343,26 @@ def test_export_onnx_writes_the_opset_asked_for_each_call(tmp_path):
                                  measure=False)
     with pytest.raises(graphopt.GraphoptError, match="keeps its input's opset 17"):
         onnx_opt.export_onnx(tmp_path / "o.onnx", opset=18)
+
+
+class _TraceWrites(nn.Module):
+    """Writes to itself when traced, as transformers' Swin does (``window_size`` becomes a
+    tensor under ``torch.jit.is_tracing()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.window = 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing():
+            self.window = torch.tensor(2)
+        return self.lin(x) * self.window
+
+
+def test_export_torch_never_writes_to_the_users_model():
+    from graphopt.onnx_export import export_torch
+
+    model = _TraceWrites().eval()
+    export_torch(model, (torch.randn(2, 8),), verify=False)
+    assert model.window == 4 and isinstance(model.window, int)

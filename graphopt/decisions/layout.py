@@ -157,6 +157,9 @@ def conv_facts(node: NodePlan) -> ConvFacts | None:
     if node.op_type not in _CONVS or len(node.inputs) < 2 or not node.outputs:
         return None
     x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    if any(t is None or t.shape is None or not all(isinstance(d, int) for d in t.shape[1:])
+           for t in (x, out)):
+        return None  # channel or spatial dims unknown (a batch dim may be symbolic)
     xs, ws, os_ = (_ints(t.shape) if t is not None else None for t in (x, w, out))
     if xs is None or ws is None or os_ is None or len(os_) not in (4, 5) or len(xs) != len(os_):
         return None

@@ -198,12 +198,16 @@ def _gemm(sw: Sweep, node: Node, site: GemmSite | str) -> None:
         sw.backend.decide(node.name, "padding", f"not applied: {site}", applied=False)
         return
     in_map = sw.maps.get(site.x)
+    m, why = sw.multiple("gemm" if site.op == "linear" else "conv")
     illegal = can_pad(site) or sw.backend.cannot_edit(node)
+    g = site.groups
+    if illegal and (sw.options.pad == "never" or m is None or (
+            in_map is None and (site.c_in // g) % m == 0 and (site.c_out // g) % m == 0)):
+        illegal = None  # nothing to pad: say why not, the same on every backend
     if site.depthwise and in_map is not None and site.op == "conv" and \
             site.c_out == site.c_in and in_map.axis == site.in_axis and \
             sw.backend.cannot_edit(node) is None:
         return _carry_depthwise(sw, site, in_map)
-    m, why = sw.multiple("gemm" if site.op == "linear" else "conv")
     ins = _input_choices(sw, site, None if illegal else m)
     out_keep, g = ChannelMap.identity(site.out_axis, site.c_out), site.groups
     out_pad = out_keep

@@ -18,7 +18,8 @@ import numpy as np
 from graphopt.decisions.channel_map import ChannelMap
 from graphopt.ir import Graph, Node
 
-__all__ = ["Dims", "GemmSite", "Values", "absorbs", "can_pad", "gemm_site", "shape_of"]
+__all__ = ["Dims", "GemmSite", "Values", "absorbs", "can_pad", "constant_source", "gemm_site",
+           "shape_of"]
 
 Dims = tuple["int | str", ...]
 #: the value of a small constant tensor, or None when it is not a constant the backend can read
@@ -63,6 +64,16 @@ def numel(shape: Dims | None) -> int:
     return math.prod(d if isinstance(d, int) else 1 for d in shape or ())
 
 
+def constant_source(graph: Graph, tensor: str) -> str:
+    """The constant behind an ``Identity`` chain (ONNX exporters share weights that way), or
+    ``tensor`` itself; a site records the source, its backend replaces the node's input."""
+    seen = 0
+    while (p := graph.producer.get(tensor)) is not None and p.op_type == "Identity" and \
+            p.inputs and seen < 8:
+        tensor, seen = p.inputs[0], seen + 1
+    return tensor
+
+
 def _constant(graph: Graph, tensor: str) -> str | None:
     """Why ``tensor`` is not a constant the rewrite may replace, or None when it is one."""
     info = graph.tensor(tensor)
@@ -79,8 +90,9 @@ def gemm_site(graph: Graph, node: Node) -> GemmSite | str | None:
     if op is None or len(node.inputs) < 2 or node.attrs.get("grouped") or (
             node.op_type == "MatMul" and len(node.inputs) > 2):
         return None
-    x, w = node.inputs[0], node.inputs[1]
+    x, w = node.inputs[0], constant_source(graph, node.inputs[1])
     b = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+    b = constant_source(graph, b) if b else None
     why = _constant(graph, w)
     if why is not None:
         return f"the weight is {why}"
@@ -118,10 +130,18 @@ def gemm_site(graph: Graph, node: Node) -> GemmSite | str | None:
             c_out, c_in = w_shape[0], w_shape[1] * groups
         else:
             c_in, c_out, layout = w_shape[0], w_shape[1] * groups, "in_out"
-    if in_shape[in_axis] != c_in or out_shape[out_axis] != c_out:
-        return "the channel dims are not static"
+    if not _agrees(in_shape[in_axis], c_in) or not _agrees(out_shape[out_axis], c_out):
+        return "the channel dims do not match the weight"
+    in_shape = in_shape[:in_axis] + (int(c_in),) + in_shape[in_axis + 1:]  # the weight says so
+    out_shape = out_shape[:out_axis] + (int(c_out),) + out_shape[out_axis + 1:]
     return GemmSite(node, op, x, w, b, int(c_in), int(c_out), groups, in_shape, out_shape,
                     in_axis, out_axis, kernel, layout, bias_ok)
+
+
+def _agrees(dim: int | str, channels: int) -> bool:
+    """A symbolic dim (ONNX shape inference lost it) takes the weight's size: a valid model
+    cannot run otherwise."""
+    return not isinstance(dim, int) or dim == channels
 
 
 def can_pad(site: GemmSite) -> str | None:

@@ -27,7 +27,8 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.precision_islands import ISLAND_OPS
 from graphopt.plan import Decision, NodePlan, Plan
 
-__all__ = ["LOW_KINDS", "island_reason", "node_decision", "node_island", "plan_decisions"]
+__all__ = ["LOW_KINDS", "island_reason", "kept_fp32", "node_decision", "node_island",
+           "plan_decisions"]
 
 #: canonical GEMM-like ops and the work they are (case 2)
 LOW_KINDS: dict[str, str] = {
@@ -72,6 +73,11 @@ def node_decision(node: NodePlan, compute_dtype: str) -> Decision | None:
         return Decision(f"{compute_dtype}: {LOW_KINDS[node.op_type]} with fp32 accumulation",
                         MappingProxyType({"format": compute_dtype, "island": False}))
     return None
+
+
+def kept_fp32(why: str) -> str:
+    """The reason a GEMM-like node gives when the whole model stays fp32 (both backends)."""
+    return f"kept fp32: {why.removeprefix('fp32: ')}"
 
 
 def plan_decisions(plan: Plan, compute_dtype: str) -> dict[str, Decision]:

@@ -51,7 +51,13 @@ from onnx import numpy_helper
 
 from graphopt._order import unique_name
 from graphopt.decisions.precision_islands import SIGNIFICAND_BITS
-from graphopt.decisions.precision_plan import island_reason, node_decision
+from graphopt.decisions.precision_plan import (
+    LOW_KINDS,
+    island_reason,
+    kept_fp32,
+    node_decision,
+    node_island,
+)
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.ort_runner import tensor_types, topological
 
@@ -195,7 +201,8 @@ class _Rewriter:
         if plan is None and (why := island_reason(op, None, node.input)) is not None:
             return "island", f"fp32 island: {why}"  # a node a pass added: its op is canonical
         if op in LOW_OPS and (decided is not None or plan is None):
-            return "low", f"{LOW_OPS[op]} in fp16 with fp32 accumulation"
+            return "low", (decided.reason if decided is not None
+                           else f"{LOW_OPS[op]} in fp16 with fp32 accumulation")
         if decided is not None:  # GEMM-like on the plan, no fp16 edit here
             return "island", (f"kept fp32: can't apply here: {op} has no fp16 rewrite in this "
                               f"pass (the plan: {decided.reason})")
@@ -353,6 +360,12 @@ def reduce_precision(model: onnx.ModelProto, ctx: OnnxContext,
     if ctx.compute_dtype != "fp16":
         ctx.notes["precision"] = {"format": ctx.compute_dtype,
                                   "reason": f"compute dtype {ctx.compute_dtype}: no fp16 nodes"}
+        if ctx.compute_dtype == "fp32":  # each GEMM-like node says why, as on torch
+            why = ctx.notes.get("precision_choice", {}).get("reason", "fp32")
+            for node in ctx.plan.nodes:
+                if node.op_type in LOW_KINDS and node_island(node) is None:
+                    ctx.decide(node.name, "precision", kept_fp32(why), applied=False,
+                               format="fp32")
         return None
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
            for n in model.graph.node for a in n.attribute):

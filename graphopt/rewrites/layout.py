@@ -161,6 +161,10 @@ def channels_last(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     decided = decide_layout(ctx.plan, ctx.target, ctx.compute_dtype, mode,
                             onednn=torch.backends.mkldnn.is_available())
     convs = {n: conv_info(n) for n in gm.graph.nodes if aten_name(n) in _CONV_NAMES}
+    seen = {c.name for c in convs}
+    for name, d in decided.convs.items():  # plan convs this pass has no edit for (conv1d)
+        if name not in seen:
+            ctx.decide(name, "layout", d.reason, applied=False, **d.fields())
     excluded: dict[fx.Node, str] = {}
     for conv, info in convs.items():
         d = decided.convs.get(conv.name)

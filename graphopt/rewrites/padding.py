@@ -34,8 +34,11 @@ __all__ = ["pad_channels"]
 
 logger = logging.getLogger(__name__)
 
-_GEMMS = frozenset({"linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-                    "conv_transpose2d", "conv_transpose3d"})
+#: fx argument index of the IR inputs (x, weight, bias) of each op the backend rewrites
+_ARGS = {**{op: (0, 1, 2) for op in ("linear", "conv1d", "conv2d", "conv3d",
+                                      "conv_transpose1d", "conv_transpose2d",
+                                      "conv_transpose3d")},
+         "addmm": (1, 2, 0), "mm": (0, 1, -1), "matmul": (0, 1, -1)}
 _SMALL = 64  # constants the rules may read by value (bounds, scalars)
 
 
@@ -70,9 +73,10 @@ class _Backend:
         if node.op_type == "Attention":
             return None if name == "scaled_dot_product_attention" else \
                 f"the torch backend rewrites scaled_dot_product_attention, not {name}"
-        if node.op_type in ("Conv", "ConvTranspose", "Linear", "Gemm", "MatMul") and \
-                name not in _GEMMS:
-            return f"the torch backend rewrites linear and conv weights, not {name}"
+        if node.op_type in ("Conv", "ConvTranspose", "Linear", "Gemm", "MatMul") and (
+                name not in _ARGS or (name == "addmm" and (
+                    fx_node.kwargs.get("alpha", 1) != 1 or fx_node.kwargs.get("beta", 1) != 1))):
+            return f"the torch backend rewrites linear, addmm, mm and conv weights, not {name}"
         return None
 
     def value(self, tensor: str) -> np.ndarray | None:
@@ -104,6 +108,7 @@ class _Apply:
 def _gemm(ap: _Apply, step: GemmStep) -> None:
     st, site, inp, out = ap.st, step.site, step.inp, step.out
     node, x = ap.fx(site.node.name), ap.fx(site.x)
+    i_x, i_w, i_b = _ARGS[aten_name(node) or ""]
     if inp.action == "pad":
         assert inp.src is not None
         base = x
@@ -112,7 +117,7 @@ def _gemm(ap: _Apply, step: GemmStep) -> None:
         padded = pad_per_call(st, base, inp.src, inp.reads, node)
         if inp.from_padded:
             ap.reads(padded, x)
-        node.update_arg(0, padded)
+        node.update_arg(i_x, padded)
     elif inp.from_padded:
         ap.reads(node, x)
     in_map = inp.reads
@@ -120,15 +125,15 @@ def _gemm(ap: _Apply, step: GemmStep) -> None:
         w = get_tensor(st.gm, ap.fx(site.weight))
         assert w is not None
         w = w.detach()
-        if site.op == "conv_transpose":
+        if site.w_layout == "in_out":  # [K, N], or ConvTranspose [C_in, C_out/g, *k]
             new_w = scatter_weight(w.transpose(0, 1), 1, in_map, out, torch).transpose(0, 1)
         else:
             new_w = scatter_weight(w, site.groups, in_map, out, torch)
-        node.update_arg(1, new_param(st.gm, f"{node.name}_weight", new_w.contiguous(), node))
+        node.update_arg(i_w, new_param(st.gm, f"{node.name}_weight", new_w.contiguous(), node))
         b = get_tensor(st.gm, ap.fx(site.bias)) if site.bias else None
-        if b is not None and out.is_padded:
-            node.update_arg(2, new_param(st.gm, f"{node.name}_bias", scatter_axis(
-                b.detach(), 0, out.positions, out.size, 0.0, torch), node))
+        if b is not None and out.is_padded and site.bias_per_channel:
+            node.update_arg(i_b, new_param(st.gm, f"{node.name}_bias", scatter_axis(
+                b.detach(), b.dim() - 1, out.positions, out.size, 0.0, torch), node))
         st.changed = True
     if out.is_padded:
         ap.set_map(site.node.outputs[0], out)

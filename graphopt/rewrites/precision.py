@@ -45,7 +45,7 @@ from torch import fx
 
 from graphopt.decisions.precision_format import choose_precision
 from graphopt.decisions.precision_islands import SIGNIFICAND_BITS
-from graphopt.decisions.precision_plan import island_reason, node_decision
+from graphopt.decisions.precision_plan import island_reason, kept_fp32, node_decision
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ops import KNOWN_OPS
 from graphopt.rewrites.context import RewriteContext
@@ -160,7 +160,9 @@ class _Assigner:
                 return "island", _F32, f"fp32 island: {why}"
         unplanned = plan is None or plan.op_type not in KNOWN_OPS  # no canonical op to ask
         if op in LOW_OPS and (decided is not None or unplanned):
-            return self._lower(node, f"{LOW_OPS[op]} on {_unit(self.ctx.target, self.fmt)}")
+            return self._lower(node, decided.reason.removeprefix(f"{self.fmt}: ")
+                               if decided is not None else
+                               f"{LOW_OPS[op]} on {_unit(self.ctx.target, self.fmt)}")
         if decided is not None:  # GEMM-like on the plan, no reduced-precision edit here
             return "island", _F32, (f"kept fp32: can't apply here: aten.{op} has no "
                                     f"{self.fmt} path in this pass (the plan: {decided.reason})")
@@ -340,8 +342,7 @@ def _record_full_precision(gm: fx.GraphModule, ctx: RewriteContext, why: str,
                        "with 10-bit mantissa inputs, fp32 accumulation", format="tf32")
             count += 1
         else:
-            ctx.decide(node, "precision", f"kept fp32: {why.removeprefix('fp32: ')}",
-                       applied=False, format="fp32")
+            ctx.decide(node, "precision", kept_fp32(why), applied=False, format="fp32")
     return count
 
 
