@@ -2,7 +2,8 @@
 
 Steps: read without trusting the file (:mod:`.onnx_safety`); check the graph and put its nodes
 in topological order; infer shapes on a weight-free skeleton (a model of any size stays under
-protobuf's 2 GB limit and weights are never serialized twice); then the tensor table and the nodes
+protobuf's 2 GB limit and weights are never serialized twice) whose small constant subgraphs are
+folded first (:mod:`.onnx_fold`); then the tensor table and the nodes
 with canonical op names and the attributes the analysis reads made explicit (:mod:`.onnx_attrs`).
 
 Tensor kinds, the param/constant rule: an initializer, or the value of a ``Constant`` node, is a
@@ -14,6 +15,12 @@ shape, axes and index tensors, bool masks, strings, unknown dtypes) is a ``const
 The user's ``ModelProto`` is never modified: the frontend works on a copy, which becomes
 ``Graph.source_model`` with external data loaded, local functions inlined and every node named
 as in the ``Graph`` (unnamed or duplicate names get ``f"{op_type}_{index}"``).
+
+Constant folding happens in the skeleton only, never in the copy: the folded chain's nodes stay
+in the ``Graph`` (with static shapes, their values known to the analysis) and in
+``source_model``, so graphopt's evaluator can change shapes the planner sees but never the
+numbers of a model it writes, nor the reference the optimize pipeline checks against (it runs
+``source_model``); node indices, and so the names of unnamed nodes, stay those of the file.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ import numpy as np
 import onnx
 import onnx.inliner
 import onnx.shape_inference
+from onnx import helper
 
 from graphopt._order import stable_topo_order
 from graphopt.errors import GraphoptError, ModelLoadError
 from graphopt.frontends.onnx_attrs import ConstValue, attr_value, fill_defaults
+from graphopt.frontends.onnx_fold import fold_constants
 from graphopt.frontends.onnx_safety import (
     check_structure,
     load_external_data,
@@ -159,14 +168,21 @@ def _skeleton(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
 
 
 def _infer_shapes(model: onnx.ModelProto, order: list[int], warnings: list[str]
-                  ) -> onnx.GraphProto:
+                  ) -> tuple[onnx.GraphProto, dict[str, np.ndarray]]:
+    """The inferred graph, and the values of the nodes folded in the skeleton."""
+    skel = _skeleton(model, order)
+    try:
+        folded = fold_constants(skel)
+    except Exception as exc:  # folding only sharpens shapes; a failure must not stop the load
+        logger.debug("constant folding skipped: %s: %s", type(exc).__name__, exc)
+        folded = {}
     try:
         return onnx.shape_inference.infer_shapes(
-            _skeleton(model, order), check_type=False, strict_mode=False, data_prop=True).graph
+            skel, check_type=False, strict_mode=False, data_prop=True).graph, folded
     except Exception as exc:  # the C++ inferencer raises many types; fall back, never crash
         warnings.append(f"ONNX shape inference failed ({type(exc).__name__}: {str(exc)[:200]});"
                         " only the shapes stored in the model are known")
-        return model.graph
+        return model.graph, folded
 
 
 def _type_info(tp: onnx.TypeProto) -> tuple[Shape | None, str | None]:
@@ -293,9 +309,13 @@ def _build(proto: onnx.ModelProto, name: str, warnings: list[str]) -> Graph:
     order = _topo_order(g.node, ins, outs, set(tensors))
     if order != sorted(order):
         warnings.append("the nodes were not in topological order; graphopt sorted them")
-    inferred = _infer_shapes(proto, order, warnings)
+    inferred, folded = _infer_shapes(proto, order, warnings)
     infos = {vi.name: vi for group in (inferred.value_info, inferred.output, inferred.input)
              for vi in group}
+    for out, value in folded.items():  # initializers in the skeleton: no inferred value_info
+        infos[out] = helper.make_tensor_value_info(
+            out, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        consts.setdefault(out, value)
     names = _node_names(g.node)
     notes: dict[str, list[str]] = {}
     custom: Counter[str] = Counter()
