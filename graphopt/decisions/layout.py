@@ -40,7 +40,7 @@ from graphopt.decisions.layout_regions import PlanRegion, plan_regions
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.plan import NodePlan, Plan
 
-__all__ = ["MARGIN", "ConvFacts", "ConvLayout", "LayoutEstimate", "LayoutPlan",
+__all__ = ["MARGIN", "ConvFacts", "ConvGroups", "ConvLayout", "LayoutEstimate", "LayoutPlan",
            "can_channels_last", "conv_facts", "conv_gain_s", "conversion_time_s",
            "cpu_class", "decide_layout", "known_slow_case", "should_channels_last"]
 
@@ -118,8 +118,29 @@ def _prod(dims: Iterable[int]) -> int:
     return out
 
 
+class ConvGroups:
+    """Channels per group, depthwise, grouped: read from ``c_in`` and ``groups`` by the plan's
+    conv facts and the torch backend's conv records alike."""
+
+    c_in: int
+    groups: int
+
+    @property
+    def channels_per_group(self) -> int:
+        return self.c_in // max(1, self.groups)
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups > 1 and self.channels_per_group == 1
+
+    @property
+    def grouped(self) -> bool:
+        """Grouped with more than one channel per group (depthwise is not "grouped" here)."""
+        return self.groups > 1 and self.channels_per_group > 1
+
+
 @dataclass(frozen=True)
-class ConvFacts:
+class ConvFacts(ConvGroups):
     """What the layout rules need to know about one conv of the plan."""
 
     name: str
@@ -137,19 +158,6 @@ class ConvFacts:
     @property
     def out_spatial(self) -> int:
         return _prod(self.out_shape[2:])
-
-    @property
-    def channels_per_group(self) -> int:
-        return self.c_in // max(1, self.groups)
-
-    @property
-    def depthwise(self) -> bool:
-        return self.groups > 1 and self.channels_per_group == 1
-
-    @property
-    def grouped(self) -> bool:
-        """Grouped with more than one channel per group (depthwise is not "grouped" here)."""
-        return self.groups > 1 and self.channels_per_group > 1
 
 
 def conv_facts(node: NodePlan) -> ConvFacts | None:

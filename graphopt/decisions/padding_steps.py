@@ -17,8 +17,8 @@ from graphopt.decisions.padding_sites import GemmSite
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import Node
 
-__all__ = ["AttentionStep", "CarryStep", "GemmStep", "InputPlan", "PadBackend", "PaddingPlan",
-           "Step"]
+__all__ = ["AttentionStep", "CarryStep", "ContextBackend", "GemmStep", "InputPlan", "PadBackend",
+           "PaddingPlan", "Step"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,40 @@ class PadBackend(Protocol):
 
     def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
                **fields: Any) -> Any: ...
+
+
+class _PassContext(Protocol):
+    """What both backends' pass contexts have (``RewriteContext``, ``OnnxContext``)."""
+
+    target: HardwareProfile
+    compute_dtype: str
+
+    def plan_node(self, name: str) -> Any: ...
+
+    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
+               **fields: Any) -> Any: ...
+
+
+@dataclass
+class ContextBackend:
+    """The :class:`PadBackend` parts a pass context already answers, and the backend's nodes
+    by IR name; each backend adds what only it knows (``cannot_edit``, constant values)."""
+
+    ctx: _PassContext
+    nodes: dict[str, Any]
+
+    @property
+    def target(self) -> HardwareProfile:
+        return self.ctx.target
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.ctx.compute_dtype
+
+    def analysis(self, node: str) -> NodeAnalysis | None:
+        plan_node = self.ctx.plan_node(node)
+        return None if plan_node is None else plan_node.analysis
+
+    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
+               **fields: Any) -> Any:
+        return self.ctx.decide(node, kind, reason, applied=applied, **fields)

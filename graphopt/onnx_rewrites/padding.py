@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.channel_map import scatter_axis, scatter_weight
 from graphopt.decisions.padding import plan_padding
 from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
-from graphopt.decisions.padding_steps import CarryStep, GemmStep
+from graphopt.decisions.padding_steps import CarryStep, ContextBackend, GemmStep
 from graphopt.frontends.onnx_frontend import graph_from_proto
-from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import Node
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding_edits import PadState, topo_order
@@ -71,28 +68,10 @@ class _Values:
 
 
 @dataclass
-class _Backend:
+class _Backend(ContextBackend):
     """What the padding decision asks of the ONNX backend (decisions land on ``ctx``)."""
 
-    ctx: OnnxContext
-    nodes: dict[str, onnx.NodeProto]
     values: _Values
-
-    @property
-    def target(self) -> HardwareProfile:
-        return self.ctx.target
-
-    @property
-    def compute_dtype(self) -> str:
-        return self.ctx.compute_dtype
-
-    def analysis(self, node: str) -> NodeAnalysis | None:
-        pn = self.ctx.plan_node(node)
-        return None if pn is None else pn.analysis
-
-    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Any:
-        return self.ctx.decide(node, kind, reason, applied=applied, **fields)
 
     def cannot_edit(self, node: Node) -> str | None:
         proto = self.nodes.get(node.name)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from graphopt.decisions.layout import ConvGroups
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, val
 
 __all__ = ["AGNOSTIC", "ConvInfo", "Region", "conv_info", "find_regions", "is_entry_conversion",
@@ -65,7 +66,7 @@ def memory_format_for(rank: int) -> torch.memory_format:
 
 
 @dataclass(frozen=True)
-class ConvInfo:
+class ConvInfo(ConvGroups):
     """What applying the layout decision needs to know about one conv node (the decision's
     own facts come from the plan: ``graphopt.decisions.layout.ConvFacts``)."""
 
@@ -77,19 +78,6 @@ class ConvInfo:
     kernel: tuple[int, ...]
     out_spatial: int  # H_out * W_out (* D_out)
     transposed: bool
-
-    @property
-    def channels_per_group(self) -> int:
-        return self.c_in // max(1, self.groups)
-
-    @property
-    def depthwise(self) -> bool:
-        return self.groups > 1 and self.channels_per_group == 1
-
-    @property
-    def grouped(self) -> bool:
-        """Grouped with more than one channel per group (depthwise is not "grouped" here)."""
-        return self.groups > 1 and self.channels_per_group > 1
 
 
 def conv_info(node: fx.Node) -> ConvInfo | None:

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import torch
 from torch import fx
 
-from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.channel_map import ChannelMap, scatter_axis, scatter_weight
 from graphopt.decisions.padding import plan_padding
 from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
-from graphopt.decisions.padding_steps import AttentionStep, CarryStep, GemmStep
+from graphopt.decisions.padding_steps import AttentionStep, CarryStep, ContextBackend, GemmStep
 from graphopt.frontends.torch_frontend import graph_from_graph_module
-from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import Node
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param
@@ -43,27 +40,10 @@ _SMALL = 64  # constants the rules may read by value (bounds, scalars)
 
 
 @dataclass
-class _Backend:
+class _Backend(ContextBackend):
     """What the padding decision asks of the torch backend (decisions land on ``ctx``)."""
 
-    ctx: RewriteContext
     gm: fx.GraphModule
-    nodes: dict[str, fx.Node]
-
-    @property
-    def target(self) -> HardwareProfile:
-        return self.ctx.target
-
-    @property
-    def compute_dtype(self) -> str:
-        return self.ctx.compute_dtype
-
-    def analysis(self, node: str) -> NodeAnalysis | None:
-        return self.ctx.analysis(node)
-
-    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Any:
-        return self.ctx.decide(node, kind, reason, applied=applied, **fields)
 
     def cannot_edit(self, node: Node) -> str | None:
         fx_node = self.nodes.get(node.name)
@@ -198,7 +178,7 @@ def _restore_real(ap: _Apply) -> None:
 def pad_channels(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     """Pad GEMM-like channels to tensor-core multiples where the plan says it pays."""
     nodes = {n.name: n for n in gm.graph.nodes}
-    backend = _Backend(ctx, gm, nodes)
+    backend = _Backend(ctx, nodes, gm)
     graph = graph_from_graph_module(gm)
     plan = plan_padding(graph, backend.value, backend, ctx.options)
     ctx.notes["padding"] = plan.notes(ctx.options.pad, ctx.compute_dtype)
