@@ -91,10 +91,6 @@ def _excused(kind: str, t: NodePlan | None, o: NodePlan | None) -> str | None:
     if kind == "layout" and do is not None:
         if "backend" in do.fields and dt is not None and do.reason == dt.reason:
             return f"ONNX Runtime: {do.fields['backend']}"
-        if "known shapes" in do.reason and any(
-                not isinstance(d, int) for i in o.inputs[:1] if i is not None
-                for d in (i.shape or ("?",))[1:]):
-            return "ONNX shape inference left this conv's dims unknown"
     return None
 
 

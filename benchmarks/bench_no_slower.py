@@ -1,0 +1,113 @@
+"""No slower than before: this tree against a baseline revision, in one run (issue 10).
+
+Measured for each tree, in fresh Python processes, rounds interleaved (baseline, current,
+baseline, ...) so load on a shared machine hits both alike; the best time of each is kept:
+
+1. planning a ~6k fx-node torch graph and its ONNX twin (what ``bench_planning.py`` times:
+   frontend + analysis + cost + report JSON; tracing excluded);
+2. ``graphopt.optimize(<6,000-node ONNX model>, target=T, measure=False)`` for T = cpu and
+   h100 (the residual MLP of ``bench_planning.onnx_blocks``, 1,500 blocks).
+
+Prints current / baseline per measurement (< 1: faster now). The baseline tree comes from
+``git archive``; its own ``benchmarks/bench_planning.py`` builds the models.
+
+Run: ``python benchmarks/bench_no_slower.py [--baseline 305cd38] [--rounds 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_WORKER = r"""
+import gc, json, sys, time, warnings
+warnings.simplefilter("ignore")
+sys.path[:0] = [{tree!r}, {tree!r} + "/benchmarks"]
+import torch
+import graphopt
+from bench_planning import BATCH, WIDTH, onnx_blocks
+from graphopt.frontends.onnx_frontend import load_onnx
+from graphopt.frontends.torch_frontend import graph_from_exported_program
+from graphopt.hardware import get_target
+from graphopt.planner import build_plan
+from graphopt.report import render_json
+from tests.zoo import ResidualMLP
+
+def best(n, fn):
+    times = []
+    for _ in range(n):
+        gc.collect()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+h100, out = get_target("h100"), {{}}
+model = ResidualMLP(857).eval()
+ep = torch.export.export(model, (torch.randn(BATCH, WIDTH),), strict=False)
+proto = onnx_blocks(857)
+out["plan torch 6k fx nodes"] = best(3, lambda: render_json(
+    build_plan(graph_from_exported_program(ep), h100).to_dict()))
+out["plan onnx 3.4k nodes"] = best(3, lambda: render_json(
+    build_plan(load_onnx(proto), h100).to_dict()))
+big = onnx_blocks(1500)
+big.ir_version = 10  # onnx writes its newest IR version; ONNX Runtime reads up to 13
+for target in ("cpu", "h100"):
+    out[f"optimize onnx 6k nodes, {{target}}"] = best(2, lambda: graphopt.optimize(
+        big, target=target, measure=False))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _run(tree: Path) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-c", _WORKER.format(tree=str(tree))], cwd=tree,
+                          capture_output=True, text=True, check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"worker failed in {tree}:\n{proc.stderr[-3000:]}")
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", default="305cd38",
+                    help="revision to compare with (default: the tree before issue 10)")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                          capture_output=True, check=True).stdout.strip()
+    print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
+          f"python {platform.python_version()}; baseline {args.baseline}, current {head} "
+          "(working tree)")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline"
+        base.mkdir()
+        archive = Path(tmp) / "baseline.tar"
+        subprocess.run(["git", "archive", "-o", str(archive), args.baseline], cwd=ROOT,
+                       check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(base, filter="data")
+        best: dict[str, dict[str, float]] = {"baseline": {}, "current": {}}
+        for r in range(args.rounds):
+            for label, tree in (("baseline", base), ("current", ROOT)):
+                for k, v in _run(tree).items():
+                    best[label][k] = min(v, best[label].get(k, v))
+                print(f"round {r + 1}: {label} done", flush=True)
+    print(f"\n| measurement | baseline {args.baseline} | current {head} | current / baseline |")
+    print("|---|---:|---:|---:|")
+    for k, b in best["baseline"].items():
+        c = best["current"][k]
+        print(f"| {k} | {b:.3f} s | {c:.3f} s | **{c / b:.2f}** |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
