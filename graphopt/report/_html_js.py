@@ -1,4 +1,4 @@
-"""The page's script: builds the node table and the roofline points from the embedded JSON.
+"""The page's script: builds the node table from the embedded JSON, then starts the page.
 
 The JSON holds interned tables (``_html_data``); ``decode()`` expands them into one record per
 node first, so everything after it reads plain records.
@@ -6,13 +6,19 @@ node first, so everything after it reads plain records.
 It reads the node data only from the ``application/json`` block and builds every element with
 ``textContent``/``setAttribute``: data never reaches ``innerHTML``. View state lives in the URL
 hash (``#sort=est_time_s&desc=1&filter=mm&class=gemm&bottleneck=memory&open=3&n=400``).
+
+``SCRIPT`` is one closure: the table's code, the charts' code (``_html_js_chart``), then the
+start-up lines, which must come last because the charts' ``const`` points list has to exist
+before the first ``update()`` dims it.
 """
 
 from __future__ import annotations
 
+from graphopt.report._html_js_chart import CHART_SCRIPT
+
 __all__ = ["SCRIPT"]
 
-SCRIPT = r"""(() => {
+_TABLE = r"""(() => {
 "use strict";
 const D = JSON.parse(document.getElementById("graphopt-data").textContent);
 const NT = D.targets.length, PAGE = D.page, TI = {};
@@ -330,57 +336,11 @@ function body() {
   $("all").hidden = rest <= 0 || view.length > D.maxall;
   $("all").textContent = "Show all " + cnt(view.length);
 }
-const PTS = [], NS = "http://www.w3.org/2000/svg";
-const clamp = (v, lo, hi) => Math.max(lo, Math.min(hi, v));
 function focus(r) {
   S.filter = r.name; S.cls = ""; S.bn = ""; S.open = [r.i]; S.n = PAGE;
   controls();
   update();
   $("nodes-title").scrollIntoView({block: "start"});
-}
-function plot() {
-  for (const svg of document.querySelectorAll("svg.roofline")) {
-    const a = svg.dataset, t = Number(a.t), g = svg.querySelector("g.pts");
-    const [x0, x1, y0, y1] = [a.lx0, a.lx1, a.ly0, a.ly1].map(Number);
-    const [px, py, pw, ph] = [a.px, a.py, a.pw, a.ph].map(Number);
-    const pts = [];
-    for (const r of R) {
-      const f = per(r, t, "flops"), ai = per(r, t, "ai"), s = per(r, t, "est_time_s");
-      if (!(f > 0 && ai > 0 && s > 0)) continue;
-      const x = clamp(px + (Math.log10(ai) - x0) / (x1 - x0) * pw, px, px + pw);
-      const y = clamp(py + ph - (Math.log10(f / s) - y0) / (y1 - y0) * ph, py, py + ph);
-      pts.push({r: r, x: x, y: y, att: f / s, ai: ai});
-    }
-    const merge = pts.length > D.merge, groups = new Map();
-    for (const p of pts) {
-      const key = merge ? [p.r.kernel_class, Math.round(p.x), Math.round(p.y)].join("|")
-        : String(p.r.i);
-      if (!groups.has(key)) groups.set(key, []);
-      groups.get(key).push(p);
-    }
-    for (const ps of groups.values()) {
-      const p = ps[0], c = document.createElementNS(NS, "circle");
-      c.setAttribute("class", "pt");
-      c.setAttribute("cx", p.x.toFixed(1));
-      c.setAttribute("cy", p.y.toFixed(1));
-      c.setAttribute("r", ps.length > 1 ? "4.5" : "3.5");
-      c.setAttribute("fill", color(p.r.kernel_class));
-      c.dataset.idx = String(p.r.i);
-      c.dataset.n = String(ps.length);
-      const tt = document.createElementNS(NS, "title");
-      tt.textContent = (ps.length > 1 ? ps.length + " nodes, e.g. " : "") + p.r.name + "\n" +
-        (p.r.kernel_class || "") + DOT + sig(p.ai) + " FLOP/B" + DOT + si(p.att, "FLOP/s") +
-        DOT + sec(per(p.r, t, "est_time_s"));
-      c.appendChild(tt);
-      c.addEventListener("click", () => focus(p.r));
-      g.appendChild(c);
-      PTS.push([c, ps.map((q) => q.r)]);
-    }
-  }
-}
-function dim() {
-  const on = S.filter || S.cls || S.bn;
-  for (const [c, rs] of PTS) c.classList.toggle("dim", !!on && !rs.some(matches));
 }
 function controls() {
   $("q").value = S.filter;
@@ -416,15 +376,9 @@ for (const b of document.querySelectorAll("button[data-class]")) {
 for (const b of document.querySelectorAll(".jump[data-idx]")) {
   b.addEventListener("click", () => focus(R[Number(b.dataset.idx)]));
 }
-const BYNAME = new Map();
-for (const r of R) if (!BYNAME.has(r.name)) BYNAME.set(r.name, r);
-for (const b of document.querySelectorAll("svg.gantt [data-node]")) {
-  b.addEventListener("click", () => {
-    const r = BYNAME.get(b.getAttribute("data-node"));
-    if (r) focus(r);
-  });
-}
-window.addEventListener("hashchange", () => { S = readHash(); controls(); update(); });
+"""
+
+_START = r"""window.addEventListener("hashchange", () => { S = readHash(); controls(); update(); });
 S = readHash();
 controls();
 plot();
@@ -432,3 +386,5 @@ update();
 document.body.dataset.ready = "1";
 })();
 """
+
+SCRIPT = _TABLE + CHART_SCRIPT + _START
