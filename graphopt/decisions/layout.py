@@ -360,6 +360,8 @@ def decide_layout(plan: Plan, target: HardwareProfile, compute_dtype: str, mode:
     """
     nodes = [n for n in plan.nodes if n.op_type in _CONVS]
     times = {n.name: n.cost.est_time_s for n in nodes}
+    if not nodes:  # nothing to decide: no region search over the whole graph
+        return LayoutPlan(mode, {}, (), False, "no convolutions: layout does not matter")
     if mode == "keep":
         keep = {n.name: ConvLayout(n.name, "nchw", None, "kept: layout=keep") for n in nodes}
         reason = "kept NCHW: layout='keep'" if nodes else "no convolutions: layout does not matter"

@@ -41,7 +41,7 @@ from graphopt.cost.roofline import peak_key, tc_alignment
 from graphopt.decisions.channel_map import ChannelMap, round_up
 from graphopt.decisions.padding_attention import plan_attention
 from graphopt.decisions.padding_carry import Carry, PadConst, SetGroups, carry_rule
-from graphopt.decisions.padding_cost import copy_time, required_multiple, site_time
+from graphopt.decisions.padding_cost import copy_time, required_multiple, site_flops, site_time
 from graphopt.decisions.padding_downstream import downstream_cost, partner_cut_time
 from graphopt.decisions.padding_sites import (
     GemmSite,
@@ -242,9 +242,8 @@ def _record_gemm(sw: Sweep, site: GemmSite, v: _Variant, reason: str, gain: floa
         sw.maps[node.outputs[0]] = out
     if applied:
         sw.plan.padded.append(node.name)
-    a = sw.backend.analysis(node.name)
-    old_f = site_time(sw.backend, a, site, site.c_in, site.c_out)[1]
-    new_f = site_time(sw.backend, a, site, inp.reads.size, out.size)[1]
+    old_f, new_f = site_flops(site, site.c_in, site.c_out), site_flops(site, inp.reads.size,
+                                                                         out.size)
     sw.backend.decide(node.name, "padding", reason, applied=applied,
                       old=_dims(site, site.c_in, site.c_out),
                       new=_dims(site, inp.reads.size, out.size), multiple=m,

@@ -23,7 +23,7 @@ from graphopt.decisions.padding_sites import GemmSite, numel
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = ["CostContext", "attention_time", "copy_time", "elem_bytes", "padded_gemm_time",
-           "required_multiple", "site_time", "stream_time"]
+           "required_multiple", "site_flops", "site_time", "stream_time"]
 
 # Dtypes the roofline runs on tensor cores (graphopt.cost.roofline rule 1).
 _TC_KEYS = frozenset({"tf32", "fp16", "bf16", "fp8", "int8"})
@@ -102,6 +102,13 @@ def site_time(ctx: CostContext, a: NodeAnalysis | None, site: GemmSite, c_in: in
         rows=in_per if site.op == "conv_transpose" else out_per, in_per=in_per,
         out_per=out_per, c_in=c_in, c_out=c_out, groups=site.groups, kernel=site.kernel,
         bias=site.bias is not None)
+
+
+def site_flops(site: GemmSite, c_in: int, c_out: int) -> int:
+    """FLOPs of ``site`` with ``c_in``/``c_out`` channels (what padding wastes, no roofline)."""
+    in_per, out_per = numel(site.in_shape) // site.c_in, numel(site.out_shape) // site.c_out
+    rows = in_per if site.op == "conv_transpose" else out_per
+    return 2 * rows * c_out * (c_in // site.groups) * site.kernel
 
 
 def attention_time(ctx: CostContext, a: NodeAnalysis | None, shapes: list[tuple[int, ...]],

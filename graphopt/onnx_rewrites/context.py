@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir import Graph
 from graphopt.options import Options
 from graphopt.plan import Decision, NodePlan, Plan
 
@@ -35,6 +36,9 @@ class OnnxContext:
     compute_dtype: str = "fp32"
     decisions: dict[str, dict[str, Decision]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+    #: graphopt's IR of the model the passes start from (its ``source_model``): a pass handed
+    #: that very model reads it instead of converting the model again
+    graph: Graph | None = None
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.plan.nodes}

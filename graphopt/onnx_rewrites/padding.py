@@ -156,7 +156,10 @@ def pad_channels(model: onnx.ModelProto, ctx: OnnxContext) -> onnx.ModelProto | 
     order = topo_order(list(g.node), available)
     del g.node[:]
     g.node.extend(order)
-    graph = graph_from_proto(out)  # names unnamed nodes in ``out``, never in ``model``
+    if ctx.graph is not None and ctx.graph.source_model is model:
+        graph = ctx.graph  # the model the plan was built from: same names, same shapes
+    else:
+        graph = graph_from_proto(out)  # names unnamed nodes in ``out``, never in ``model``
     nodes = {n.name: n for n in g.node}
     values = _Values(out)
     plan = plan_padding(graph, values.small, _Backend(ctx, nodes, values), ctx.options)

@@ -224,7 +224,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
     reference = run_samples(OrtModel(base, what="the original model"), runs, "the original")
     compute, why = onnx_precision(profile, opts.precision)
     ctx = OnnxContext(plan=plan, target=profile, options=opts, samples=runs, calibration=calib,
-                      compute_dtype=compute)
+                      compute_dtype=compute, graph=graph)
     ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
                                      "reason": why}
     backend = _OnnxBackend(ctx, base, reference)
