@@ -59,7 +59,8 @@ def island_reason(op_type: str, analysis: NodeAnalysis | None = None,
 def node_island(node: NodePlan) -> str | None:
     """:func:`island_reason` of a plan node: the one island rule the planner
     (``gemm_precision``) and both backends ask."""
-    names = tuple(t.name if t is not None else None for t in node.inputs)
+    names = tuple(t.name if t is not None else None for t in node.inputs) \
+        if node.op_type == "Mul" else ()  # only a square reads its inputs' names
     return island_reason(node.op_type, node.analysis, names)
 
 

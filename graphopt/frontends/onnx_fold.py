@@ -62,6 +62,12 @@ def fold_constants(model: onnx.ModelProto, max_elements: int = MAX_ELEMENTS
     first to keep the original. Remaining nodes keep their names and order.
     """
     g = model.graph
+    inputs = {i.name for i in g.input}
+    named = {t.name for t in g.initializer if t.name not in inputs}
+    named |= {n.output[0] for n in g.node if n.op_type == "Constant" and n.output}
+    if not any(n.input and all(t in named for t in n.input if t) and n.op_type != "Constant"
+               for n in g.node):
+        return {}  # no node reads only constants: nothing to fold (most models), and cheap
     known = _constants(g, max_elements)
     outputs = {o.name for o in g.output}
     pending = [i for i, n in enumerate(g.node) if _foldable(n, outputs)]  # case a
