@@ -29,27 +29,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _WORKER = r"""
-import gc, json, sys, time, warnings
+import json, sys, warnings
 warnings.simplefilter("ignore")
 sys.path[:0] = [{tree!r}, {tree!r} + "/benchmarks"]
 import torch
 import graphopt
 from bench_planning import BATCH, WIDTH, onnx_blocks
+from bench_planning import best_of as best  # the same timer in both trees
 from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.frontends.torch_frontend import graph_from_exported_program
 from graphopt.hardware import get_target
 from graphopt.planner import build_plan
 from graphopt.report import render_json
 from tests.zoo import ResidualMLP
-
-def best(n, fn):
-    times = []
-    for _ in range(n):
-        gc.collect()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 h100, out = get_target("h100"), {{}}
 model = ResidualMLP(857).eval()
