@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.errors import GraphoptError, ModelLoadError, UnsafePathError
 from graphopt.frontends.onnx_frontend import load_onnx
+from graphopt.frontends.onnx_safety import default_opset
 from tests.onnx_frontend_models import load, make, matmul_add, rng_array, vi
 
 # ---------------------------------------------------------------- external data
@@ -167,7 +168,6 @@ BAD_INPUTS: dict[str, Callable[[Path], Path]] = {
     "random2": _random_bytes(2),
     "zip": _zip,
     "parses-but-empty": _parses_but_empty,
-    "opset11": _written(_OPSET11),
     "dangling": _written(_DANGLING),
     "no-producer": _written(_NO_PRODUCER),
     "cycle": _written(_CYCLE),
@@ -186,10 +186,25 @@ def test_bad_input_raises_a_graphopt_error_with_a_fix(tmp_path: Path, case: str)
     assert err.value.__traceback__ is not None
 
 
-def test_old_opset_names_the_fix(tmp_path: Path) -> None:
+def test_old_opset_is_upgraded_and_says_so() -> None:
+    graph = load_onnx(_OPSET11)
+    assert [n.op_type for n in graph.nodes] == ["Relu"]
+    assert any("opset 11 upgraded to 13" in w for w in graph.warnings), graph.warnings
+    assert default_opset(graph.source_model) == 13
+    assert default_opset(_OPSET11) == 11  # the caller's model is not changed
+
+
+def test_a_failed_upgrade_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx.version_converter
+
+    def refuse(model: object, version: int) -> None:
+        raise RuntimeError("No Adapter For Relu from opset 11 to 12")
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", refuse)
     with pytest.raises(ModelLoadError) as err:
         load_onnx(_OPSET11)
-    assert "opset 11" in err.value.problem and "version_converter" in (err.value.fix or "")
+    assert "opset 11" in err.value.problem and "op Relu has no adapter" in err.value.problem
+    assert "opset_version" in (err.value.fix or "")
 
 
 def test_wrong_type_is_a_model_load_error() -> None:

@@ -49,6 +49,7 @@ from graphopt.frontends.onnx_safety import (
     read_model,
     uses_external_data,
 )
+from graphopt.frontends.onnx_upgrade import upgrade
 from graphopt.ir import Graph, Node, TensorInfo, TensorKind
 from graphopt.ops import KNOWN_OPS
 
@@ -120,6 +121,7 @@ def load_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *,
                                 "weights have shapes but no values")
             else:
                 load_external_data(proto, folder)
+        proto = upgrade(proto, warnings)
         if len(proto.functions):
             proto = _inline_functions(proto, warnings)
         graph = _build(proto, name, warnings)

@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 #: Oldest ai.onnx opset graphopt reads: opset 13 moved Softmax to a last-axis default and
 #: Squeeze/Unsqueeze/ReduceSum axes to inputs; older graphs would need a second set of rules.
 MIN_OPSET = 13
+#: Oldest opset read at all: older models are upgraded to MIN_OPSET (frontends/onnx_upgrade.py);
+#: opset 1 is the first, so only a model that imports opset 0 or less is refused here.
+OLDEST_OPSET = 1
 
 _PROTOBUF_LIMIT = 2**31  # protobuf cannot parse a single message of 2 GiB or more
 _CORRUPT_FIX = ("the file is corrupt or truncated: re-export or re-download it, then check it "
@@ -101,12 +104,12 @@ def check_structure(model: onnx.ModelProto, where: str) -> None:
     opset = default_opset(model)
     if opset is None:
         raise ModelLoadError(f"{where} imports no ai.onnx opset", fix=_CORRUPT_FIX)
-    if opset < MIN_OPSET:
+    if opset < OLDEST_OPSET:
         raise ModelLoadError(
-            f"{where} uses ai.onnx opset {opset}; graphopt reads opset {MIN_OPSET} or newer",
+            f"{where} uses ai.onnx opset {opset}; graphopt reads opset {OLDEST_OPSET} or newer "
+            f"(upgrading those below {MIN_OPSET} with onnx.version_converter)",
             fix="re-export with opset_version >= 13 (e.g. torch.onnx.export(..., "
-                "opset_version=17)) or convert it: "
-                "onnx.version_converter.convert_version(model, 17)")
+                "opset_version=17))")
 
 
 def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
