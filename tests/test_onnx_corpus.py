@@ -63,3 +63,13 @@ def test_backend_model_matches_its_reference_after_optimize(case: Path) -> None:
     opt = graphopt.optimize(str(case / "model.onnx"), target="cpu", measure=False,
                             calibration=[dict(zip(names, inputs, strict=True))])
     assert _match(_run(opt.onnx_model, inputs), want)
+
+
+def test_a_model_that_needs_real_input_values_says_how_to_give_them() -> None:
+    """``Expand`` reads its target shape from an int64 input: graphopt's 0/1 samples cannot
+    run it, so the error names the made-up integer input and the calibration fix."""
+    case = _DATA / "simple" / "test_expand_shape_model1"
+    with pytest.raises(graphopt.GraphoptError) as err:
+        graphopt.optimize(str(case / "model.onnx"), target="cpu", measure=False)
+    assert "inputs graphopt generated" in err.value.problem
+    assert "integer input" in err.value.problem and "--calibration" in (err.value.fix or "")

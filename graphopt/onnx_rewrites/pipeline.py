@@ -86,6 +86,19 @@ def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
     return chosen, why
 
 
+def _generated_inputs_failed(e: GraphoptError, feed: dict[str, np.ndarray]) -> GraphoptError:
+    """The original model fails on graphopt's made-up inputs: say which inputs are made up
+    (integer ones most often carry values a model needs: shapes, sizes, indices) and how to
+    give real ones."""
+    ints = [n for n, a in feed.items() if not np.issubdtype(a.dtype, np.floating)]
+    hint = (f"; its integer input(s) {', '.join(ints)} got 0/1 values" if ints else "")
+    return GraphoptError(
+        f"{e.problem} (on inputs graphopt generated: standard normal floats, 0/1 integers, "
+        f"symbolic dims 2{hint})",
+        "pass real inputs for the accuracy guard: calibration=[{input: array}] in the API, or "
+        "--calibration inputs.npz on the CLI")
+
+
 def _resolve(target: str | HardwareProfile) -> HardwareProfile:
     from graphopt.api import resolve_targets
 
@@ -221,7 +234,13 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                             "batches along axis 0), or use --quantize int8_dynamic")
     runs = list(samples) if samples else (calib[:GUARD_SAMPLES] if calib
                                           else sample_feeds(base, _SEED_SAMPLES))
-    reference = run_samples(OrtModel(base, what="the original model"), runs, "the original")
+    try:
+        reference = run_samples(OrtModel(base, what="the original model"), runs,
+                                "the original")
+    except GraphoptError as e:
+        if samples or calib:
+            raise
+        raise _generated_inputs_failed(e, runs[0]) from None
     compute, why = onnx_precision(profile, opts.precision)
     ctx = OnnxContext(plan=plan, target=profile, options=opts, samples=runs, calibration=calib,
                       compute_dtype=compute, graph=graph)
