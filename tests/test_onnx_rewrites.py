@@ -183,3 +183,31 @@ def test_padding_exported_zoo_models_keep_their_outputs(name: str, tmp_path) -> 
     assert ctx.notes["padding"]["padded_nodes"]
     x = {"x": inputs[0].numpy()}
     assert rel_err(run(m, x), run(out, x)) < PAD_RTOL
+
+
+def test_padding_conv_transpose_and_a_grouped_conv_read_padded_channels_exactly() -> None:
+    """ConvTranspose ([C_in, C_out/g, k] weight) pads both sides; a grouped conv after it
+    takes its input padded per call with a Gather (each group's block rounded up)."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", ["h", "wt", "bt"], ["u"], name="up",
+                              strides=[2, 2]),
+             helper.make_node("Conv", ["u", "wg"], ["y"], name="grouped", group=2,
+                              pads=[1, 1, 1, 1])]
+    m = model(nodes, {"x": [2, 3, 8, 8]}, {"y": [2, 18, 16, 16]},
+              [init("w1", 13, 3, 3, 3), init("wt", 13, 10, 2, 2), init("bt", 10),
+               init("wg", 18, 5, 3, 3)])
+    src, ctx = context(m, dtype="fp16", pad="always")
+    out = checked(pad_channels(src, ctx))
+    assert inits_of(out)[producer(out, "u_padded").input[1]] == (16, 16, 2, 2)
+    assert ctx.decisions["up"]["padding"].fields["new"] == {"C_in": 16, "C_out": 16}
+    assert "Gather" in ops(out)  # the grouped conv's input: 5 -> 8 per group, per call
+    x = {"x": _RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    assert rel_err(run(m, x), run(out, x)) < PAD_RTOL
+
+
+def test_padding_leaves_a_conv_transpose_alone_where_nothing_pays() -> None:
+    nodes = [helper.make_node("ConvTranspose", ["x", "wt"], ["y"], name="up", strides=[2, 2])]
+    m = model(nodes, {"x": [1, 13, 4, 4]}, {"y": [1, 10, 8, 8]}, [init("wt", 13, 10, 2, 2)])
+    src, ctx = context(m, dtype="fp16")  # pad="auto": a tiny, launch-bound node
+    assert pad_channels(src, ctx) is None
+    assert not ctx.decisions["up"]["padding"].applied

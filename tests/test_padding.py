@@ -208,6 +208,26 @@ def test_addmm_and_mm_weights_are_padded_like_linear() -> None:
     assert slices(ctx) == [("output", 77, 80)]
 
 
+class ScaledAddmm(nn.Module):
+    """``addmm`` with beta/alpha: the torch backend has no edit for the scaled form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(129, 250) * 0.1)
+        self.b = nn.Parameter(torch.randn(250))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.b, x, self.w, beta=0.5, alpha=2.0)
+
+
+def test_scaled_addmm_is_left_alone_with_the_reason() -> None:
+    _, ctx, changed = run_pass(ScaledAddmm(), (seeded(64, 129),))
+    d = pad(ctx, "addmm")
+    assert not changed and not d.applied
+    assert "rewrites linear, addmm, mm and conv weights, not addmm" in d.reason
+
+
+
 @pytest.mark.parametrize("mode", ["always", "auto"])
 @pytest.mark.parametrize("name", sorted(zoo()))
 def test_zoo_models_stay_equal(name: str, mode: str) -> None:

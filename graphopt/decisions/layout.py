@@ -31,6 +31,7 @@ estimated time.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -111,13 +112,6 @@ def _ints(shape: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
     return None if shape is None else tuple(d if type(d) is int else 1 for d in shape)
 
 
-def _prod(dims: Iterable[int]) -> int:
-    out = 1
-    for d in dims:
-        out *= d
-    return out
-
-
 class ConvGroups:
     """Channels per group, depthwise, grouped: read from ``c_in`` and ``groups`` by the plan's
     conv facts and the torch backend's conv records alike."""
@@ -157,7 +151,7 @@ class ConvFacts(ConvGroups):
 
     @property
     def out_spatial(self) -> int:
-        return _prod(self.out_shape[2:])
+        return math.prod(self.out_shape[2:])
 
 
 def conv_facts(node: NodePlan) -> ConvFacts | None:
@@ -181,11 +175,11 @@ def conv_facts(node: NodePlan) -> ConvFacts | None:
 def conversion_time_s(shape: tuple[int, ...] | None, target: HardwareProfile,
                       itemsize: int) -> float:
     """One NCHW <-> NHWC copy: free when spatial dims are all 1 (both layouts at once)."""
-    if shape is None or len(shape) < 4 or _prod(shape[2:]) == 1:
+    if shape is None or len(shape) < 4 or math.prod(shape[2:]) == 1:
         return 0.0
     bw = target.bandwidth_bytes_per_s * efficiency(target.kind, "memory") \
         * _TRANSPOSE_EFF[target.kind]
-    return target.launch_overhead_s + 2 * _prod(shape) * itemsize / bw  # read + write
+    return target.launch_overhead_s + 2 * math.prod(shape) * itemsize / bw  # read + write
 
 
 def can_channels_last(facts: ConvFacts | None) -> str | None:

@@ -34,7 +34,7 @@ reason, applied or not); ``padding_carry`` on each op a padded tensor passes thr
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from graphopt.cost.roofline import peak_key, tc_alignment
@@ -76,6 +76,13 @@ class Sweep:
     options: Options
     plan: PaddingPlan
     done: set[str]
+    _sites: dict[str, GemmSite | str | None] = field(default_factory=dict)
+
+    def site(self, node: Node) -> GemmSite | str | None:
+        """``gemm_site`` of ``node``, found once: the sweep and every dry run ask again."""
+        if node.name not in self._sites:
+            self._sites[node.name] = gemm_site(self.graph, node)
+        return self._sites[node.name]
 
     @property
     def maps(self) -> dict[str, ChannelMap]:
@@ -197,20 +204,18 @@ def _gemm(sw: Sweep, node: Node, site: GemmSite | str) -> None:
             sw.cut(node, site)
         sw.backend.decide(node.name, "padding", f"not applied: {site}", applied=False)
         return
-    in_map = sw.maps.get(site.x)
+    in_map, g = sw.maps.get(site.x), site.groups
     m, why = sw.multiple("gemm" if site.op == "linear" else "conv")
-    illegal = can_pad(site) or sw.backend.cannot_edit(node)
-    g = site.groups
+    no_edit = sw.backend.cannot_edit(node)
+    illegal = can_pad(site) or no_edit
     if illegal and (sw.options.pad == "never" or m is None or (
             in_map is None and (site.c_in // g) % m == 0 and (site.c_out // g) % m == 0)):
         illegal = None  # nothing to pad: say why not, the same on every backend
     if site.depthwise and in_map is not None and site.op == "conv" and \
-            site.c_out == site.c_in and in_map.axis == site.in_axis and \
-            sw.backend.cannot_edit(node) is None:
+            site.c_out == site.c_in and in_map.axis == site.in_axis and no_edit is None:
         return _carry_depthwise(sw, site, in_map)
     ins = _input_choices(sw, site, None if illegal else m)
-    out_keep, g = ChannelMap.identity(site.out_axis, site.c_out), site.groups
-    out_pad = out_keep
+    out_keep = out_pad = ChannelMap.identity(site.out_axis, site.c_out)
     if m is not None and (site.c_out // g) % m and not illegal:
         per = round_up(site.c_out // g, m)
         out_pad = ChannelMap.grouped(site.out_axis, site.c_out, g, per) if g > 1 else \
@@ -292,7 +297,7 @@ def plan_padding(graph: Graph, value: Values, backend: PadBackend, options: Opti
     sw = Sweep(graph, value, backend, options, PaddingPlan(), set(graph.inputs) | {
         t for t, info in graph.tensors.items() if info.kind != "activation"})
     for node in graph.nodes:
-        site = gemm_site(graph, node)
+        site = sw.site(node)
         if site is not None:
             _gemm(sw, node, site)
         elif node.op_type == "Attention":

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from graphopt.decisions.channel_map import ChannelMap
 from graphopt.decisions.padding_carry import Carry, carry_rule
 from graphopt.decisions.padding_cost import copy_time, elem_bytes, stream_time
-from graphopt.decisions.padding_sites import GemmSite, absorbs, gemm_site, numel, shape_of
+from graphopt.decisions.padding_sites import GemmSite, absorbs, numel, shape_of
 
 if TYPE_CHECKING:
     from graphopt.decisions.padding import Sweep
@@ -49,7 +49,7 @@ def downstream_cost(sw: Sweep, tensor: str, cmap: ChannelMap) -> tuple[float, in
         m = hypo[src]
         cuts = int(src in outputs)
         for user in graph.consumers.get(src, []):
-            site = gemm_site(graph, user)
+            site = sw.site(user)
             rule = None
             if isinstance(site, GemmSite) and user.inputs[0] == src:
                 if absorbs(site, m):

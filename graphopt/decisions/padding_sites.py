@@ -18,12 +18,14 @@ import numpy as np
 from graphopt.decisions.channel_map import ChannelMap
 from graphopt.ir import Graph, Node
 
-__all__ = ["Dims", "GemmSite", "Values", "absorbs", "can_pad", "constant_source", "gemm_site",
-           "shape_of"]
+__all__ = ["SMALL_VALUE", "Dims", "GemmSite", "Values", "absorbs", "can_pad", "constant_source",
+           "gemm_site", "shape_of"]
 
 Dims = tuple["int | str", ...]
 #: the value of a small constant tensor, or None when it is not a constant the backend can read
 Values = Callable[[str], "np.ndarray | None"]
+#: the largest constant a backend's ``Values`` hands the rules (bounds, scalars, shapes, axes)
+SMALL_VALUE = 64
 
 _SITE_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose", "Linear": "linear",
              "Gemm": "linear", "MatMul": "linear"}

@@ -16,29 +16,24 @@ import re
 import onnx
 import onnx.version_converter
 
-from graphopt.errors import ModelLoadError
+from graphopt.errors import ModelLoadError, first_line
+from graphopt.frontends.onnx_safety import MIN_OPSET, default_opset
 
 __all__ = ["TARGET_OPSET", "upgrade"]
 
-#: the opset old models are converted to (graphopt's oldest supported: see onnx_safety)
-TARGET_OPSET = 13
+#: the opset old models are converted to: the oldest graphopt's rules read
+TARGET_OPSET = MIN_OPSET
 #: the IR version ONNX pairs with opset 13 (onnx.helper.VERSION_TABLE)
 _OPSET_IR = 7
 
 
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-
-
-def _drop_initializer_inputs(model: onnx.ModelProto) -> int:
+def _drop_initializer_inputs(model: onnx.ModelProto) -> None:
     """IR < 4 graphs list initializers as inputs; keep only the real inputs."""
     inits = {t.name for t in model.graph.initializer}
     keep = [i for i in model.graph.input if i.name not in inits]
-    dropped = len(model.graph.input) - len(keep)
-    if dropped:
+    if len(keep) < len(model.graph.input):
         del model.graph.input[:]
         model.graph.input.extend(keep)
-    return dropped
 
 
 def _failed_op(message: str, model: onnx.ModelProto) -> str | None:
@@ -50,18 +45,17 @@ def _failed_op(message: str, model: onnx.ModelProto) -> str | None:
 
 def upgrade(model: onnx.ModelProto, warnings: list[str]) -> onnx.ModelProto:
     """``model`` at opset >= 13 (converted if older), initializers not listed as inputs."""
-    opset = _default_opset(model)
+    opset = default_opset(model)
     if opset is None or opset >= TARGET_OPSET:
         return model
     try:
         new = onnx.version_converter.convert_version(model, TARGET_OPSET)
     except Exception as exc:  # the converter raises RuntimeError/ConvertError with the op
-        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         op = _failed_op(str(exc), model)
         raise ModelLoadError(
             f"the model is ai.onnx opset {opset} and onnx.version_converter could not upgrade "
             f"it to {TARGET_OPSET}" + (f": op {op} has no adapter" if op else "")
-            + f" ({message})",
+            + f" ({first_line(exc)})",
             fix="re-export the model at opset 13 or newer (e.g. torch.onnx.export(..., "
                 "opset_version=17))") from None
     _drop_initializer_inputs(new)

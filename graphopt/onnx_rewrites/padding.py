@@ -11,16 +11,18 @@ wherever the real tensor is still read (:mod:`.padding_edits`).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from graphopt.decisions.channel_map import scatter_axis, scatter_weight
 from graphopt.decisions.padding import plan_padding
 from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
+from graphopt.decisions.padding_sites import SMALL_VALUE
 from graphopt.decisions.padding_steps import CarryStep, ContextBackend, GemmStep
+from graphopt.frontends.onnx_attrs import ConstValue, const_array
 from graphopt.frontends.onnx_frontend import graph_from_proto
 from graphopt.ir import Node
 from graphopt.onnx_rewrites.context import OnnxContext
@@ -30,39 +32,31 @@ __all__ = ["pad_channels"]
 
 logger = logging.getLogger(__name__)
 
-_SMALL = 64  # constants the rules may read by value (bounds, shapes, axes)
+_VALUE_ATTRS = ("value", "value_float", "value_floats", "value_int", "value_ints")
 
 
 class _Values:
-    """Constant values of the model: initializers no graph input overrides, and Constants."""
+    """Constant values of the model: initializers no graph input overrides, and Constants,
+    decoded on demand by the frontend's ``const_array`` (never from external data)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
         inputs = {i.name for i in g.input}
-        self.inits = {t.name: t for t in g.initializer if t.name not in inputs}
-        self.consts = {n.output[0]: n for n in g.node if n.op_type == "Constant"
-                       and n.domain in ("", "ai.onnx") and n.output}
-        self._cache: dict[str, np.ndarray | None] = {}
+        self.consts: dict[str, ConstValue] = {t.name: t for t in g.initializer
+                                              if t.name not in inputs}
+        for n in g.node:
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output and \
+                    n.attribute and n.attribute[0].name in _VALUE_ATTRS:
+                val = onnx.helper.get_attribute_value(n.attribute[0])
+                self.consts[n.output[0]] = val if isinstance(val, onnx.TensorProto) \
+                    else np.asarray(val)
 
     def full(self, name: str) -> np.ndarray | None:
-        if name not in self._cache:
-            v = None
-            try:
-                if name in self.inits:
-                    v = numpy_helper.to_array(self.inits[name])
-                elif name in self.consts and self.consts[name].attribute[0].name in (
-                        "value", "value_float", "value_floats", "value_int", "value_ints"):
-                    val = onnx.helper.get_attribute_value(self.consts[name].attribute[0])
-                    v = numpy_helper.to_array(val) if isinstance(val, onnx.TensorProto) \
-                        else np.asarray(val)
-            except (ValueError, OSError, TypeError):  # e.g. external data that is not loaded
-                v = None
-            self._cache[name] = v
-        return self._cache[name]
+        return const_array(self.consts, name)
 
     def small(self, name: str) -> np.ndarray | None:
-        t = self.inits.get(name)
-        if t is not None and int(np.prod(t.dims)) > _SMALL:
+        t = self.consts.get(name)
+        if isinstance(t, onnx.TensorProto) and math.prod(t.dims) > SMALL_VALUE:
             return None
         return self.full(name)
 

@@ -20,6 +20,7 @@ from torch import fx
 from graphopt.decisions.channel_map import ChannelMap, scatter_axis, scatter_weight
 from graphopt.decisions.padding import plan_padding
 from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
+from graphopt.decisions.padding_sites import SMALL_VALUE
 from graphopt.decisions.padding_steps import AttentionStep, CarryStep, ContextBackend, GemmStep
 from graphopt.frontends.torch_frontend import graph_from_graph_module
 from graphopt.ir import Node
@@ -36,7 +37,6 @@ _ARGS = {**{op: (0, 1, 2) for op in ("linear", "conv1d", "conv2d", "conv3d",
                                       "conv_transpose1d", "conv_transpose2d",
                                       "conv_transpose3d")},
          "addmm": (1, 2, 0), "mm": (0, 1, -1), "matmul": (0, 1, -1)}
-_SMALL = 64  # constants the rules may read by value (bounds, scalars)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class _Backend(ContextBackend):
 
     def value(self, tensor: str) -> np.ndarray | None:
         t = get_tensor(self.gm, self.nodes.get(tensor))
-        if t is None or t.numel() > _SMALL or t.is_complex():
+        if t is None or t.numel() > SMALL_VALUE or t.is_complex():
             return None
         return t.detach().to(torch.float64).numpy()
 
