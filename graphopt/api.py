@@ -41,7 +41,8 @@ def resolve_targets(target: TargetSpec) -> list[HardwareProfile]:
 
 
 def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
-         devices: str | None = None, strategy: str = "heft") -> Plan | PlanSet:
+         devices: str | None = None, strategy: str = "heft",
+         dynamic_shapes: Any = None) -> Plan | PlanSet:
     """Trace or load ``model`` once and plan it for each target.
 
     Args:
@@ -54,9 +55,13 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
             each node's ``decisions.device`` and the report's ``partition`` section say where
             it runs. The plan itself is for ``target``.
         strategy: "heft" (list scheduling over the DAG) or "pipeline" (contiguous stages).
+        dynamic_shapes: plan a shape range. For a torch module, torch.export's own argument
+            (``torch.export.Dim("batch", min=1, max=64)``, ``Dim.AUTO``, ``Dim.DYNAMIC``): the
+            example inputs are the opt point. For ONNX, symbolic dim name -> opt size or
+            ``(min, opt, max)``. Each node then records its dims and cost at min, opt and max.
     """
     profiles = resolve_targets(target)
-    graph = load_graph(model, example_inputs)
+    graph = load_graph(model, example_inputs, dynamic_shapes)
     inputs = tuple(str(f) for f in input_files(model))  # plan.save never overwrites them
     plans = tuple(replace(with_partition(build_plan(graph, p), devices, strategy), inputs=inputs)
                   for p in profiles)

@@ -99,7 +99,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if is_python_spec(args.model):
         from graphopt.onnx_export import export_torch
 
-        module, inputs = load_python_spec(args.model)
+        module, inputs, _dynamic = load_python_spec(args.model)
         exported = export_torch(module, inputs)
         how = ("the TorchScript exporter" if exported.exporter == "legacy" else
                f"torch.onnx.export(dynamo=True) ({exported.fallback_reason})")

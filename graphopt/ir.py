@@ -118,6 +118,7 @@ class Graph:
         outputs: list[str],
         warnings: list[str] | None = None,
         source_model: Any = None,
+        shape_range: Any = None,
     ) -> None:
         self.name = name
         self.source = source
@@ -129,6 +130,9 @@ class Graph:
         #: the traced ``torch.fx.GraphModule`` / ``ExportedProgram`` or the ``onnx.ModelProto``,
         #: kept for the rewrite passes; analysis never reads it.
         self.source_model = source_model
+        #: the dynamic dimensions and their ranges (a ``graphopt.shape_range.ShapeRange``), or
+        #: None for a model traced at static shapes
+        self.shape_range = shape_range
 
     def __len__(self) -> int:
         return len(self.nodes)

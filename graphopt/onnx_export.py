@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 from graphopt.errors import GraphoptError, first_line
 from graphopt.export_symbolics import dynamo_translations, lent_symbolics
 from graphopt.frontends.onnx_safety import default_opset
+from graphopt.onnx_export_range import ExportRange, export_range
 from graphopt.onnx_opsets import (
     LEGACY_OPSET,
     at_opset,
@@ -49,6 +50,7 @@ from graphopt.onnx_opsets import (
     exporter_opsets,
     supported_opsets,
 )
+from graphopt.shape_range import ShapeRange
 
 __all__ = ["ExportResult", "export_torch", "supported_opsets", "torch_feeds"]
 
@@ -75,6 +77,8 @@ class ExportResult:
     #: the model's ai.onnx opset
     opset: int | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    #: symbolic dim name -> (min, opt, max) when exported over a shape range, else None
+    dim_sizes: dict[str, tuple[int, int, int | None]] | None = None
 
 
 def _missing_op(e: BaseException) -> str | None:
@@ -211,7 +215,8 @@ def _has_tensor(value: Any) -> bool:
 
 
 def _legacy(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-            names: list[str], out_names: list[str], opset: int) -> onnx.ModelProto:
+            names: list[str], out_names: list[str], opset: int,
+            dyn: ExportRange | None = None) -> onnx.ModelProto:
     tensor_kwargs = [k for k, v in kwargs.items() if _has_tensor(v)]
     call = _ExactCall(model, tensor_kwargs,
                       {k: v for k, v in kwargs.items() if k not in tensor_kwargs})
@@ -222,15 +227,18 @@ def _legacy(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             logger.debug("symbolics lent to the TorchScript exporter: %s", lent)
             torch.onnx.export(call, call_args, str(path), dynamo=False, opset_version=opset,
                               input_names=names, output_names=out_names,
-                              do_constant_folding=True)
+                              do_constant_folding=True,
+                              dynamic_axes=dyn.dynamic_axes if dyn else None)
         # loads external data (> 2 GB models) from tmp
         return _unwrap_names(onnx.load(str(path)))
 
 
 def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-            names: list[str], out_names: list[str], opset: int) -> onnx.ModelProto:
+            names: list[str], out_names: list[str], opset: int,
+            dyn: ExportRange | None = None) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True,
+                                    dynamic_shapes=dyn.dynamic_shapes if dyn else None,
                                     custom_translation_table=dynamo_translations() or None,
                                     opset_version=opset, verbose=False,
                                     input_names=names, output_names=out_names, optimize=True)
@@ -273,6 +281,18 @@ def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
     return None
 
 
+def _mismatch_all(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                  expected: list[np.ndarray], dyn: ExportRange | None) -> str | None:
+    """:func:`_mismatch` at the example, then at the range's min and max."""
+    problem = _mismatch(proto, feeds, expected)
+    for point_feeds, point_expected in (dyn.checks if dyn and problem is None else ()):
+        problem = _mismatch(proto, point_feeds, point_expected)
+        if problem is not None:
+            shapes = ", ".join(str(a.shape) for a in point_feeds.values())
+            return f"at input shapes {shapes}: {problem}"
+    return problem
+
+
 def _name(proto: onnx.ModelProto, model: torch.nn.Module) -> None:
     # the exporters call every graph "main_graph"; reports read better with the class name
     if proto.graph.name in ("", "main_graph"):
@@ -280,8 +300,9 @@ def _name(proto: onnx.ModelProto, model: torch.nn.Module) -> None:
 
 
 def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | None = None,
-                 verify: bool = True) -> ExportResult:
-    """Export ``model`` (eval mode, never modified) for ``example_inputs``' shapes.
+                 verify: bool = True, shape_range: ShapeRange | None = None) -> ExportResult:
+    """Export ``model`` (eval mode, never modified) for ``example_inputs``' shapes, or over
+    ``shape_range`` (its dims stay symbolic; the export is checked at min, opt and max).
 
     ``opset``: exactly this ai.onnx opset (:func:`supported_opsets`), converting the dynamo
     exporter's model down where it writes a newer one; None: each exporter's own
@@ -308,6 +329,8 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     names = _input_names(model, args, kwargs)
     out_names = [f"output_{i}" for i in range(len(expected))]
     feeds = torch_feeds(names, args, kwargs)
+    dyn = (export_range(model, args, kwargs, names, out_names, expected, shape_range)
+           if shape_range else None)
     ranges = exporter_opsets()
     start = time.perf_counter()
     why: str | None
@@ -315,8 +338,8 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
         why = f"opset {opset} is newer than the TorchScript exporter's {ranges['TorchScript'][1]}"
     else:
         try:
-            proto = _legacy(model, args, kwargs, names, out_names, opset or LEGACY_OPSET)
-            why = _mismatch(proto, feeds, expected) if verify else None
+            proto = _legacy(model, args, kwargs, names, out_names, opset or LEGACY_OPSET, dyn)
+            why = _mismatch_all(proto, feeds, expected, dyn) if verify else None
         except Exception as e:  # any exporter failure means: try the other exporter
             why = f"the TorchScript exporter failed ({first_line(e)})"
     if why is None:
@@ -325,12 +348,12 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
         logger.info("exported %s with the TorchScript exporter in %.2fs (%d nodes)",
                     type(model).__name__, seconds, len(proto.graph.node))
         return ExportResult(proto, "legacy", seconds, feeds, expected,
-                            opset=default_opset(proto))
+                            opset=default_opset(proto), dim_sizes=dyn and dyn.dim_sizes)
     name = type(model).__name__
     logger.info("TorchScript export of %s not used: %s; trying dynamo=True", name, why)
     try:
         proto = _dynamo(model, args, kwargs, names, out_names,
-                        max(opset or 0, ranges["dynamo"][0]))
+                        max(opset or 0, ranges["dynamo"][0]), dyn)
     except Exception as e:
         op = _missing_op(e)
         if op is not None:
@@ -345,7 +368,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
                             "or export the model yourself and pass the .onnx file") from None
     if opset is not None:
         proto = at_opset(proto, opset, f"ONNX export of {name} at opset {opset} failed: {why}")
-    problem = _mismatch(proto, feeds, expected) if verify else None
+    problem = _mismatch_all(proto, feeds, expected, dyn) if verify else None
     if problem is not None:
         raise GraphoptError(f"ONNX export of {name} does not reproduce the "
                             f"model: {why}; and with dynamo=True: {problem}",
@@ -355,4 +378,4 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     logger.info("exported %s with torch.onnx.export(dynamo=True) in %.2fs (%d nodes)",
                 name, seconds, len(proto.graph.node))
     return ExportResult(proto, "dynamo", seconds, feeds, expected, fallback_reason=why,
-                        opset=default_opset(proto))
+                        opset=default_opset(proto), dim_sizes=dyn and dyn.dim_sizes)

@@ -35,6 +35,8 @@ class Optimized:
         self.onnx_model = onnx_model
         #: (torch model, example inputs, options) for export_onnx, or the ONNX input's path
         self._source = source
+        #: the shape range the module accepts (``graphopt.shape_range.ShapeRange``), or None
+        self.shape_range: Any = None
 
     @property
     def runtime_settings(self) -> Any:
@@ -84,11 +86,13 @@ class Optimized:
             from graphopt.onnx_rewrites.pipeline import optimize_onnx
             from graphopt.rewrites.isolation import clone_inputs
 
-            model, inputs, opts = self._source
+            model, inputs, opts, _ = self._source
             # exporters run forward on real tensors: never on the user's model or inputs
-            exported = export_torch(model, clone_inputs(inputs), opset=opset)
+            exported = export_torch(model, clone_inputs(inputs), opset=opset,
+                                    shape_range=self.shape_range)
             self.onnx_model, onnx_plan, onnx_info = optimize_onnx(
-                exported.model, self.plan.target, opts, samples=[exported.feeds])
+                exported.model, self.plan.target, opts, samples=[exported.feeds],
+                dynamic_shapes=exported.dim_sizes)
             export = {"exporter": exported.exporter, "export_s": exported.seconds,
                       "opset": _opset_of(self.onnx_model)}
             self.info["onnx"] = {**onnx_info, **export}
@@ -123,7 +127,7 @@ def optimize(model: Any, example_inputs: Any = None,
              target: str | HardwareProfile = "h100", *, precision: str = "auto",
              pad: str = "auto", layout: str = "auto", quantize: str = "auto",
              measure: bool | None = None, calibration: Any = None,
-             tolerance: float | None = None) -> Optimized:
+             tolerance: float | None = None, dynamic_shapes: Any = None) -> Optimized:
     """Optimize ``model`` for ``target``; its outputs stay equal within the reported tolerance.
 
     Args:
@@ -143,6 +147,11 @@ def optimize(model: Any, example_inputs: Any = None,
             ``onnx_rewrites.calibration``).
         tolerance: the budget of the lossy passes (precision, quantize), max |ref - out| <=
             tolerance * max |ref| per output; default: each format's own.
+        dynamic_shapes: a shape range, torch.export's own argument (``torch.export.Dim`` with
+            min/max, ``Dim.AUTO``, ``Dim.DYNAMIC``); the example inputs are the opt point. The
+            module then accepts every shape in the range (checked at min, opt and max) and
+            raises a GraphoptError outside it. For ONNX: symbolic dim name -> opt size or
+            ``(min, opt, max)``.
 
     An ``.onnx`` path or ``onnx.ModelProto`` is optimized at the ONNX level (``quantize`` also
     takes "int8_dynamic" | "int8_static" | "fp8" | "int4" there): ``.module`` is None and
@@ -155,7 +164,8 @@ def optimize(model: Any, example_inputs: Any = None,
     if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
         from graphopt.onnx_rewrites.pipeline import optimize_onnx
 
-        proto, plan, info = optimize_onnx(model, target, options, calibration)
+        proto, plan, info = optimize_onnx(model, target, options, calibration,
+                                          dynamic_shapes=dynamic_shapes)
         return Optimized(None, plan, (), info, onnx_model=proto,
                          source=model if isinstance(model, (str, os.PathLike)) else None)
     if calibration is not None:
@@ -169,14 +179,19 @@ def optimize(model: Any, example_inputs: Any = None,
     from graphopt.rewrites.optimized_module import OptimizedModule
     from graphopt.rewrites.pipeline import optimize_torch
 
-    gm, plan, info = optimize_torch(model, example_inputs, target, options)
+    gm, plan, info = optimize_torch(model, example_inputs, target, options,
+                                    dynamic_shapes=dynamic_shapes)
     args = info.pop("example_inputs")
+    shape_range, names = info.pop("shape_range_object"), info.pop("input_names")
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
     runtime = info.get("notes", {}).get("precision", {}).get("runtime", {})
     # the pipeline hands back a plain copy of the model when nothing it does pays on this
     # machine: return that copy as is, with no wrapper cost on every call
-    module = OptimizedModule(gm, shapes, runtime) if isinstance(gm, fx.GraphModule) else gm
-    result = Optimized(module, plan, args, info, source=(model, example_inputs, options))
+    module = (OptimizedModule(gm, shapes, runtime, shape_range=shape_range, input_names=names)
+              if isinstance(gm, fx.GraphModule) else gm)
+    result = Optimized(module, plan, args, info,
+                       source=(model, example_inputs, options, dynamic_shapes))
+    result.shape_range = shape_range
     # the report shows the settings for the precision actually applied, not the planner's guess
     result.plan = replace(plan, extra={**plan.extra,
                                        "runtime_settings": result.runtime_settings.to_dict()})

@@ -70,6 +70,9 @@ class NodePlan:
     inputs: tuple[TensorInfo | None, ...]
     outputs: tuple[TensorInfo | None, ...]
     decisions: Mapping[str, Decision] = field(default_factory=lambda: MappingProxyType({}))
+    #: for a plan over a shape range: {"min"|"opt"|"max": {dims, est_time_s, bottleneck,
+    #: flops, bytes}} (``graphopt.range_plan``); None for a plan at one shape
+    at_points: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         a, c = self.analysis, self.cost
@@ -99,6 +102,8 @@ class NodePlan:
             "inputs": [_tensor_dict(t) for t in self.inputs],
             "outputs": [_tensor_dict(t) for t in self.outputs],
             "decisions": {k: d.to_dict() for k, d in sorted(self.decisions.items())},
+            **({} if self.at_points is None else
+               {"range": {p: dict(v) for p, v in self.at_points.items()}}),
         }
 
 

@@ -35,7 +35,16 @@ def model_info(graph: Graph) -> dict[str, Any]:
 
 def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True) -> Plan:
     """Analyze and cost ``graph`` on ``target``, then decide per node and per model (precision,
-    execution path, memory, quantization, runtime settings) unless ``decisions`` is False."""
+    execution path, memory, quantization, runtime settings) unless ``decisions`` is False.
+
+    A graph with a shape range is planned at its opt point and costed at min and max too
+    (:mod:`graphopt.range_plan`).
+    """
+    if graph.shape_range:
+        from graphopt.range_plan import at_opt, with_range
+
+        return with_range(build_plan(at_opt(graph), target, decisions=decisions), graph,
+                          target)
     analyses = annotate(graph)
     nodes = tuple(
         NodePlan(name=n.name, op=n.source_op, op_type=n.op_type, analysis=analyses[n.name],

@@ -87,7 +87,7 @@ def test_unknown_op_is_kept_and_listed():
     assert any("Frobnicate" in w for w in p.warnings)
 
 
-def test_dynamic_batch_is_planned_and_flagged(tmp_path):
+def test_dynamic_batch_is_planned_at_a_stated_default(tmp_path):
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 64])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 32])
     w = onnx.numpy_helper.from_array(torch.randn(64, 32).numpy(), "w")
@@ -95,8 +95,17 @@ def test_dynamic_batch_is_planned_and_flagged(tmp_path):
                                "g", [x], [y], [w])
     p = graphopt.plan(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)]),
                       target="h100")
-    assert "dynamic_shape" in p.node("mm").analysis.flags
-    assert any("dynamic" in w for w in p.warnings)
+    # N is planned at the stated default (1, a leading dim), costed at min and max too
+    assert p.node("mm").analysis.dims["M"] == 1
+    assert p.extra["shape_range"]["dims"] == [
+        {"name": "N", "min": 1, "opt": 1, "max": None, "source": "default"}]
+    assert any("default sizes: N=1" in w for w in p.warnings)
+    p = graphopt.plan(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)]),
+                      target="h100", dynamic_shapes={"N": (1, 256, 1 << 20)})
+    assert p.node("mm").analysis.dims["M"] == 256
+    assert p.node("mm").at_points["max"]["dims"]["M"] == 1 << 20
+    est = p.extra["shape_range"]["est_latency_s"]
+    assert est["min"] <= est["opt"] < est["max"]
 
 
 def test_bad_model_objects_raise_graphopt_errors():

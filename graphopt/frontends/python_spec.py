@@ -1,6 +1,7 @@
 """``file.py:function`` model specs: the file is imported and the function called; it returns
-``(module, example_inputs)``. A ``.py`` given without ``:function`` gets an error that lists
-the candidate functions, read from the source without running it.
+``(module, example_inputs)`` or ``(module, example_inputs, dynamic_shapes)``. A ``.py`` given
+without ``:function`` gets an error that lists the candidate functions, read from the source
+without running it.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def needs_function_error(text: str) -> ModelLoadError:
         f"name the function after a colon, e.g. '{example}'")
 
 
-def load_python_spec(spec: str) -> tuple[Any, Any]:
-    """Import ``file.py`` and call ``function()``, which must return ``(module, inputs)``."""
+def load_python_spec(spec: str) -> tuple[Any, Any, Any]:
+    """Import ``file.py`` and call ``function()``, which must return ``(module, inputs)`` or
+    ``(module, inputs, dynamic_shapes)``; returns the three (``dynamic_shapes`` None if not
+    given)."""
     path_text, _, func_name = spec.rpartition(":")
     path = Path(path_text)
     if not path.is_file():
@@ -91,8 +94,9 @@ def load_python_spec(spec: str) -> tuple[Any, Any]:
     except Exception as e:
         raise ModelLoadError(f"{spec}() raised {type(e).__name__}: {e}",
                              "fix the model-building function") from None
-    if not (isinstance(result, tuple) and len(result) == 2):
+    if not (isinstance(result, tuple) and len(result) in (2, 3)):
         raise ModelLoadError(f"{spec}() must return (module, example_inputs), got "
                              f"{type(result).__name__}",
-                             "return a (torch.nn.Module, tuple_of_inputs) pair")
-    return result
+                             "return a (torch.nn.Module, tuple_of_inputs) pair, or "
+                             "(module, inputs, dynamic_shapes) for shape ranges")
+    return (*result, None) if len(result) == 2 else result

@@ -39,9 +39,10 @@ from torch.utils import _pytree as pytree
 from graphopt.errors import TraceError, first_line
 from graphopt.frontends.fx_convert import graph_from_exported_program, graph_from_graph_module
 from graphopt.ir import Graph, TensorKind
+from graphopt.shape_range import DimRange, ShapeRange
 
-__all__ = ["TRAINING_WARNING", "graph_from_exported_program", "graph_from_graph_module",
-           "trace_torch"]
+__all__ = ["TRAINING_WARNING", "export_range", "graph_from_exported_program",
+           "graph_from_graph_module", "trace_torch"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +83,15 @@ def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = 
             warnings.append(
                 f"torch.export failed ({first_line(export_err)}); traced with make_fx on "
                 "the example inputs instead: Python control flow is specialized to them (the "
-                "graph holds only the branch they took) and shapes are static")
+                "graph holds only the branch they took) and shapes are static"
+                + (" (dynamic_shapes could not be kept)" if dynamic_shapes else ""))
             return graph_from_graph_module(gm, name=type(model).__name__, kinds=kinds,
                                            warnings=warnings)
         names = _dim_names(model, ep, dynamic_shapes)
-        return graph_from_exported_program(ep, name=type(model).__name__, warnings=warnings,
-                                           dim_names=names)
+        graph = graph_from_exported_program(ep, name=type(model).__name__, warnings=warnings,
+                                            dim_names=names)
+        graph.shape_range = export_range(ep, names) if dynamic_shapes else None
+        return graph
     finally:
         for m, was in modes:  # tracing must not flip modes; restore if some forward did
             if m.training != was:
@@ -208,6 +212,33 @@ def _dim_names(model: nn.Module, ep: Any, dynamic_shapes: Any) -> dict[str, str]
             if isinstance(size, torch.SymInt) and hasattr(dim, "__name__"):
                 out[str(size)] = dim.__name__
     return out
+
+
+def export_range(ep: Any, dim_names: dict[str, str]) -> ShapeRange | None:
+    """The dynamic dimensions of an exported program's inputs: each one's range from
+    ``ep.range_constraints`` and its opt size from the example input (the symbol's hint)."""
+    user = set(ep.graph_signature.user_inputs)
+    dims: dict[str, DimRange] = {}
+    inputs: dict[str, tuple[int | str, ...]] = {}
+    for node in ep.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" and node.name in user else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        shape: list[int | str] = []
+        for d in val.shape:
+            expr = getattr(getattr(d, "node", None), "expr", None)
+            if expr is None or not getattr(expr, "is_Symbol", False):
+                shape.append(int(d) if expr is None else str(expr))
+                continue
+            name = dim_names.get(str(expr), str(expr))
+            shape.append(name)
+            if name not in dims:
+                vr = ep.range_constraints.get(expr)
+                top = None if vr is None or str(vr.upper) in ("int_oo", "oo") else int(vr.upper)
+                dims[name] = DimRange(name, 0 if vr is None else int(vr.lower),
+                                      int(d.node.hint), top, "dynamic_shapes", str(expr))
+        inputs[node.name] = tuple(shape)
+    return ShapeRange(tuple(dims.values()), inputs) if dims else None
 
 
 @contextlib.contextmanager

@@ -36,9 +36,12 @@ class OnnxContext:
     compute_dtype: str = "fp32"
     decisions: dict[str, dict[str, Decision]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
-    #: graphopt's IR of the model the passes start from (its ``source_model``): a pass handed
-    #: that very model reads it instead of converting the model again
+    #: graphopt's IR of the model the passes start from (its ``source_model``), sized at the
+    #: plan's opt point: a pass handed that very model reads it instead of converting it again
     graph: Graph | None = None
+    #: symbolic dim -> size at the plan's opt point (empty without a shape range): a pass
+    #: that converts a model itself sizes its graph with these
+    dim_values: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.plan.nodes}

@@ -197,10 +197,14 @@ def with_outputs(model: onnx.ModelProto, names: Sequence[str],
     return out
 
 
-def _dims(vi: onnx.ValueInfoProto) -> list[int]:
+def _dims(vi: onnx.ValueInfoProto, sizes: dict[str, int] | None = None) -> list[int]:
     shape = vi.type.tensor_type.shape
-    # a static 0 is a real size (ONNX Runtime insists on it); only symbolic dims get the default
-    return [d.dim_value if d.HasField("dim_value") else _DEFAULT_DIM for d in shape.dim]
+    sizes = sizes or {}
+    # a static 0 is a real size (ONNX Runtime insists on it); only symbolic dims get sizes:
+    # by dim_param name, by "<input>_<axis>" for an unnamed one, else the default
+    return [d.dim_value if d.HasField("dim_value") else
+            sizes.get(d.dim_param, sizes.get(f"{vi.name}_{i}", _DEFAULT_DIM))
+            for i, d in enumerate(shape.dim)]
 
 
 def emulate_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -263,10 +267,11 @@ def emulate_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def sample_feeds(model: onnx.ModelProto, count: int = 1, seed: int = 0
-                 ) -> list[dict[str, np.ndarray]]:
+def sample_feeds(model: onnx.ModelProto, count: int = 1, seed: int = 0,
+                 dims: dict[str, int] | None = None) -> list[dict[str, np.ndarray]]:
     """Seeded inputs for the model's graph inputs: standard normal floats, zeros and ones for
-    integers (token ids and masks stay in range), true for bools; symbolic dims are 2.
+    integers (token ids and masks stay in range), true for bools; symbolic dims at ``dims``
+    (name -> size: the plan's opt sizes), else 2.
 
     Real data (``--calibration``) is better: the guard can only catch what the inputs trigger.
     """
@@ -280,12 +285,12 @@ def sample_feeds(model: onnx.ModelProto, count: int = 1, seed: int = 0
                 continue
             elem = vi.type.tensor_type.elem_type
             dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-            dims = _dims(vi)
+            shape = _dims(vi, dims)
             if elem in _FLOATS:
-                feed[vi.name] = rng.standard_normal(dims).astype(dtype)
+                feed[vi.name] = rng.standard_normal(shape).astype(dtype)
             elif elem == _T.BOOL:
-                feed[vi.name] = np.ones(dims, dtype=bool)
+                feed[vi.name] = np.ones(shape, dtype=bool)
             else:
-                feed[vi.name] = rng.integers(0, 2, size=dims).astype(dtype)
+                feed[vi.name] = rng.integers(0, 2, size=shape).astype(dtype)
         feeds.append(feed)
     return feeds

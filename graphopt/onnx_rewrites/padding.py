@@ -27,6 +27,7 @@ from graphopt.frontends.onnx_frontend import graph_from_proto
 from graphopt.ir import Node
 from graphopt.onnx_rewrites.context import OnnxContext
 from graphopt.onnx_rewrites.padding_edits import PadState, topo_order
+from graphopt.shape_range import bind
 
 __all__ = ["pad_channels"]
 
@@ -153,7 +154,8 @@ def pad_channels(model: onnx.ModelProto, ctx: OnnxContext) -> onnx.ModelProto | 
     if ctx.graph is not None and ctx.graph.source_model is model:
         graph = ctx.graph  # the model the plan was built from: same names, same shapes
     else:
-        graph = graph_from_proto(out)  # names unnamed nodes in ``out``, never in ``model``
+        # names unnamed nodes in ``out``, never in ``model``; sized like the plan
+        graph = bind(graph_from_proto(out), ctx.dim_values)
     nodes = {n.name: n for n in g.node}
     values = _Values(out)
     plan = plan_padding(graph, values.small, _Backend(ctx, nodes, values), ctx.options)

@@ -94,9 +94,24 @@ def _generated_inputs_failed(e: GraphoptError, feed: dict[str, np.ndarray]) -> G
     hint = (f"; its integer input(s) {', '.join(ints)} got 0/1 values" if ints else "")
     return GraphoptError(
         f"{e.problem} (on inputs graphopt generated: standard normal floats, 0/1 integers, "
-        f"symbolic dims 2{hint})",
+        f"symbolic dims at the plan's opt sizes{hint})",
         "pass real inputs for the accuracy guard: calibration=[{input: array}] in the API, or "
         "--calibration inputs.npz on the CLI")
+
+
+def _range_feeds(feed: dict[str, np.ndarray], rng: Any) -> list[dict[str, np.ndarray]]:
+    """``feed`` tiled or cropped to the range's min and max (where they differ from opt):
+    every check then covers the range's ends too."""
+    if not rng:
+        return []
+    opt = rng.values("opt")
+    out = []
+    for point in ("min", "max"):
+        values = rng.check_values(point)
+        if values != opt:
+            sized = rng.sized_inputs(values, feed, np.tile)
+            out.append({k: np.ascontiguousarray(v) for k, v in sized.items()})
+    return out
 
 
 def _resolve(target: str | HardwareProfile) -> HardwareProfile:
@@ -202,7 +217,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                   target: str | HardwareProfile = "h100", options: Options | None = None,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
                   *, samples: Sequence[dict[str, np.ndarray]] | None = None,
-                  passes: Sequence[Pass] | None = None,
+                  passes: Sequence[Pass] | None = None, dynamic_shapes: Any = None,
                   ) -> tuple[onnx.ModelProto, Plan, dict[str, Any]]:
     """Optimize an ONNX model for ``target``; returns (model, plan with decisions, run info).
 
@@ -212,16 +227,22 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
             :mod:`.calibration` for the file format).
         samples: inputs the guard measures on when no calibration is given (e.g. the torch
             example inputs); else seeded random inputs.
+        dynamic_shapes: symbolic dim name -> opt size or ``(min, opt, max)``
+            (:mod:`graphopt.frontends.onnx_range`); the plan and the seeded inputs use the opt
+            sizes, and every check also runs at min and max.
 
     Passes are timed per ``options.measure`` (:func:`graphopt.pass_driver.measure_here`).
     """
     from graphopt.frontends.onnx_frontend import load_onnx
+    from graphopt.frontends.onnx_range import onnx_range
     from graphopt.planner import build_plan
+    from graphopt.range_plan import at_opt
 
     start = time.perf_counter()
     opts = options or Options()
     profile = _resolve(target)
-    graph = load_onnx(model)
+    graph = onnx_range(load_onnx(model), dynamic_shapes)
+    rng = graph.shape_range
     base = graph.source_model
     if base is None:  # pragma: no cover - the ONNX frontend always sets it
         raise GraphoptError("the ONNX frontend kept no model to rewrite")
@@ -232,8 +253,11 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         raise GraphoptError("quantize='int8_static' needs calibration data and none was given",
                             "pass --calibration F (an .npz with one array per model input, "
                             "batches along axis 0), or use --quantize int8_dynamic")
-    runs = list(samples) if samples else (calib[:GUARD_SAMPLES] if calib
-                                          else sample_feeds(base, _SEED_SAMPLES))
+    runs = list(samples) if samples else (
+        calib[:GUARD_SAMPLES] if calib else
+        sample_feeds(base, _SEED_SAMPLES, dims=rng.values("opt") if rng else None))
+    at_ends = _range_feeds(runs[0], rng) if runs else []
+    runs += at_ends
     try:
         reference = run_samples(OrtModel(base, what="the original model"), runs,
                                 "the original")
@@ -243,7 +267,8 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         raise _generated_inputs_failed(e, runs[0]) from None
     compute, why = onnx_precision(profile, opts.precision)
     ctx = OnnxContext(plan=plan, target=profile, options=opts, samples=runs, calibration=calib,
-                      compute_dtype=compute, graph=graph)
+                      compute_dtype=compute, graph=at_opt(graph),
+                      dim_values=rng.values("opt") if rng else {})
     ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
                                      "reason": why}
     backend = _OnnxBackend(ctx, base, reference)
@@ -271,6 +296,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         "tolerance": final_tol.to_dict(), "numerics": [e.to_dict() for e in final],
         "guard": reports, "fallbacks": [f for r in reports for f in r["fallbacks"]],
         "session": session.to_dict(), "samples": len(runs),
+        **({"shape_range": rng.to_dict(), "range_samples": len(at_ends)} if rng else {}),
         "calibration_batches": len(calib) if calib else 0,
         "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
         "timings": timings}

@@ -35,6 +35,13 @@ class RewriteContext:
     notes: dict[str, Any] = field(default_factory=dict)
     #: the precision the precision pass chose for the whole model ("fp32", "bf16", ...)
     compute_dtype: str = "fp32"
+    #: the dynamic dims the module must accept (``graphopt.shape_range.ShapeRange``), or None
+    shape_range: Any = None
+    #: the graph input name of each tensor in ``example_inputs``
+    input_names: list[str] = field(default_factory=list)
+    #: (point, dim sizes, inputs) at the range's min and max: every check runs there too
+    range_points: list[tuple[str, dict[str, int], tuple[Any, ...]]] = field(
+        default_factory=list)
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.plan.nodes}

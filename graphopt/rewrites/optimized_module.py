@@ -52,15 +52,20 @@ def _runtime_flags(flags: dict[str, Any]) -> Iterator[None]:
 class OptimizedModule(torch.nn.Module):
     """The rewritten graph, called like the original model, for inference (no autograd).
 
-    The graph was traced for the example inputs' shapes; a call with other shapes gets a
-    ``GraphoptError`` saying so instead of an error from deep inside an op.
+    The graph was traced for the example inputs' shapes, or for a shape range
+    (``shape_range``: each dynamic dim between its min and max); a call outside them gets a
+    ``GraphoptError`` that names them, instead of an error from deep inside an op.
     """
 
     def __init__(self, graph_module: fx.GraphModule, input_shapes: list[tuple[int, ...] | None],
-                 runtime: dict[str, Any] | None = None) -> None:
+                 runtime: dict[str, Any] | None = None, *, shape_range: Any = None,
+                 input_names: list[str] | None = None) -> None:
         super().__init__()
         self.graph_module = graph_module
         self._input_shapes = input_shapes
+        #: a ``graphopt.shape_range.ShapeRange`` and the graph input name of each tensor arg
+        self.shape_range = shape_range
+        self._input_names = list(input_names or [])
         self._runtime = dict(runtime or {})
         # the flags only touch CUDA kernels: decided once, not per call
         self._runtime_active = bool(self._runtime) and torch.cuda.is_available()
@@ -68,12 +73,26 @@ class OptimizedModule(torch.nn.Module):
 
     def forward(self, *args: Any) -> Any:
         shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
-        if shapes != self._input_shapes:
+        if self.shape_range:
+            self._check_range(shapes)
+        elif shapes != self._input_shapes:
             raise GraphoptError(f"the optimized module was built for inputs of shapes "
                                 f"{self._input_shapes}, got {shapes}",
                                 "call graphopt.optimize again with example inputs of the "
-                                "shapes you will run")
+                                "shapes you will run, or give dynamic_shapes= for a range")
         if not self._runtime_active and not torch.is_grad_enabled():
             return self.graph_module(*args)  # the common inference call: no context overhead
         with torch.no_grad(), _runtime_flags(self._runtime):
             return self.graph_module(*args)
+
+    def _check_range(self, shapes: list[tuple[int, ...] | None]) -> None:
+        if len(shapes) != len(self._input_shapes):
+            raise GraphoptError(f"the optimized module takes {len(self._input_shapes)} "
+                                f"inputs, got {len(shapes)}", "pass the model's inputs")
+        tensors = [s for s in shapes if s is not None]
+        wrong = self.shape_range.check(dict(zip(self._input_names, tensors, strict=False)))
+        if wrong is not None:
+            raise GraphoptError(f"{wrong}: the module was optimized for "
+                                f"{self.shape_range.describe()}",
+                                "call it within that range, or optimize again with a wider "
+                                "dynamic_shapes range")

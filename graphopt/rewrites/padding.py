@@ -27,6 +27,7 @@ from graphopt.ir import Node
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import aten_name, get_tensor, new_param
 from graphopt.rewrites.padding_edits import PadState, pad_per_call, refresh_meta, slice_real
+from graphopt.shape_range import bind
 
 __all__ = ["pad_channels"]
 
@@ -180,6 +181,8 @@ def pad_channels(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     nodes = {n.name: n for n in gm.graph.nodes}
     backend = _Backend(ctx, nodes, gm)
     graph = graph_from_graph_module(gm)
+    if ctx.shape_range:  # decided at the range's opt point, like the plan
+        graph = bind(graph, ctx.shape_range.values("opt"))
     plan = plan_padding(graph, backend.value, backend, ctx.options)
     ctx.notes["padding"] = plan.notes(ctx.options.pad, ctx.compute_dtype)
     ap = _Apply(PadState(gm, ctx), nodes)

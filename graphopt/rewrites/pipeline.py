@@ -35,6 +35,7 @@ from graphopt.rewrites.measure import faster_or_equal
 from graphopt.rewrites.padding import pad_channels
 from graphopt.rewrites.precision import reduce_precision
 from graphopt.rewrites.quantize import dynamic_int8
+from graphopt.rewrites.range_inputs import range_points
 from graphopt.rewrites.verify import compare_outputs
 
 __all__ = ["default_passes", "optimize_torch", "prepare"]
@@ -52,8 +53,10 @@ def _as_args(example_inputs: Any) -> tuple[Any, ...]:
 
 
 def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareProfile,
-            options: Options | None = None) -> tuple[fx.GraphModule, RewriteContext]:
-    """Trace ``model``, plan it, and return a private rewritable copy plus the pass context."""
+            options: Options | None = None, dynamic_shapes: Any = None
+            ) -> tuple[fx.GraphModule, RewriteContext]:
+    """Trace ``model`` (over the shape range ``dynamic_shapes`` gives, torch.export's argument),
+    plan it, and return a private rewritable copy plus the pass context."""
     if not isinstance(model, torch.nn.Module):
         raise GraphoptError(f"optimize takes a torch.nn.Module, got {type(model).__name__}",
                             "pass a torch.nn.Module with example inputs, or an .onnx path or "
@@ -73,7 +76,7 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
     options = (options or Options()).check_backend("torch")
     args = clone_inputs(_as_args(example_inputs))  # passes and checks never see the user's
     profile = target if isinstance(target, HardwareProfile) else get_target(target)
-    graph = trace_torch(model, args)
+    graph = trace_torch(model, args, dynamic_shapes=dynamic_shapes)
     ep = graph.source_model
     if not isinstance(ep, torch.export.ExportedProgram):
         raise GraphoptError(f"{type(model).__name__} could not be captured by torch.export, "
@@ -82,7 +85,9 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
     plan = build_plan(graph, profile)
     gm = copy.deepcopy(ep.module())  # cloned parameters: passes may never alias the user's
     ctx = RewriteContext(plan=plan, target=profile, options=options,
-                         example_inputs=args)
+                         example_inputs=args, shape_range=graph.shape_range)
+    ctx.input_names = list(ep.graph_signature.user_inputs)
+    ctx.range_points = range_points(args, ctx.input_names, graph.shape_range)
     return gm, ctx
 
 
@@ -103,11 +108,12 @@ def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 @dataclass
 class _TorchBackend:
-    """The driver's torch backend: passes edit a private fx copy in place; checks and timings
-    run it on clones of the example inputs."""
+    """The driver's torch backend: passes edit a private fx copy in place; checks run it on
+    clones of the example inputs (and at the shape range's min and max), timings at opt."""
 
     ctx: RewriteContext
-    reference: Any
+    #: (inputs, the original model's outputs on them): the example first
+    references: list[tuple[tuple[Any, ...], Any]]
 
     def snapshot(self, gm: fx.GraphModule) -> fx.GraphModule:
         return copy.deepcopy(gm)
@@ -120,15 +126,17 @@ class _TorchBackend:
         return PassResult(gm, True)
 
     def check(self, p: Pass, gm: fx.GraphModule, tol: Tolerance) -> str | None:
-        try:
-            result = compare_outputs(self.reference, _run(gm, self.ctx.example_inputs), tol)
-        except Exception as e:  # a pass produced a graph that does not run: revert it
-            logger.warning("pass %s produced a module that fails: %s", p.name, e)
-            return "reverted, outputs out of tolerance: fails to run"
-        if all(c.within for c in result):
-            return None
-        return ("reverted, outputs out of tolerance: "
-                + "; ".join(c.describe() for c in result if not c.within))
+        for i, (args, reference) in enumerate(self.references):
+            at = "" if i == 0 else f" at {_shapes(args)}"
+            try:
+                result = compare_outputs(reference, _run(gm, args), tol)
+            except Exception as e:  # a pass produced a graph that does not run: revert it
+                logger.warning("pass %s produced a module that fails%s: %s", p.name, at, e)
+                return f"reverted, outputs out of tolerance: fails to run{at}"
+            if not all(c.within for c in result):
+                return (f"reverted, outputs out of tolerance{at}: "
+                        + "; ".join(c.describe() for c in result if not c.within))
+        return None
 
     def time(self, before: fx.GraphModule, after: fx.GraphModule) -> tuple[bool, float, float]:
         with preserved_buffers(before, after):
@@ -138,7 +146,7 @@ class _TorchBackend:
 def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                    target: str | HardwareProfile = "h100",
                    options: Options | None = None,
-                   passes: Sequence[Pass] | None = None,
+                   passes: Sequence[Pass] | None = None, *, dynamic_shapes: Any = None,
                    ) -> tuple[torch.nn.Module, Plan, dict[str, Any]]:
     """Run the passes with a numeric check after each; returns (module, plan, run info).
 
@@ -146,15 +154,17 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     measures slower than the user's model (tiny models where no rewrite pays), a copy of
     the model itself: never slower on the target it was optimized for.
     """
-    gm, ctx = prepare(model, example_inputs, target, options)
+    gm, ctx = prepare(model, example_inputs, target, options, dynamic_shapes)
     from graphopt.decisions.precision_format import choose_precision
 
     ctx.compute_dtype, why = choose_precision(ctx.target, ctx.options.precision)
     ctx.notes["precision_choice"] = {"requested": ctx.options.precision,
                                      "chosen": ctx.compute_dtype, "reason": why}
     reference = run_isolated(model, ctx.example_inputs)
+    references = [(ctx.example_inputs, reference)] + [
+        (args, run_isolated(model, args)) for _, _, args in ctx.range_points]
     measure = measure_here(ctx.options, ctx.target)
-    done = run_passes(_TorchBackend(ctx, reference), gm,
+    done = run_passes(_TorchBackend(ctx, references), gm,
                       default_passes() if passes is None else passes, measure=measure)
     gm, applied, reverted, final_tol = done.model, done.applied, done.reverted, done.tolerance
     strip_unused(gm)
@@ -167,12 +177,36 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         applied, final_tol = [], tolerance_for("fp32")
     final = compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
     info = {"passes_applied": applied, "passes_reverted": reverted,
+            **_range_checks(module, ctx, references[1:], final_tol),
             "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
             "tolerance": final_tol.to_dict(),
             "numerics": [c.to_dict() for c in final]}
     plan = ctx.plan.with_decisions(ctx.decisions)
     plan = replace(plan, extra={**plan.extra, "optimization": info})
-    return module, plan, {**info, "example_inputs": ctx.example_inputs}
+    return module, plan, {**info, "example_inputs": ctx.example_inputs,
+                          "shape_range_object": ctx.shape_range,
+                          "input_names": list(ctx.input_names)}
+
+
+def _shapes(args: tuple[Any, ...]) -> str:
+    return ", ".join(str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
+
+
+def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
+                  references: list[tuple[tuple[Any, ...], Any]], tol: Tolerance
+                  ) -> dict[str, Any]:
+    """The final module's numbers at the range's min and max, for the report."""
+    if not ctx.shape_range:
+        return {}
+    checks = []
+    for (point, values, _), (args, reference) in zip(ctx.range_points, references,
+                                                     strict=True):
+        result = compare_outputs(reference, _run(module, args), tol)
+        dims = {d.name: values[d.name] for d in ctx.shape_range.dims}
+        checks.append({"point": point, "dims": dims, "input_shapes": _shapes(args),
+                       "within": all(c.within for c in result),
+                       "numerics": [c.to_dict() for c in result]})
+    return {"shape_range": ctx.shape_range.to_dict(), "range_checks": checks}
 
 
 def strip_unused(gm: fx.GraphModule) -> None:

@@ -1,0 +1,86 @@
+"""An ONNX model's symbolic input dims (``dim_param``) as a shape range.
+
+ONNX Runtime runs a symbolic dim at any size; graphopt plans it at an opt size the user names
+(``dynamic_shapes={"seq": 512}`` or ``{"seq": (1, 512, 2048)}``, CLI ``--dynamic seq=1:512:2048``)
+or at a stated default: 1 for a leading (batch) dim, 128 for any other. The checks run at those
+sizes too, never at a silent made-up one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from graphopt.errors import GraphoptError
+from graphopt.ir import Graph, TensorInfo
+from graphopt.shape_range import DimRange, ShapeRange
+
+__all__ = ["DEFAULT_BATCH", "DEFAULT_OTHER", "onnx_range", "parse_dim_spec"]
+
+#: opt size of a symbolic leading dim (one request) and of any other (a typical sequence)
+DEFAULT_BATCH, DEFAULT_OTHER = 1, 128
+
+
+def parse_dim_spec(name: str, value: Any) -> DimRange:
+    """``8`` (opt) or ``(min, opt, max)`` (max None for unbounded) -> a DimRange."""
+    fix = (f"give {name!r} an opt size (e.g. {name}=512) or (min, opt, max) "
+           f"(e.g. {name}=1:512:2048 on the CLI)")
+    if isinstance(value, bool):
+        raise GraphoptError(f"dim {name!r}: {value!r} is not a size", fix)
+    if isinstance(value, int):
+        lo, opt, hi = 1, value, None
+    elif isinstance(value, (tuple, list)) and len(value) == 3:
+        lo, opt, hi = value
+    else:
+        raise GraphoptError(f"dim {name!r}: {value!r} is neither a size nor (min, opt, max)", fix)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, opt)) or \
+            not (hi is None or isinstance(hi, int)):
+        raise GraphoptError(f"dim {name!r}: sizes must be integers, got {value!r}", fix)
+    if lo < 1 or opt < lo or (hi is not None and hi < opt):
+        raise GraphoptError(f"dim {name!r}: need 1 <= min <= opt <= max, got {value!r}", fix)
+    return DimRange(name, lo, opt, hi, "dynamic_shapes")
+
+
+def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
+    """``graph`` with ``shape_range`` set from its inputs' symbolic dims and ``spec``.
+
+    An unnamed symbolic input dim ("?") is named ``<input>_<axis>`` so it can be given a size.
+    """
+    if spec is not None and not isinstance(spec, Mapping):
+        raise GraphoptError(f"dynamic_shapes for an ONNX model is a dict of symbolic dim "
+                            f"sizes, got {type(spec).__name__}",
+                            "pass e.g. dynamic_shapes={'batch': (1, 8, 64), 'seq': 512}")
+    dims: dict[str, DimRange] = {}
+    inputs: dict[str, tuple[int | str, ...]] = {}
+    defaults: list[str] = []
+    for name in graph.inputs:
+        t = graph.tensors.get(name)
+        if t is None or t.shape is None or t.is_static:
+            continue
+        shape = tuple(f"{name}_{i}" if d == "?" else d for i, d in enumerate(t.shape))
+        if shape != t.shape:
+            graph.tensors[name] = TensorInfo(t.name, shape, t.dtype, t.kind)
+        inputs[name] = shape
+        for i, d in enumerate(shape):
+            if isinstance(d, int) or d in dims:
+                continue
+            if spec is not None and d in spec:
+                dims[d] = parse_dim_spec(d, spec[d])
+            else:
+                opt = DEFAULT_BATCH if i == 0 else DEFAULT_OTHER
+                dims[d] = DimRange(d, 1, opt, None, "default")
+                defaults.append(f"{d}={opt}")
+    unknown = sorted(set(spec or ()) - set(dims))
+    if unknown:
+        have = ", ".join(dims) or "none"
+        raise GraphoptError(f"dynamic_shapes names {', '.join(unknown)}, which no input of "
+                            f"the model has as a symbolic dim (it has: {have})",
+                            "name the model's own symbolic dims (see the inputs in "
+                            "`graphopt plan model.onnx`)")
+    if defaults:
+        graph.warnings.append(
+            f"symbolic dims planned and checked at default sizes: {', '.join(defaults)} "
+            f"(leading dims {DEFAULT_BATCH}, others {DEFAULT_OTHER}); give your own with "
+            "dynamic_shapes={'name': opt or (min, opt, max)} or --dynamic name=min:opt:max")
+    graph.shape_range = ShapeRange(tuple(dims.values()), inputs) if dims else None
+    return graph

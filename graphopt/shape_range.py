@@ -1,0 +1,241 @@
+"""Shape ranges: one plan for every size between a dynamic dimension's min and max.
+
+TensorRT calls this an optimization profile (min/opt/max per input), torch.export gives each
+dynamic dimension a ``Dim`` with a range, ONNX names it with a ``dim_param``. Graphopt plans at the
+opt point (the example's size, or the one the user names) and costs the same graph at min and
+max, so the report shows the estimate over the whole range. Every decision must be legal at every
+point: padding touches weight channels only, never a dynamic dimension.
+
+Graph shapes spell a dynamic dimension as a string: its name (``"batch"``) or an expression of
+names (``"2*seq"``, ``"seq - 1"``). :func:`bind` turns them into numbers for one point.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphopt.errors import GraphoptError
+from graphopt.ir import Graph, TensorInfo
+
+__all__ = ["CHECK_BUDGET", "POINTS", "DimRange", "ShapeRange", "bind", "bind_shape", "evaluate"]
+
+#: the points of a range the plan is costed at, in order
+POINTS = ("min", "opt", "max")
+#: a check point's inputs may hold at most this many times the opt inputs' elements
+CHECK_BUDGET = 16
+
+
+@dataclass(frozen=True, slots=True)
+class DimRange:
+    """One dynamic dimension: its name, the sizes it may take, and the size planned for.
+
+    ``max`` is None when nothing bounds it (``Dim.DYNAMIC`` without ``max``): the module accepts
+    any size, and the max point is costed at ``opt`` (the report says so).
+    """
+
+    name: str
+    min: int
+    opt: int
+    max: int | None
+    #: where the numbers came from ("dynamic_shapes", "example", "default", ...)
+    source: str = ""
+    #: torch's own name for it (``s77``), which graphs re-read from fx carry
+    symbol: str = ""
+
+    def at(self, point: str) -> int:
+        if point == "min":
+            return self.min
+        if point == "max" and self.max is not None:
+            return self.max
+        return self.opt
+
+    def contains(self, size: int) -> bool:
+        return size >= self.min and (self.max is None or size <= self.max)
+
+    def describe(self) -> str:
+        top = "inf" if self.max is None else str(self.max)
+        return f"{self.name} in [{self.min}, {top}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "min": self.min, "opt": self.opt, "max": self.max,
+                "source": self.source, **({"symbol": self.symbol} if self.symbol else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeRange:
+    """The dynamic dimensions of a model and where they sit in its inputs.
+
+    ``inputs`` maps each graph input to its shape, a dynamic dimension spelled by its name.
+    """
+
+    dims: tuple[DimRange, ...]
+    inputs: Mapping[str, tuple[int | str, ...]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.dims)
+
+    def dim(self, name: str) -> DimRange | None:
+        return next((d for d in self.dims if d.name == name), None)
+
+    def values(self, point: str = "opt") -> dict[str, int]:
+        """Dim name (and torch symbol) -> size at ``point``."""
+        out = {d.name: d.at(point) for d in self.dims}
+        out.update({d.symbol: d.at(point) for d in self.dims if d.symbol})
+        return out
+
+    def check(self, shapes: Mapping[str, tuple[int, ...] | None]) -> str | None:
+        """None if ``shapes`` (input name -> shape) lie in the range, else what is wrong."""
+        seen: dict[str, int] = {}
+        for name, want in self.inputs.items():
+            got = shapes.get(name)
+            if got is None:
+                continue
+            if len(got) != len(want):
+                return f"input {name!r} has {len(got)} dims {tuple(got)}, expected {len(want)}"
+            for i, (w, g) in enumerate(zip(want, got, strict=True)):
+                if isinstance(w, int):
+                    if w != g:
+                        return f"input {name!r} dim {i} is {g}; it is static at {w}"
+                    continue
+                r = self.dim(w)
+                if r is None:
+                    continue  # an expression of dims: torch checks it
+                if not r.contains(g):
+                    top = "inf" if r.max is None else r.max
+                    return f"input {name!r} dim {i} ({w}) is {g}, outside [{r.min}, {top}]"
+                if seen.setdefault(w, g) != g:
+                    return f"dim {w} is {seen[w]} in one input and {g} in {name!r}"
+        return None
+
+    def describe(self) -> str:
+        return ", ".join(d.describe() for d in self.dims)
+
+    def check_values(self, point: str, budget: int = CHECK_BUDGET) -> dict[str, int]:
+        """The sizes to check ``point`` at: its own, with the dims above opt scaled down (the
+        same factor each) until the inputs hold at most ``budget`` x the opt inputs' elements
+        (a numeric check at a 64 x 4096 max would take longer than the whole optimization)."""
+        def size(sizes: dict[str, int]) -> int:
+            v = self._with_symbols(sizes)
+            return sum(math.prod(d for d in bind_shape(shape, v) or () if isinstance(d, int))
+                       for shape in self.inputs.values())
+
+        sizes = {d.name: d.at(point) for d in self.dims}
+        limit = budget * size({d.name: d.opt for d in self.dims})
+        while size(sizes) > limit:
+            shrunk = {d.name: max(d.opt, sizes[d.name] * 3 // 4) for d in self.dims}
+            if shrunk == sizes:
+                break
+            sizes = shrunk
+        return self._with_symbols(sizes)
+
+    def _with_symbols(self, sizes: dict[str, int]) -> dict[str, int]:
+        return {**sizes, **{d.symbol: sizes[d.name] for d in self.dims if d.symbol}}
+
+    def sized_inputs(self, values: Mapping[str, int], arrays: Mapping[str, Any],
+                     tile: Any) -> dict[str, Any]:
+        """``arrays`` (input name -> example array) tiled (``tile(array, reps)``) or cropped
+        along each dynamic dim to the sizes ``values`` give: ids stay ids, masks stay masks."""
+        out = {}
+        for name, a in arrays.items():
+            shape = bind_shape(self.inputs.get(name), values)
+            if shape is None or not all(isinstance(d, int) for d in shape) or \
+                    len(shape) != len(a.shape):
+                out[name] = a
+                continue
+            reps = [-(-want // have) if want > have else 1
+                    for want, have in zip(shape, a.shape, strict=True)]
+            grown = tile(a, reps) if any(r > 1 for r in reps) else a
+            out[name] = grown[tuple(slice(0, d) for d in shape)]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dims": [d.to_dict() for d in self.dims],
+                "inputs": {k: list(v) for k, v in self.inputs.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShapeRange:
+        try:
+            dims = tuple(DimRange(d["name"], int(d["min"]), int(d["opt"]),
+                                  None if d["max"] is None else int(d["max"]),
+                                  d.get("source", ""), d.get("symbol", ""))
+                         for d in data["dims"])
+            inputs = {k: tuple(v) for k, v in data["inputs"].items()}
+        except (KeyError, TypeError, ValueError) as e:
+            raise GraphoptError(f"a shape range record is malformed ({e})",
+                                "write it with ShapeRange.to_dict") from None
+        return cls(dims, inputs)
+
+
+# --- evaluating dimension expressions ---------------------------------------------------------
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+# the functions torch's sympy printer writes into size expressions
+_CALLS = {"Max": max, "Min": min, "max": max, "min": min, "FloorDiv": operator.floordiv,
+          "CeilDiv": lambda a, b: -(-a // b), "Mod": operator.mod, "PythonMod": operator.mod,
+          "floor": math.floor, "ceiling": math.ceil, "CeilToInt": math.ceil,
+          "FloorToInt": math.floor, "TruncToInt": int, "IntTrueDiv": operator.truediv}
+
+
+def evaluate(expr: str, values: Mapping[str, int]) -> int | None:
+    """The integer value of a dimension expression at ``values``, or None if it names an
+    unknown symbol or is not plain arithmetic."""
+    if expr in values:
+        return values[expr]
+    try:
+        tree = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+    try:
+        out = _eval(tree, values)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return None
+    return int(out) if isinstance(out, (int, float)) and float(out).is_integer() else None
+
+
+def _eval(node: ast.AST, values: Mapping[str, int]) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_eval(node.left, values), _eval(node.right, values))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_eval(node.operand, values)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+            node.func.id in _CALLS and not node.keywords:
+        return _CALLS[node.func.id](*(_eval(a, values) for a in node.args))
+    raise ValueError(ast.dump(node))
+
+
+def bind_shape(shape: tuple[int | str, ...] | None, values: Mapping[str, int]
+               ) -> tuple[int | str, ...] | None:
+    """``shape`` with every dimension expression that ``values`` decides replaced by its size."""
+    if shape is None or all(type(d) is int for d in shape):
+        return shape
+    out = []
+    for d in shape:
+        v = d if type(d) is int else evaluate(str(d), values)
+        out.append(d if v is None else v)
+    return tuple(out)
+
+
+def bind(graph: Graph, values: Mapping[str, int]) -> Graph:
+    """A copy of ``graph`` whose tensor shapes are sized at ``values`` (dim name -> size); the
+    copy is one point of the range, so it has no range of its own.
+
+    Nodes and attributes are shared, not copied: a rewrite reads the symbolic attributes (a
+    reshape's target stays ``[batch, seq, 4, 72]``), the cost model reads the sized tensors.
+    """
+    if not values:
+        return graph
+    tensors: dict[str, TensorInfo] = {}
+    for name, t in graph.tensors.items():
+        shape = bind_shape(t.shape, values)
+        tensors[name] = t if shape is t.shape else TensorInfo(t.name, shape, t.dtype, t.kind)
+    return Graph(graph.name, graph.source, graph.nodes, tensors, graph.inputs, graph.outputs,
+                 warnings=graph.warnings, source_model=graph.source_model)
