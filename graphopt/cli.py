@@ -35,11 +35,15 @@ def _claim_reports(outputs: OutputSet, args: argparse.Namespace) -> None:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from graphopt.api import plan
+    from graphopt.dynamic_spec import parse_dynamic
+    from graphopt.frontends.python_spec import is_python_spec
     from graphopt.plan import PlanSet
 
     outputs = OutputSet(input_files(args.model))
     _claim_reports(outputs, args)  # refuse a bad path before the work, not after
-    result = plan(args.model, target=args.target, devices=args.devices, strategy=args.strategy)
+    dynamic = parse_dynamic(args.dynamic, is_python_spec(args.model))
+    result = plan(args.model, target=args.target, devices=args.devices, strategy=args.strategy,
+                  dynamic_shapes=dynamic)
     result.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     plans = result.plans if isinstance(result, PlanSet) else (result,)
@@ -47,6 +51,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         s = p.summary
         print(f"{p.model['name']} ({p.model['source']}, {s['node_count']} nodes) on "
               f"{p.target.display_name}: estimated {_fmt_time(s['est_latency_s'])}")
+        rng = p.extra.get("shape_range")
+        if rng:
+            est = rng["est_latency_s"]
+            at = ", ".join(f"{d['name']} {d['min']}/{d['opt']}/{d['max'] or 'inf'}"
+                           for d in rng["dims"])
+            print(f"  shape range ({at}): min {_fmt_time(est['min'])}, opt "
+                  f"{_fmt_time(est['opt'])}, max {_fmt_time(est['max'])}")
         mix = ", ".join(f"{k} {v}" for k, v in s["bottleneck_mix"].items())
         print(f"  bottlenecks (kernels): {mix}")
         for n in s["costliest_nodes"][:5]:
@@ -81,6 +92,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.api import resolve_targets, with_partition
+    from graphopt.dynamic_spec import parse_dynamic
     from graphopt.frontends.python_spec import is_python_spec, load_python_spec
     from graphopt.onnx_rewrites.pipeline import optimize_onnx
     from graphopt.onnx_rewrites.save import claim_onnx, stage_onnx
@@ -96,18 +108,20 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     _claim_reports(outputs, args)
     model: Any = args.model
     samples = None
+    dynamic = parse_dynamic(args.dynamic, is_python_spec(args.model))
     if is_python_spec(args.model):
         from graphopt.onnx_export import export_torch
 
-        module, inputs, _dynamic = load_python_spec(args.model)
-        exported = export_torch(module, inputs)
+        module, inputs, built = load_python_spec(args.model)
+        dynamic = dynamic or built
+        exported = export_torch(module, inputs, shape_range=_torch_range(module, inputs, dynamic))
         how = ("the TorchScript exporter" if exported.exporter == "legacy" else
                f"torch.onnx.export(dynamo=True) ({exported.fallback_reason})")
         print(f"exported {type(module).__name__} with {how} in {exported.seconds:.1f} s "
               f"({len(exported.model.graph.node)} nodes)")
-        model, samples = exported.model, [exported.feeds]
+        model, samples, dynamic = exported.model, [exported.feeds], exported.dim_sizes
     proto, plan, info = optimize_onnx(model, targets[0], options, args.calibration,
-                                      samples=samples)
+                                      samples=samples, dynamic_shapes=dynamic)
     plan = with_partition(plan, args.devices, args.strategy)
     stage_onnx(outputs, proto, args.output, info["session"])
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
@@ -137,6 +151,15 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     for path_written in written:
         print(f"wrote {path_written}")
     return 0 if all(n["within"] for n in info["numerics"]) else 1
+
+
+def _torch_range(module: Any, inputs: Any, dynamic: Any) -> Any:
+    """The shape range torch.export finds for ``dynamic`` (None without one)."""
+    if not dynamic:
+        return None
+    from graphopt.frontends.torch_frontend import trace_torch
+
+    return trace_torch(module, inputs, dynamic_shapes=dynamic).shape_range
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
@@ -178,6 +201,14 @@ def _add_reports(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="F", help="write the HTML report to F")
 
 
+def _add_dynamic(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dynamic", action="append", metavar="RANGE",
+                   help="a shape range: NAME=OPT or NAME=MIN:OPT:MAX for an ONNX model's "
+                        "symbolic dim; INPUT.AXIS=NAME:MIN:MAX for a file.py:function model "
+                        "(e.g. x.0=batch:1:64; the example is the opt point); repeat or "
+                        "separate with commas")
+
+
 def _add_devices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", metavar="SPEC",
                    help="split across devices, e.g. cuda:0=h100,cuda:1=a100:40GB,cpu:8GB "
@@ -195,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(module, example_inputs)")
     pp.add_argument("--target", default="h100",
                     help="target name, or several separated by commas (see `graphopt targets`)")
+    _add_dynamic(pp)
     _add_devices(pp)
     _add_reports(pp)
     pp.set_defaults(func=_cmd_plan)
@@ -222,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("--tolerance", type=float, metavar="X",
                     help="accuracy budget: max |ref - out| <= X * max |ref| per output "
                          "(default: the precision's, e.g. 0.01 for fp16)")
+    _add_dynamic(po)
     _add_devices(po)
     _add_reports(po)
     po.set_defaults(func=_cmd_optimize)

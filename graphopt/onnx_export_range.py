@@ -55,8 +55,8 @@ def export_range(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
         if dyn:
             axes[name] = dyn
     checks = []
-    varying: dict[int, dict[int, list[int]]] = {}
-    for _, _, moved in range_points(tensors, list(rng.inputs), rng):
+    varying: dict[int, dict[int, list[tuple[dict[str, int], int]]]] = {}
+    for _, values, moved in range_points(tensors, list(rng.inputs), rng):
         filled = list(leaves)
         for i, t in zip(where, moved, strict=True):
             filled[i] = t
@@ -69,7 +69,7 @@ def export_range(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
         for k, (o, e) in enumerate(zip(out, expected, strict=False)):
             for axis, (got, want) in enumerate(zip(o.shape, e.shape, strict=False)):
                 if got != want:
-                    varying.setdefault(k, {}).setdefault(axis, []).append(got)
+                    varying.setdefault(k, {}).setdefault(axis, []).append((values, got))
     for k, out_axes in varying.items():
         if k < len(out_names):
             axes[out_names[k]] = {axis: _axis_name(rng, expected[k].shape[axis], sizes, k, axis)
@@ -77,11 +77,12 @@ def export_range(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     return ExportRange(rng, axes, _dynamic_shapes(args, kwargs, shapes, rng), checks)
 
 
-def _axis_name(rng: ShapeRange, opt: int, sizes: list[int], k: int, axis: int) -> str:
-    """The range dim an output axis follows (same size at opt and at each checked point),
+def _axis_name(rng: ShapeRange, opt: int, sizes: list[tuple[dict[str, int], int]], k: int,
+               axis: int) -> str:
+    """The range dim an output axis follows (its size at opt and at each checked point),
     else a name of its own."""
     for d in rng.dims:
-        if d.opt == opt and len(set(sizes)) == 1 and sizes[0] in (d.min, d.max):
+        if d.opt == opt and all(values[d.name] == got for values, got in sizes):
             return d.name
     return f"output_{k}_dim{axis}"
 
