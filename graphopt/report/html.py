@@ -51,6 +51,7 @@ from graphopt.report.sections_html import (
     share,
     target_name,
 )
+from graphopt.report.shape_range import shape_range_html
 
 __all__ = ["render_html"]
 
@@ -249,7 +250,7 @@ def _render(report: Mapping[str, Any], page_size: int) -> str:
         roof = _roofline(plan, t, colors, points(tb, t))
         sections.append(f'<section class="grid"><div class="col">{_time_panel(plan, colors)}'
                         f'{costly}</div><div class="col">{roof}'
-                        f"{findings}</div></section>"
+                        f"{findings}</div></section>{shape_range_html(plan)}"
                         f"{deployment(plan, collapsed=multi, colors=colors)}")
     options = "".join(f'<option value="{esc(c)}">{esc(c)}</option>' for c in colors)
     bn_label = "All bottlenecks" + (f" ({target_name(first.get('target') or {})})"
