@@ -203,7 +203,9 @@ def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
                                                      strict=True):
         result = compare_outputs(reference, _run(module, args), tol)
         dims = {d.name: values[d.name] for d in ctx.shape_range.dims}
-        checks.append({"point": point, "dims": dims, "input_shapes": _shapes(args),
+        own = {d.name: d.at(point) for d in ctx.shape_range.dims}
+        checks.append({"point": point, "dims": dims, "scaled_down": dims != own,
+                       "input_shapes": _shapes(args),
                        "within": all(c.within for c in result),
                        "numerics": [c.to_dict() for c in result]})
     return {"shape_range": ctx.shape_range.to_dict(), "range_checks": checks}
@@ -216,6 +218,9 @@ def strip_unused(gm: fx.GraphModule) -> None:
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
+    from graphopt.rewrites.portable import make_portable  # any device: constants to buffers
+
+    make_portable(gm)
     used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
         if name not in used:
