@@ -167,7 +167,9 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     done = run_passes(_TorchBackend(ctx, references), gm,
                       default_passes() if passes is None else passes, measure=measure)
     gm, applied, reverted, final_tol = done.model, done.applied, done.reverted, done.tolerance
-    strip_unused(gm)
+    portable = strip_unused(gm)
+    if any(portable.values()):
+        ctx.notes["portable"] = portable
     module: torch.nn.Module = gm
     fallback = _slower_than_original(model, gm, ctx) if measure else None
     if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
@@ -211,16 +213,18 @@ def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
     return {"shape_range": ctx.shape_range.to_dict(), "range_checks": checks}
 
 
-def strip_unused(gm: fx.GraphModule) -> None:
+def strip_unused(gm: fx.GraphModule) -> dict[str, Any]:
     """Drop the export-time shape guard (the module wrapper checks shapes) and the parameters
-    no node reads any more (e.g. a folded BatchNorm's), so they do not cost memory."""
+    no node reads any more (e.g. a folded BatchNorm's), so they do not cost memory; make the
+    graph device-portable (returns what :func:`~graphopt.rewrites.portable.make_portable`
+    changed)."""
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
     from graphopt.rewrites.portable import make_portable  # any device: constants to buffers
 
-    make_portable(gm)
+    portable = make_portable(gm)
     used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
         if name not in used:
@@ -230,6 +234,7 @@ def strip_unused(gm: fx.GraphModule) -> None:
     gm.delete_all_unused_submodules()
     _plain_codegen(gm)
     gm.recompile()
+    return portable
 
 
 def _plain_codegen(gm: fx.GraphModule) -> None:
