@@ -224,3 +224,22 @@ def test_python_spec_can_return_dynamic_shapes(tmp_path: Path):
     """))
     p = graphopt.plan(f"{tmp_path / 'model.py'}:build", target="h100")
     assert p.extra["shape_range"]["dims"][0]["max"] == 32
+
+
+def test_inputs_sharing_a_dim_must_agree():
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * mask
+
+    batch = Dim("batch", min=1, max=32)
+    model = Masked().eval()
+    opt = graphopt.optimize(model, (torch.randn(4, 8), torch.ones(4, 1)), target="cpu",
+                            measure=False, dynamic_shapes=({0: batch}, {0: batch}))
+    x, mask = torch.randn(6, 8), torch.ones(6, 1)
+    torch.testing.assert_close(opt.module(x, mask), model(x, mask))
+    with pytest.raises(GraphoptError, match="batch is 6 in one input and 5"):
+        opt.module(x, torch.ones(5, 1))

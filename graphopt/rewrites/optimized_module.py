@@ -66,6 +66,8 @@ class OptimizedModule(torch.nn.Module):
         #: a ``graphopt.shape_range.ShapeRange`` and the graph input name of each tensor arg
         self.shape_range = shape_range
         self._input_names = list(input_names or [])
+        self._bounds = _bounds(shape_range, input_shapes, self._input_names)
+        self._shared = _shared(shape_range, input_shapes, self._input_names)
         self._runtime = dict(runtime or {})
         # the flags only touch CUDA kernels: decided once, not per call
         self._runtime_active = bool(self._runtime) and torch.cuda.is_available()
@@ -86,6 +88,11 @@ class OptimizedModule(torch.nn.Module):
             return self.graph_module(*args)
 
     def _check_range(self, shapes: list[tuple[int, ...] | None]) -> None:
+        if len(shapes) == len(self._input_shapes) and all(
+                s is not None and len(s) == rank and all(lo <= s[a] <= hi for a, lo, hi in dims)
+                for s, rank, dims in zip(shapes, *self._bounds, strict=False)) and all(
+                len({shapes[i][a] for i, a in group}) == 1 for group in self._shared):  # type: ignore[index]
+            return  # the common call: every dim within its bounds (~1 us); else say what is off
         if len(shapes) != len(self._input_shapes):
             raise GraphoptError(f"the optimized module takes {len(self._input_shapes)} "
                                 f"inputs, got {len(shapes)}", "pass the model's inputs")
@@ -96,3 +103,46 @@ class OptimizedModule(torch.nn.Module):
                                 f"{self.shape_range.describe()}",
                                 "call it within that range, or optimize again with a wider "
                                 "dynamic_shapes range")
+
+
+def _bounds(shape_range: Any, shapes: list[tuple[int, ...] | None], names: list[str]
+            ) -> tuple[list[int], list[list[tuple[int, int, float]]]]:
+    """Per tensor input: its rank and (axis, min, max) of every dim, static or in the range."""
+    ranks: list[int] = []
+    bounds: list[list[tuple[int, int, float]]] = []
+    if not shape_range:
+        return ranks, bounds
+    named = iter(names)
+    for shape in shapes:
+        if shape is None:
+            ranks.append(-1)
+            bounds.append([])
+            continue
+        want = shape_range.inputs.get(next(named, ""), shape)
+        dims = []
+        for axis, d in enumerate(want):
+            r = None if isinstance(d, int) else shape_range.dim(d)
+            if isinstance(d, int):
+                dims.append((axis, d, d))
+            elif r is not None:
+                dims.append((axis, r.min, float("inf") if r.max is None else r.max))
+        ranks.append(len(want))
+        bounds.append(dims)
+    return ranks, bounds
+
+
+def _shared(shape_range: Any, shapes: list[tuple[int, ...] | None], names: list[str]
+            ) -> list[list[tuple[int, int]]]:
+    """(input, axis) groups that one range dim sizes: they must be equal (a batch shared by
+    ``input_ids`` and ``attention_mask``)."""
+    if not shape_range:
+        return []
+    where: dict[str, list[tuple[int, int]]] = {}
+    named = iter(names)
+    for i, shape in enumerate(shapes):
+        if shape is None:
+            continue
+        for axis, d in enumerate(shape_range.inputs.get(next(named, ""), ())):
+            if not isinstance(d, int):
+                where.setdefault(str(d), []).append((i, axis))
+    return [group for group in where.values() if len(group) > 1]

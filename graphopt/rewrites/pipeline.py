@@ -233,8 +233,18 @@ def strip_unused(gm: fx.GraphModule) -> dict[str, Any]:
             delattr(owner, attr)
     gm.delete_all_unused_submodules()
     _plain_codegen(gm)
+    _plain_sizes(gm)
     gm.recompile()
     return portable
+
+
+def _plain_sizes(gm: fx.GraphModule) -> None:
+    """``aten.sym_size.int(x, d)`` -> ``x.size(d)``: a graph over a shape range reads its
+    dynamic sizes on every call, and the op dispatcher costs ~1 us each where the method
+    costs ~0.1 us (torch.export and torch.compile trace both the same)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
+            node.op, node.target = "call_method", "size"
 
 
 def _plain_codegen(gm: fx.GraphModule) -> None:
