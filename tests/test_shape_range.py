@@ -243,3 +243,23 @@ def test_inputs_sharing_a_dim_must_agree():
     torch.testing.assert_close(opt.module(x, mask), model(x, mask))
     with pytest.raises(GraphoptError, match="batch is 6 in one input and 5"):
         opt.module(x, torch.ones(5, 1))
+
+
+def test_an_onnx_file_with_symbolic_axes_optimizes_for_a_gpu(tmp_path):
+    torch.manual_seed(0)
+    model, x = TransformerBlock().eval(), torch.randn(2, 16, 288)
+    path = tmp_path / "block.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}})
+    opt = graphopt.optimize(str(path), target="h100", measure=False,
+                            dynamic_shapes={"batch": (1, 2, 8), "seq": (1, 16, 64)})
+    assert opt.info["passes_applied"] and opt.info["compute_dtype"] == "fp16"
+    assert sorted({s["x"][1] for s in opt.info["sample_shapes"]}) == [1, 16, 64]
+    session = graphopt.ort_session(opt.export_onnx(tmp_path / "fast.onnx"))
+    tol = opt.info["tolerance"]["rel_to_scale"]
+    for shape in [(1, 1, 288), (3, 40, 288), (8, 64, 288)]:
+        y = torch.randn(*shape)
+        got = session.run(None, {"x": y.numpy()})[0]
+        want = model(y).detach().numpy()
+        assert np.abs(got - want).max() <= tol * np.abs(want).max(), shape
