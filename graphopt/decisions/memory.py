@@ -22,6 +22,9 @@ Cases the plan handles (comments refer back to them):
    [DLPERF]). Fewer than 8 samples but at least 1: that count is returned unrounded and the note
    says so; 0 when not even one sample fits. Activations are assumed to scale linearly with the
    batch dimension of the traced inputs (other dims, e.g. sequence length, stay as traced).
+7. Recommended batch: the knee of the plan's estimated samples/s over the batch, capped by the
+   max batch of case 6 (:mod:`graphopt.decisions.batch_advice`); ``batch_decided_by`` says
+   which of the two set it.
 
 Sources:
   [CUBLAS] NVIDIA cuBLAS API reference, ``cublasSetWorkspace``: recommended workspace 32 MiB for
@@ -33,15 +36,17 @@ Sources:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from graphopt.analysis.kernel_class import GEMM_LIKE
+from graphopt.decisions.batch_advice import BatchAdvice, advise_batch
 from graphopt.decisions.footprint import PrecisionSpec, activation_peak, param_bytes
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import DTYPE_BITS
-from graphopt.plan import Plan
+from graphopt.plan import Decision, Plan
 
 __all__ = [
     "CPU_RESERVE",
@@ -50,6 +55,7 @@ __all__ = [
     "ReservePolicy",
     "default_reserve_policy",
     "gemm_workspace_bytes",
+    "max_batch_that_fits",
     "memory_plan",
     "render_breakdown",
     "usable_memory",
@@ -127,6 +133,12 @@ class MemoryPlan:
     batch_note: str
     fits: bool
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: case 7; None when not asked for (``memory_plan(..., advise=False)``)
+    advice: BatchAdvice | None = None
+
+    @property
+    def recommended_batch_size(self) -> int:
+        return self.max_batch_size if self.advice is None else self.advice.recommended
 
     @property
     def weights_bytes(self) -> int:
@@ -188,6 +200,7 @@ class MemoryPlan:
             "fits": self.fits,
             "max_batch_size": self.max_batch_size,
             "batch_note": self.batch_note,
+            **({} if self.advice is None else self.advice.to_dict()),
             "breakdown": [{"component": n, "bytes": b, "percent": round(p, 2)}
                           for n, b, p in self.breakdown()],
             "notes": list(self.notes),
@@ -208,8 +221,8 @@ def _workspace(plan: Plan, target: HardwareProfile) -> tuple[int, str]:
     return gemm_workspace_bytes(target)
 
 
-def _max_batch(avail: int, per_sample: float) -> tuple[int, str]:
-    """Case 6."""
+def max_batch_that_fits(avail: int, per_sample: float) -> tuple[int, str]:
+    """Case 6: the largest batch whose ``per_sample`` bytes fit in ``avail``, and why."""
     if avail <= 0:
         return 0, "the parameters and workspace alone exceed usable memory: not even batch 1"
     if per_sample <= 0:
@@ -225,7 +238,8 @@ def _max_batch(avail: int, per_sample: float) -> tuple[int, str]:
 
 
 def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype: str | None = None,
-                batch_dim: int = 0, reserve_policy: ReservePolicy | None = None) -> MemoryPlan:
+                batch_dim: int = 0, reserve_policy: ReservePolicy | None = None,
+                advise: bool = True) -> MemoryPlan:
     """Memory breakdown of ``plan`` on its target.
 
     Args:
@@ -235,6 +249,7 @@ def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype
         activation_dtype: float activations re-sized to this dtype (``None``: as traced).
         batch_dim: the inputs' batch dimension, for the max-batch estimate.
         reserve_policy: override of the target's default reserve (module docstring, case 5).
+        advise: recommend a batch at the throughput knee (case 7).
     """
     if batch_dim < 0:
         raise GraphoptError(f"batch_dim must be >= 0, got {batch_dim}", "pass the batch axis")
@@ -254,7 +269,12 @@ def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype
         max_batch, note = 0, ("traced with a batch of 0: no per-sample activations to scale; "
                               "trace with a batch of 1 or more for a max batch size")
     else:
-        max_batch, note = _max_batch(usable - pbytes - cbytes - ws, peak / batch)
+        max_batch, note = max_batch_that_fits(usable - pbytes - cbytes - ws, peak / batch)
+    advice = None
+    if advise and batch > 0:
+        unlimited = max_batch == 0 and peak == 0 and usable - pbytes - cbytes - ws > 0
+        advice = advise_batch(plan, max_batch, batch, memory_limited=not unlimited,
+                              dtypes=_cost_dtypes(precision))
     notes = ["activations assumed to scale linearly with the batch dimension"]
     if unknown:
         notes.append(f"{unknown} tensors of unknown shape counted as one element")
@@ -267,7 +287,22 @@ def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype
         constant_bytes=cbytes, param_format=label, fp32_param_bytes=fp32_bytes,
         activation_peak_bytes=peak, activation_total_bytes=act_total, peak_node=peak_node,
         traced_batch=batch, workspace_bytes=ws, workspace_reason=ws_reason,
-        max_batch_size=max_batch, batch_note=note, fits=fits, notes=tuple(notes))
+        max_batch_size=max_batch, batch_note=note, fits=fits, notes=tuple(notes),
+        advice=advice)
+
+
+def _cost_dtypes(precision: PrecisionSpec) -> dict[str, str] | None:
+    """Node -> the dtype the cost model runs it at, for the decided precisions (case 7)."""
+    if not isinstance(precision, Mapping):
+        return None
+    from graphopt.decisions.decide import _FORMAT_DTYPE  # decide imports this module
+
+    out = {}
+    for name, d in precision.items():
+        fmt = str(d.fields.get("format", "")) if isinstance(d, Decision) else str(d)
+        if fmt in _FORMAT_DTYPE:
+            out[name] = _FORMAT_DTYPE[fmt]
+    return out
 
 
 def _human(n: float) -> str:
@@ -287,6 +322,8 @@ def render_breakdown(mp: MemoryPlan) -> str:
         lines.append(f"| {name} | {b} | {_human(b)} | {pct:.2f} |")
     lines.append(f"| **total** | {mp.total_bytes} | {_human(mp.total_bytes)} | 100.00 |")
     lines += ["", f"fits: {'yes' if mp.fits else 'no'}; max batch: {mp.max_batch_size} "
-              f"({mp.batch_note}); parameters {mp.param_format}: {_human(mp.param_bytes)} vs "
+              f"({mp.batch_note}); recommended batch: {mp.recommended_batch_size}"
+              + ("" if mp.advice is None else f" ({mp.advice.reason})")
+              + f"; parameters {mp.param_format}: {_human(mp.param_bytes)} vs "
               f"{_human(mp.fp32_param_bytes)} in fp32 (x{mp.compression_ratio:.2f})"]
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from graphopt.report.format import (
     fmt_si,
     fmt_value,
 )
+from graphopt.report.llm_section import llm_html
 from graphopt.report.optimization import (
     ARTIFACTS,
     decision_rows,
@@ -122,7 +123,10 @@ def cards(plan: Mapping[str, Any]) -> str:
         fits = {True: "fits", False: "does not fit"}.get(mem.get("fits"), "—")
         out.append(card("Memory", f"{fits} · {fmt_bytes(mem.get('required_bytes'))}",
                         f"of {fmt_bytes(mem.get('usable_bytes'))} usable · max batch "
-                        f"{fmt_count(mem.get('max_batch_size'))}", small=True))
+                        f"{fmt_count(mem.get('max_batch_size'))}"
+                        + (f" · batch {fmt_count(mem['recommended_batch_size'])} recommended"
+                           if mem.get("recommended_batch_size") is not None else ""),
+                        small=True))
     if q:
         sub = (f"{fmt_value(q.get('bits_per_weight'))} bits/weight · "
                f"{fmt_bytes(q.get('est_memory_bytes'))}") if q.get("format") else "no weights"
@@ -259,20 +263,23 @@ def _optimization(opt: Mapping[str, Any], title: str = "Optimization") -> str:
 def deployment(plan: Mapping[str, Any], collapsed: bool = False,
                colors: Mapping[str, str] | None = None) -> str:
     """Memory + quantization, then runtime settings + optimization, as a two-column grid; the
-    partition across devices (if any) full width below it. ``colors``: the kernel-class colours
-    of the page (default: those of this plan alone)."""
+    partition across devices and the LLM phases (if any) full width below it. ``colors``: the
+    kernel-class colours of the page (default: those of this plan alone)."""
     mem, q, rt = (_section(plan, k) for k in ("memory", "quantization", "runtime_settings"))
     left = (_memory(mem) if mem else "") + (_runtime(rt) if rt else "")
     right = "".join(_optimization(opt, title) for key, title in ARTIFACTS
                     if (opt := _section(plan, key))) + (_quantization(q) if q else "")
-    part = partition_panel(plan, colors)
+    llm = _section(plan, "llm")
+    split = partition_panel(plan, colors)
+    part = split + (llm_html(llm) if llm else "")
     if not left and not right and not part:
         return ""
     grid = (f'<section class="grid deploy"><div class="col">{left}</div>'
             f'<div class="col">{right}</div></section>' if left or right else "") + part
     if not collapsed:
         return grid
-    what = "Memory, quantization, runtime settings" + (" and partition" if part else "")
+    what = "Memory, quantization, runtime settings" + (" and partition" if split else "") \
+        + (" and LLM phases" if llm else "")
     return (f'<details class="more"><summary>{what} on '
             f'{esc(target_name(plan.get("target") or {}))}</summary>{grid}</details>')
 

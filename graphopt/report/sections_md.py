@@ -34,6 +34,7 @@ from graphopt.report.format import (
     ordered_kinds,
     yes_no,
 )
+from graphopt.report.llm_section import llm_md
 from graphopt.report.optimization import (
     artifacts_md,
     note_items,
@@ -43,6 +44,7 @@ from graphopt.report.optimization import (
 from graphopt.report.partition_md import partition_md
 
 __all__ = [
+    "batch_facts",
     "deployment_md",
     "deployment_rows",
     "deployment_table",
@@ -85,6 +87,7 @@ def memory_facts(mem: Mapping[str, Any]) -> list[Fact]:
         ("needed", fmt_bytes(required), "" if batch is None else f"at the traced batch of {batch}"),
         ("usable", fmt_bytes(usable), f"of {fmt_bytes(mem.get('total_bytes'))} total"),
         ("max batch size", fmt_count(mem.get("max_batch_size")), str(mem.get("batch_note") or "")),
+        *batch_facts(mem),
     ]
     ratio = finite(mem.get("compression_ratio"))
     if ratio is not None:
@@ -101,6 +104,20 @@ def memory_facts(mem: Mapping[str, Any]) -> list[Fact]:
         if mem.get(key) is not None:
             out.append((label, fmt_bytes(mem.get(key)), str(mem.get(why) or "")))
     return out
+
+
+def batch_facts(mem: Mapping[str, Any]) -> list[Fact]:
+    """The recommended batch, what decided it, and samples/s at 1, it and the memory maximum."""
+    if mem.get("recommended_batch_size") is None:
+        return []
+    rates = mem.get("samples_per_s_at") or {}
+    keys = {str(k) for k in (1, mem.get("recommended_batch_size"), mem.get("max_batch_size"))}
+    shown = " · ".join(f"batch {fmt_count(int(k))}: {fmt_si(v)}" for k, v in
+                       sorted((kv for kv in rates.items() if str(kv[0]).isdigit()),
+                              key=lambda kv: int(kv[0])) if str(k) in keys)
+    return [("recommended batch", fmt_count(mem.get("recommended_batch_size")),
+             f"decided by {mem.get('batch_decided_by') or '?'}: {mem.get('batch_advice') or ''}"),
+            *([("samples/s (estimated)", shown, "")] if shown else [])]
 
 
 def quant_facts(q: Mapping[str, Any]) -> list[Fact]:
@@ -132,6 +149,10 @@ def deployment_rows(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, 
         ("Memory", "needed", [fmt_bytes(m.get("required_bytes")) for m in mems]),
         ("Memory", "usable", [fmt_bytes(m.get("usable_bytes")) for m in mems]),
         ("Memory", "max batch size", [fmt_count(m.get("max_batch_size")) for m in mems]),
+        ("Memory", "recommended batch", [fmt_count(m.get("recommended_batch_size"))
+                                         + (f" ({m['batch_decided_by']})"
+                                            if m.get("batch_decided_by") else "")
+                                         for m in mems]),
         ("Quantization", "recommended", [str(q.get("display") or q.get("format") or "—")
                                          for q in quants]),
         ("Quantization", "bits per weight", [f"{finite(q.get('bits_per_weight')):g}"
@@ -241,7 +262,7 @@ def deployment_md(plan: Mapping[str, Any], h: str) -> list[str]:
     out: list[str] = []
     out += artifacts_md(plan, h)
     for key, render in (("memory", memory_md), ("quantization", quantization_md),
-                        ("runtime_settings", runtime_md)):
+                        ("runtime_settings", runtime_md), ("llm", llm_md)):
         section = plan.get(key)
         if isinstance(section, Mapping) and section:
             out += render(section, h)
