@@ -11,8 +11,9 @@ Why our own wrapper, not transformers' caches (checked with transformers 5.x, to
 - ``DynamicCache`` built from input tensors traces, but copies the whole cache twice per step
   (an initial ``cat`` with an empty tensor, then the append), and its GQA path materializes the
   repeated keys/values: the plan would count 5x the cache traffic a server moves.
-- ``StaticCache`` keeps the cache as module buffers updated in place: the batch is fixed at
-  construction, and torch.export turns the in-place write into a full functional copy anyway.
+- ``StaticCache`` keeps the cache as module buffers: their batch is fixed at construction
+  (torch.export with a batch ``Dim`` fails, "Constraints violated (batch)"), and its in-place
+  ``index_copy_`` write maps to a scatter that graphopt costs as a copy of the whole cache.
 
 These modules reuse the model's own submodules (embedding, RMSNorm, q/k/v/o projections,
 rotary embedding, MLP, lm_head), so the weights and the numerics are the model's. Attention is
