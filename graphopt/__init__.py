@@ -8,7 +8,7 @@ from graphopt.errors import GraphoptError
 from graphopt.plan import Decision, NodePlan, Plan
 
 __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
-           "optimize", "ort_session", "plan"]
+           "load", "optimize", "ort_session", "plan"]
 
 
 def __getattr__(name: str):
@@ -17,6 +17,10 @@ def __getattr__(name: str):
         from graphopt import optimized
 
         return getattr(optimized, name)
+    if name == "load":  # torch is imported only when a saved module is loaded
+        from graphopt.saved import load
+
+        return load
     if name == "ort_session":  # onnxruntime is imported only when a session is asked for
         from graphopt.onnx_rewrites.session import ort_session
 

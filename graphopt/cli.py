@@ -104,6 +104,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     options = Options(precision=args.precision, pad=args.pad, layout=args.layout,
                           quantize=args.quantize, tolerance=args.tolerance, measure=args.measure)
     outputs = OutputSet(input_files(args.model, args.calibration))
+    if str(args.output).endswith(".pt2"):  # the torch-optimized module, graphopt.load reads it
+        return _optimize_pt2(args, targets[0], options, outputs)
     claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
     _claim_reports(outputs, args)
     model: Any = args.model
@@ -160,6 +162,46 @@ def _torch_range(module: Any, inputs: Any, dynamic: Any) -> Any:
     from graphopt.frontends.torch_frontend import trace_torch
 
     return trace_torch(module, inputs, dynamic_shapes=dynamic).shape_range
+
+
+def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
+                  outputs: OutputSet) -> int:
+    """``-o OUT.pt2``: run the torch pipeline on a ``file.py:function`` model and save it."""
+    from graphopt.api import with_partition
+    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
+    from graphopt.optimized import optimize
+    from graphopt.saved import stage
+
+    if not is_python_spec(args.model):
+        raise GraphoptError(f"-o {args.output} saves a torch module, but {args.model} is not a "
+                            "file.py:function torch model",
+                            "give file.py:function, or write an ONNX model with -o OUT.onnx")
+    if args.calibration:
+        raise GraphoptError("--calibration feeds ONNX Runtime's quantizers",
+                            "leave it out for -o OUT.pt2, or write -o OUT.onnx")
+    outputs.claim(args.output, "saved model")  # refuse a bad path before the work
+    _claim_reports(outputs, args)
+    module, inputs, dynamic = load_python_spec(args.model)
+    opt = optimize(module, inputs, target, precision=options.precision, pad=options.pad,
+                   layout=options.layout, quantize=options.quantize, measure=options.measure,
+                   tolerance=options.tolerance, dynamic_shapes=dynamic)
+    stage(opt, outputs, args.output)
+    plan = with_partition(opt.plan, args.devices, args.strategy)
+    plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
+    written = outputs.commit()
+    info = opt.info
+    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: "
+          f"{', '.join(info['passes_applied']) or 'none'}")
+    for r in info["passes_reverted"]:
+        print(f"  reverted {r['pass']}: {r['reason']}")
+    if opt.shape_range:
+        print(f"  shape range: {opt.shape_range.describe()}")
+    for n in info["numerics"]:
+        print(f"  output {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
+              f"cosine {n['cosine']:.6f}, {'within' if n['within'] else 'OUT OF'} tolerance")
+    for path_written in written:
+        print(f"wrote {path_written}")
+    return 0 if all(n["within"] for n in info["numerics"]) else 1
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
@@ -235,12 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_cmd_lint)
-    po = sub.add_parser("optimize", help="optimize a model for a target and write it as ONNX")
+    po = sub.add_parser("optimize", help="optimize a model for a target and write it as ONNX "
+                                            "(or, with -o OUT.pt2, a saved torch module)")
     po.add_argument("model", help="an .onnx file, or file.py:function returning "
                                   "(module, example_inputs) (exported to ONNX first)")
     po.add_argument("-o", "--output", required=True, metavar="OUT.onnx",
                     help="the optimized model; its session config goes beside it as "
-                         "OUT.graphopt.json (graphopt.ort_session loads both)")
+                         "OUT.graphopt.json (graphopt.ort_session loads both); OUT.pt2 "
+                         "instead saves the torch-optimized module of a file.py:function "
+                         "model (graphopt.load reads it)")
     po.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
     for option, choices in CHOICES.items():  # graphopt.options: one table for every backend
         po.add_argument(f"--{option}", default="auto", choices=choices)

@@ -58,6 +58,14 @@ class Optimized:
         """Measured error of each output against the original model (and its tolerance)."""
         return list(self.info["numerics"])
 
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the optimized module to one ``.pt2`` file (torch.export's archive, with the plan,
+        runtime settings and shape range inside), whole or not at all; ``graphopt.load(path)``
+        reads it back in a process that never saw the model (``graphopt.saved``)."""
+        from graphopt.saved import save
+
+        return save(self, path, protect=self.input_files)
+
     def save_report(self, json: str | None = None, md: str | None = None,
                     html: str | None = None) -> list[str]:
         """Write the reports (all whole or none), never over :attr:`input_files`."""

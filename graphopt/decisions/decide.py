@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.cost.roofline import estimate
+from graphopt.decisions.compile_mode import compile_mode
 from graphopt.decisions.exec_path import exec_path
 from graphopt.decisions.gemm_precision import plan_precisions
 from graphopt.decisions.memory import memory_plan
@@ -46,10 +47,13 @@ def plan_runtime_settings(plan: Plan, precision: str,
     attention head_dim come from the plan's nodes."""
     head_dims = [n.analysis.dims.get("head_dim") for n in plan.nodes
                  if n.analysis.kernel_class is KernelClass.ATTENTION]
-    return runtime_settings(
+    settings = runtime_settings(
         plan.target, precision=precision,
         has_convs=any(n.analysis.kernel_class is KernelClass.CONV for n in plan.nodes),
         max_batch_size=max_batch_size, head_dim=max((h for h in head_dims if h), default=None))
+    mode = compile_mode(plan.target, plan.summary.get("time_by_bottleneck_s"),
+                        dynamic=bool(plan.extra.get("shape_range")))
+    return replace(settings, compile_mode=mode)
 
 
 def decide(plan: Plan, *, preference: str = "balanced") -> Plan:

@@ -26,6 +26,8 @@ Rules (reasons cite the numbers):
    M and tensor-core use; the memory plan already kept the headroom).
 6. CPU: ``torch.set_num_threads(physical cores)`` (SMT siblings share the FMA/AMX units, so
    extra threads only contend) and oneDNN (``torch.backends.mkldnn.enabled``) on [PT-TUNE].
+7. ``compile_mode``: the ``torch.compile`` mode the plan favours (``decisions.compile_mode``);
+   advice only, :func:`apply_runtime_settings` does not compile anything.
 
 Sources:
   [PT-CUDA] PyTorch docs, "CUDA semantics": "TensorFloat-32 (TF32) on Ampere (and later)
@@ -88,6 +90,8 @@ class RuntimeSettings:
     batch_size: Setting
     num_threads: Setting
     mkldnn_enabled: Setting
+    #: advice for ``torch.compile(mode=...)`` (``decisions.compile_mode``); nothing applies it
+    compile_mode: Setting = Setting("default", "no plan to choose from")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"target": self.target, "device": self.device}
