@@ -294,3 +294,20 @@ def test_saves_the_model_copy_when_nothing_paid(tmp_path: Path,
     _close(loaded(x), m(x))
     with pytest.raises(graphopt.GraphoptError, match="built for inputs of shapes"):
         loaded(torch.randn(3, 3, 8, 8))
+
+
+@pytest.mark.parametrize("ranged", [False, True], ids=["static", "range"])
+def test_loaded_gpu_module_runs_on_fake_cuda(ranged: bool, tmp_path: Path) -> None:
+    """A module saved on this CPU for an H100 runs on CUDA after load: its constants are
+    buffers and its factory calls (the ``arange``) follow the input's device, as before save."""
+    from tests.fake_cuda import run_fake_cuda
+
+    dyn = ({0: torch.export.Dim("batch", min=1, max=8)},) if ranged else None
+    opt = graphopt.optimize(_convnet(), torch.randn(4, 3, 8, 8), target="h100", pad="always",
+                            layout="channels_last", precision="bf16", measure=False,
+                            dynamic_shapes=dyn)
+    assert {"padding", "layout", "precision"} <= set(opt.info["passes_applied"])
+    loaded = graphopt.load(opt.save(tmp_path / "h100.pt2"))
+    for b in ((1, 8) if ranged else (4,)):
+        (out,) = run_fake_cuda(loaded, (torch.randn(b, 3, 8, 8),))
+        assert out.device.type == "cuda" and tuple(out.shape) == (b, 10)
