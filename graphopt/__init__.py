@@ -8,7 +8,7 @@ from graphopt.errors import GraphoptError
 from graphopt.plan import Decision, NodePlan, Plan
 
 __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
-           "load", "optimize", "ort_session", "plan"]
+           "load", "optimize", "ort_session", "plan", "plan_llm"]
 
 
 def __getattr__(name: str):
@@ -21,6 +21,10 @@ def __getattr__(name: str):
         from graphopt.saved import load
 
         return load
+    if name == "plan_llm":  # traces with torch: imported when asked for
+        from graphopt.llm import plan_llm
+
+        return plan_llm
     if name == "ort_session":  # onnxruntime is imported only when a session is asked for
         from graphopt.onnx_rewrites.session import ort_session
 

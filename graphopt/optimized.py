@@ -44,7 +44,8 @@ class Optimized:
         from graphopt.decisions.decide import plan_runtime_settings
 
         return plan_runtime_settings(self.plan, self.info.get("compute_dtype", "fp32"),
-                                     self.plan.extra.get("memory", {}).get("max_batch_size"))
+                                     self.plan.extra.get("memory", {}).get("max_batch_size"),
+                                     self.plan.extra.get("memory"))
 
     def runtime(self) -> contextlib.AbstractContextManager[dict[str, str]]:
         """``with opt.runtime(): ...`` applies :attr:`runtime_settings` and restores the

@@ -41,10 +41,11 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
     (:mod:`graphopt.range_plan`).
     """
     if graph.shape_range:
-        from graphopt.range_plan import at_opt, with_range
+        from graphopt.decisions.decide import decide
+        from graphopt.range_plan import at_opt, with_hints, with_range
 
-        return with_range(build_plan(at_opt(graph), target, decisions=decisions), graph,
-                          target)
+        ranged = with_range(build_plan(at_opt(graph), target, decisions=False), graph, target)
+        return with_hints(decide(ranged) if decisions else ranged, graph, target)
     analyses = annotate(graph)
     nodes = tuple(
         NodePlan(name=n.name, op=n.source_op, op_type=n.op_type, analysis=analyses[n.name],

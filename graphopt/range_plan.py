@@ -20,7 +20,7 @@ from graphopt.ir import Graph
 from graphopt.plan import NodePlan, Plan
 from graphopt.shape_range import POINTS, ShapeRange, bind
 
-__all__ = ["alignment_hints", "at_opt", "with_range"]
+__all__ = ["alignment_hints", "at_opt", "with_hints", "with_range"]
 
 #: kernel classes whose M dimension runs on tensor-core tiles
 _TILED = frozenset({KernelClass.GEMM, KernelClass.GEMV, KernelClass.ATTENTION,
@@ -59,8 +59,7 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
                 "flops": a.flops, "bytes": a.bytes_total}
         totals[point] = total
     nodes = tuple(_with_points(n, points.get(n.name)) for n in plan.nodes)
-    section = {**rng.to_dict(), "est_latency_s": {p: totals[p] for p in POINTS},
-               "hints": alignment_hints(plan, graph, target)}
+    section = {**rng.to_dict(), "est_latency_s": {p: totals[p] for p in POINTS}}
     unbounded = [d.name for d in rng.dims if d.max is None]
     warnings = list(plan.warnings)
     if unbounded:
@@ -69,6 +68,16 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
                         "max=N), or min:opt:max on the CLI, for a real max)")
     return replace(plan, nodes=nodes, warnings=tuple(warnings),
                    extra={**plan.extra, "shape_range": section})
+
+
+def with_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
+    """``plan``'s shape-range section with the alignment hints, read from its decisions (the
+    precision decides which multiple tensor cores want)."""
+    section = plan.extra.get("shape_range")
+    if section is None:
+        return plan
+    hints = alignment_hints(plan, graph, target)
+    return replace(plan, extra={**plan.extra, "shape_range": {**section, "hints": hints}})
 
 
 def _with_points(node: NodePlan, points: dict[str, dict[str, Any]] | None) -> NodePlan:

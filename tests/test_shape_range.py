@@ -263,3 +263,18 @@ def test_an_onnx_file_with_symbolic_axes_optimizes_for_a_gpu(tmp_path):
         got = session.run(None, {"x": y.numpy()})[0]
         want = model(y).detach().numpy()
         assert np.abs(got - want).max() <= tol * np.abs(want).max(), shape
+
+
+def test_runtime_settings_know_the_shapes_vary():
+    x = torch.randn(2, 3, 16, 16)
+    static = graphopt.plan(OddResidualCNN().eval(), (x,), target="h100")
+    ranged = graphopt.plan(OddResidualCNN().eval(), (x,), target="h100",
+                           dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
+    assert static.extra["runtime_settings"]["cudnn_benchmark"]["value"] is True
+    bench = ranged.extra["runtime_settings"]["cudnn_benchmark"]
+    assert bench["value"] is False and "dynamic shapes" in bench["reason"]
+    # the batch setting is the memory plan's recommended batch, with the maximum beside it
+    for p in (static, ranged):
+        batch = p.extra["runtime_settings"]["batch_size"]
+        assert batch["value"] == p.extra["memory"]["recommended_batch_size"]
+        assert str(p.extra["memory"]["max_batch_size"]) in batch["reason"].replace(",", "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.cost.roofline import estimate
@@ -42,15 +43,21 @@ def model_format(plan: Plan) -> str:
 
 
 def plan_runtime_settings(plan: Plan, precision: str,
-                          max_batch_size: int | None) -> RuntimeSettings:
+                          max_batch_size: int | None, memory: Any = None) -> RuntimeSettings:
     """Runtime settings for ``plan`` run at ``precision``: whether it has convs and its largest
-    attention head_dim come from the plan's nodes."""
+    attention head_dim come from the plan's nodes; the batch is ``memory``'s recommended one
+    (its JSON dict or the MemoryPlan) when it has one."""
+    if memory is not None and not isinstance(memory, dict):
+        memory = memory.to_dict()
+    memory = memory or {}
     head_dims = [n.analysis.dims.get("head_dim") for n in plan.nodes
                  if n.analysis.kernel_class is KernelClass.ATTENTION]
     settings = runtime_settings(
         plan.target, precision=precision,
         has_convs=any(n.analysis.kernel_class is KernelClass.CONV for n in plan.nodes),
-        max_batch_size=max_batch_size, head_dim=max((h for h in head_dims if h), default=None))
+        static_shapes=not plan.extra.get("shape_range"), max_batch_size=max_batch_size,
+        head_dim=max((h for h in head_dims if h), default=None),
+        batch_size=memory.get("recommended_batch_size"), batch_reason=memory.get("batch_advice"))
     mode = compile_mode(plan.target, plan.summary.get("time_by_bottleneck_s"),
                         dynamic=bool(plan.extra.get("shape_range")))
     return replace(settings, compile_mode=mode)
@@ -95,7 +102,7 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
     low = {str(d.fields.get("format")) for d in precisions.values()} - {"fp32", "None"}
     settings = plan_runtime_settings(
         plan, "bf16" if "bf16" in low else next(iter(sorted(low)), "fp32"),
-        memory.max_batch_size)
+        memory.max_batch_size, memory)
     gemms = sum(1 for n in plan.nodes if n.analysis.kernel_class in GEMM_LIKE)
     logger.info("decided %d nodes (%d GEMM-like) on %s", len(nodes), gemms, target.name)
     extra = {**plan.extra, "memory": memory.to_dict(), "quantization": quant,

@@ -22,8 +22,9 @@ Rules (reasons cite the numbers):
    aligned; ``math`` always last as the fallback [PT-SDPA]. On CPU PyTorch has a flash kernel
    too (``torch._fused_sdp_choice`` returns FLASH_ATTENTION for CPU fp32/bf16/fp16 inputs on
    torch 2.13, checked here), so CPU gets ``flash`` then ``math``.
-5. Batch size: the memory plan's ``max_batch_size``, passed through (larger batches raise GEMM
-   M and tensor-core use; the memory plan already kept the headroom).
+5. Batch size: the memory plan's recommended batch (``recommended_batch_size``: where the
+   estimated samples/s stops improving, capped by what fits; ``decisions.batch_advice``), with
+   the memory maximum beside it in the reason. Without the advice, the memory maximum.
 6. CPU: ``torch.set_num_threads(physical cores)`` (SMT siblings share the FMA/AMX units, so
    extra threads only contend) and oneDNN (``torch.backends.mkldnn.enabled``) on [PT-TUNE].
 7. ``compile_mode``: the ``torch.compile`` mode the plan favours (``decisions.compile_mode``);
@@ -125,15 +126,20 @@ def _sdpa(t: HardwareProfile, precision: str, head_dim: int | None) -> Setting:
 def runtime_settings(target: HardwareProfile | str, *, precision: str = "bf16",
                      has_convs: bool = False, static_shapes: bool = True,
                      max_batch_size: int | None = None,
-                     head_dim: int | None = None) -> RuntimeSettings:
-    """Settings for running a plan on ``target`` (a profile or a target name)."""
+                     head_dim: int | None = None, batch_size: int | None = None,
+                     batch_reason: str | None = None) -> RuntimeSettings:
+    """Settings for running a plan on ``target`` (a profile or a target name); ``batch_size``
+    and ``batch_reason``: the memory plan's recommended batch and why (rule 5)."""
     if isinstance(target, str):
         from graphopt.hardware.registry import get_target
 
         target = get_target(target)
     t = target
-    batch = Setting(max_batch_size, "rule 5: largest batch the memory plan fits" if
-                    max_batch_size is not None else "rule 5: no memory plan given")
+    if batch_size is not None:
+        batch = Setting(batch_size, f"rule 5: {batch_reason or 'the recommended batch'}")
+    else:
+        batch = Setting(max_batch_size, "rule 5: largest batch the memory plan fits" if
+                        max_batch_size is not None else "rule 5: no memory plan given")
     sdpa = _sdpa(t, precision, head_dim)
     if not t.is_gpu:
         na = "not applicable on a CPU target"
