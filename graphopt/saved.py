@@ -360,11 +360,30 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
     file = Path(path)
     _check_archive(file)
     extra: dict[str, Any] = {_PLAN: "", _RUNTIME: "", _INPUTS: ""}
-    try:
-        ep = export_load(file, extra)
-    except Exception as e:
-        raise GraphoptError(f"{file} is a damaged graphopt archive: torch.export.load "
-                            f"failed ({first_line(e)})", _RESAVE) from None
+    from graphopt import pt2_reader
+
+    try:  # graphopt's own reader first (no FakeTensors, no torch._dynamo import)
+        gm = pt2_reader.read(file, extra, device, compile=False)  # strip_unused compiles
+    except Exception as e:  # a reader bug or a device it cannot move to: torch's path decides
+        logger.debug("pt2_reader failed on %s (%s): using torch.export.load", file, e)
+        gm = None
+    if gm is None:  # torch.export.load (decoded faster), moved to ``device``, unlifted
+        extra = {_PLAN: "", _RUNTIME: "", _INPUTS: ""}
+        try:
+            ep = export_load(file, extra)
+        except Exception as e:
+            raise GraphoptError(f"{file} is a damaged graphopt archive: torch.export.load "
+                                f"failed ({first_line(e)})", _RESAVE) from None
+        if device is not None:
+            from torch.export.passes import move_to_device_pass
+
+            try:
+                ep = move_to_device_pass(ep, torch.device(device))
+            except (RuntimeError, AssertionError) as e:  # e.g. no such device here
+                raise GraphoptError(f"cannot move the saved model to {device!r}: "
+                                    f"{first_line(e)}", "give a device this machine has "
+                                    "(torch.cuda.is_available()), or device=None") from None
+        gm = plain_module(ep)
     inputs, runtime = _json(extra, _INPUTS, file), _json(extra, _RUNTIME, file)
     plan = _json(extra, _PLAN, file)
     try:
@@ -375,16 +394,6 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise GraphoptError(f"{file}: graphopt's records are damaged ({first_line(e)})",
                             _RESAVE) from None
-    if device is not None:
-        from torch.export.passes import move_to_device_pass
-
-        try:
-            ep = move_to_device_pass(ep, torch.device(device))
-        except (RuntimeError, AssertionError) as e:  # e.g. no such device on this machine
-            raise GraphoptError(f"cannot move the saved model to {device!r}: {first_line(e)}",
-                                "give a device this machine has (torch.cuda.is_available()), "
-                                "or device=None") from None
-    gm = plain_module(ep)
     _repack_int8(gm)
     strip_unused(gm)  # export's guard (the wrapper checks the range), plain calls, portable
     module = OptimizedModule(gm, shapes, flags, shape_range=shape_range,

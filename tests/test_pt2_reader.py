@@ -1,0 +1,210 @@
+"""graphopt's own ``.pt2`` reader (graphopt/pt2_reader.py): ``graphopt.load`` builds the module
+from the archive's JSON without torch.export.load, the same module torch's path gives (code,
+weights, outputs bit for bit), and hands anything it does not read to torch's path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import graphopt
+import graphopt.saved as saved
+from graphopt import pt2_reader
+from graphopt._export_load import export_load, plain_module
+from tests.test_save_load import PASSES, Tokens, _convnet
+
+
+def _load_by_reader(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
+    """graphopt.load(path) with torch's path made to fail: the reader must have read it."""
+    def refuse(*a: object, **k: object) -> None:
+        raise AssertionError("graphopt.load fell back to torch.export.load")
+
+    with monkeypatch.context() as m:
+        m.setattr(saved, "export_load", refuse)
+        return graphopt.load(path, **kw)
+
+
+def _load_by_torch(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
+    calls = []
+
+    def torch_path(*a: Any, **k: Any) -> Any:
+        calls.append(a)
+        return export_load(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(pt2_reader, "read", lambda *a, **k: None)
+        m.setattr(saved, "export_load", torch_path)
+        module = graphopt.load(path, **kw)
+    assert calls  # it did take torch's path
+    return module
+
+
+def _state(module: torch.nn.Module) -> dict[str, tuple[Any, ...]]:
+    gm = module.graph_module
+    persistent = set(gm.state_dict(keep_vars=True))
+    return {k: (type(v), v.dtype, tuple(v.shape), v.stride(), v.storage_offset(),
+                v.requires_grad, v.device, k in persistent, v.detach().clone())
+            for k, v in [*gm.named_parameters(), *gm.named_buffers()]}
+
+
+def _same_module(got: Any, want: Any, calls: list[tuple[torch.Tensor, ...]],
+                 same_code: bool = True) -> None:
+    assert got.graph_module.code == want.graph_module.code or not same_code
+    a, b = _state(got), _state(want)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k][:-1] == b[k][:-1], k
+        assert torch.equal(a[k][-1], b[k][-1]), k
+    assert got.plan == want.plan and got._runtime == want._runtime
+    assert got.runtime_settings.to_dict() == want.runtime_settings.to_dict()
+    assert got._input_shapes == want._input_shapes and got._input_names == want._input_names
+    with torch.no_grad():
+        for args in calls:
+            x, y = got(*args), want(*args)
+            assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(PASSES))
+@pytest.mark.parametrize("ranged", [False, True], ids=["static", "range"])
+def test_reader_reads_every_pass(case: str, ranged: bool, tmp_path: Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    options, applied = PASSES[case]
+    dyn = ({0: torch.export.Dim("batch", min=1, max=8)},) if ranged else None
+    opt = graphopt.optimize(_convnet(), torch.randn(4, 3, 8, 8), measure=False,
+                            dynamic_shapes=dyn, **options)
+    assert applied in opt.info["passes_applied"], opt.info["passes_reverted"]
+    path = opt.save(tmp_path / f"{case}.pt2")
+    assert pt2_reader.read(path, {}) is not None
+    got = _load_by_reader(path, monkeypatch)
+    calls = [(torch.randn(b, 3, 8, 8),) for b in ((1, 3, 4, 8) if ranged else (4, 4))]
+    _same_module(got, _load_by_torch(path, monkeypatch), calls)
+    with torch.no_grad():
+        assert torch.equal(got(*calls[0]), opt.module(*calls[0]))
+    targets = {str(n.target) for n in got.graph_module.graph.nodes}
+    if case == "int8":  # re-packed at load as on torch's path
+        assert "quantized.linear_dynamic.default" in targets
+
+
+@pytest.mark.parametrize("ranged", [False, True], ids=["static", "range"])
+def test_reader_two_inputs_sharing_dims(ranged: bool, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    seq = torch.export.Dim("seq", min=2, max=64)
+    dyn = ({0: batch, 1: seq}, {0: batch, 1: seq}) if ranged else None
+    opt = graphopt.optimize(Tokens().eval(), (torch.randn(4, 8, 16), torch.ones(4, 8)),
+                            target="cpu", measure=False, dynamic_shapes=dyn)
+    path = opt.save(tmp_path / "tokens.pt2")
+    sizes = ((1, 2), (4, 8), (7, 33), (16, 64)) if ranged else ((4, 8), (4, 8))
+    calls = [(torch.randn(b, s, 16), (torch.rand(b, s) > 0.3).float()) for b, s in sizes]
+    got = _load_by_reader(path, monkeypatch)
+    _same_module(got, _load_by_torch(path, monkeypatch), calls)
+    if ranged:
+        with pytest.raises(graphopt.GraphoptError, match="dim batch is 2 in one input and 3"):
+            got(torch.randn(2, 8, 16), torch.ones(3, 8))
+
+
+def test_reader_device_and_nested_weight_names(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model copy (nested names, BatchNorm's persistent buffers, an int64 counter) and
+    ``device=`` (move_to_device_pass's rewrite of baked-in devices) read the same way."""
+    import graphopt.rewrites.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "_slower_than_original", lambda *a: "slower (forced)")
+    x = torch.randn(2, 3, 8, 8)
+    opt = graphopt.optimize(_convnet(), x, target="cpu", measure=True)
+    path = opt.save(tmp_path / "copy.pt2")
+    got = _load_by_reader(path, monkeypatch)
+    assert any("." not in k and "bn" in k for k in got.graph_module.state_dict())
+    _same_module(got, _load_by_torch(path, monkeypatch), [(x,), (torch.randn(2, 3, 8, 8),)])
+    path = graphopt.optimize(_convnet(), x, target="h100", pad="always",
+                             measure=False).save(tmp_path / "h100.pt2")
+    _same_module(_load_by_reader(path, monkeypatch, device="cpu"),
+                 _load_by_torch(path, monkeypatch, device="cpu"), [(x,)])
+
+
+def _edited(good: Path, out: Path, edit: Any) -> Path:
+    """A copy of ``good`` with its program JSON changed by ``edit(program)``."""
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(out, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("models/model.json"):
+                program = json.loads(data)
+                edit(program)
+                data = json.dumps(program).encode()
+            dst.writestr(item, data)
+    return out
+
+
+def _no_kinds(program: dict[str, Any]) -> None:
+    """Argument kinds left out (older writers): torch places them by the schema."""
+    for node in program["graph_module"]["graph"]["nodes"]:
+        for i in node["inputs"]:
+            i["kind"] = None
+
+
+def _newer_schema(program: dict[str, Any]) -> None:
+    program["schema_version"]["minor"] += 1
+
+
+@pytest.mark.parametrize("edit", [_no_kinds, _newer_schema])
+def test_reader_refuses_what_it_does_not_know(edit: Any, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    x = torch.randn(4, 3, 8, 8)
+    opt = graphopt.optimize(_convnet(), x, target="h100", pad="always", measure=False)
+    good = opt.save(tmp_path / "good.pt2")
+    bad = _edited(good, tmp_path / "edited.pt2", edit)
+    with caplog.at_level("DEBUG", logger="graphopt.pt2_reader"):
+        assert pt2_reader.read(bad, {}) is None
+    assert "using torch.export.load" in caplog.text
+    calls: list[Any] = []
+    monkeypatch.setattr(saved, "export_load", lambda *a, **k: calls.append(a) or
+                        export_load(*a, **k))
+    loaded = graphopt.load(bad)  # torch's path, the same module
+    assert calls
+    monkeypatch.undo()
+    # the same weights and outputs (without kinds, torch passes ``value`` by keyword)
+    _same_module(loaded, _load_by_reader(good, monkeypatch), [(x,), (torch.randn(4, 3, 8, 8),)],
+                 same_code=edit is not _no_kinds)
+
+
+def test_reader_does_not_import_dynamo(tmp_path: Path) -> None:
+    path = graphopt.optimize(_convnet(), torch.randn(2, 3, 8, 8), target="cpu",
+                             measure=False).save(tmp_path / "m.pt2")
+    code = ("import sys, torch, graphopt\nm = graphopt.load(sys.argv[1])\n"
+            "m(torch.randn(2, 3, 8, 8))\n"
+            "print([k for k in sys.modules if k.startswith(('torch._dynamo', "
+            "'torch._export.serde'))])")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _nodes(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
+    def named(a: Any) -> Any:
+        return torch.fx.node.map_arg(a, lambda n: n.name)
+    return [(n.name, n.op, n.target, named(n.args), named(dict(n.kwargs))) for n in gm.graph.nodes]
+
+
+def test_reader_matches_plain_module(tmp_path: Path) -> None:
+    """read() itself: plain_module(export_load(...))'s graph, weights and extra files."""
+    opt = graphopt.optimize(_convnet(), torch.randn(4, 3, 8, 8), target="cpu",
+                            quantize="int8", measure=False)
+    path = opt.save(tmp_path / "m.pt2")
+    mine, theirs = {"graphopt_plan.json": ""}, {"graphopt_plan.json": ""}
+    got, want = pt2_reader.read(path, mine), plain_module(export_load(path, theirs))
+    want.recompile()
+    assert got.code == want.code and mine == theirs and set(mine) > {"graphopt_plan.json"}
+    assert _nodes(got) == _nodes(want)
+    assert got.meta == want.meta
