@@ -71,7 +71,8 @@ class NodePlan:
     outputs: tuple[TensorInfo | None, ...]
     decisions: Mapping[str, Decision] = field(default_factory=lambda: MappingProxyType({}))
     #: for a plan over a shape range: {"min"|"opt"|"max": {dims, est_time_s, bottleneck,
-    #: flops, bytes}} (``graphopt.range_plan``); None for a plan at one shape
+    #: flops, bytes}} (``graphopt.range_plan``); None for a plan at one shape. The JSON
+    #: report's per-node ``range`` holds min and max (opt is the node's own fields)
     at_points: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,8 +103,9 @@ class NodePlan:
             "inputs": [_tensor_dict(t) for t in self.inputs],
             "outputs": [_tensor_dict(t) for t in self.outputs],
             "decisions": {k: d.to_dict() for k, d in sorted(self.decisions.items())},
+            # opt is the node's own fields above: the JSON gives min and max only
             **({} if self.at_points is None else
-               {"range": {p: dict(v) for p, v in self.at_points.items()}}),
+               {"range": {p: dict(v) for p, v in self.at_points.items() if p != "opt"}}),
         }
 
 

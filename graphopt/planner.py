@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
-from graphopt.cost import estimate
+from graphopt.cost import estimate_all
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import Graph
 from graphopt.plan import NodePlan, Plan
@@ -47,9 +47,10 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
         ranged = with_range(build_plan(at_opt(graph), target, decisions=False), graph, target)
         return with_hints(decide(ranged) if decisions else ranged, graph, target)
     analyses = annotate(graph)
+    costs = estimate_all(analyses, target)
     nodes = tuple(
         NodePlan(name=n.name, op=n.source_op, op_type=n.op_type, analysis=analyses[n.name],
-                 cost=estimate(analyses[n.name], target),
+                 cost=costs[n.name],
                  inputs=tuple(graph.input_infos(n)), outputs=tuple(graph.output_infos(n)))
         for n in graph.nodes
     )

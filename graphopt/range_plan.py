@@ -14,10 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
-from graphopt.cost import estimate
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost import estimate_all
+from graphopt.cost.roofline import NodeCost
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import Graph
-from graphopt.plan import NodePlan, Plan
+from graphopt.plan import Plan
 from graphopt.shape_range import POINTS, ShapeRange, bind
 
 __all__ = ["alignment_hints", "at_opt", "with_hints", "with_range"]
@@ -49,16 +51,18 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
             continue
         sized = bind(graph, values)
         analyses = annotate(sized)
+        costs = estimate_all(analyses, target)
         total = 0.0
+        records: dict[int, dict[str, Any]] = {}
         for n in sized.nodes:
-            a = analyses[n.name]
-            c = estimate(a, target)
+            a, c = analyses[n.name], costs[n.name]
             total += c.est_time_s
-            points.setdefault(n.name, {})[point] = {
-                "dims": dict(a.dims), "est_time_s": c.est_time_s, "bottleneck": c.bottleneck,
-                "flops": a.flops, "bytes": a.bytes_total}
+            points.setdefault(n.name, {})[point] = _record(records, a, c)
         totals[point] = total
-    nodes = tuple(_with_points(n, points.get(n.name)) for n in plan.nodes)
+    records = {}
+    nodes = tuple(replace(n, at_points={p: points.get(n.name, {}).get(p) or
+                                        _record(records, n.analysis, n.cost) for p in POINTS})
+                  for n in plan.nodes)
     section = {**rng.to_dict(), "est_latency_s": {p: totals[p] for p in POINTS}}
     unbounded = [d.name for d in rng.dims if d.max is None]
     warnings = list(plan.warnings)
@@ -80,12 +84,16 @@ def with_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
     return replace(plan, extra={**plan.extra, "shape_range": {**section, "hints": hints}})
 
 
-def _with_points(node: NodePlan, points: dict[str, dict[str, Any]] | None) -> NodePlan:
-    opt = {"dims": dict(node.analysis.dims), "est_time_s": node.cost.est_time_s,
-           "bottleneck": node.cost.bottleneck, "flops": node.analysis.flops,
-           "bytes": node.analysis.bytes_total}
-    points = points or {}
-    return replace(node, at_points={p: points.get(p, opt) for p in POINTS})
+def _record(records: dict[int, dict[str, Any]], a: NodeAnalysis, c: NodeCost
+            ) -> dict[str, Any]:
+    """A node's dims and cost at one point. Nodes that share a cost object (``estimate_all``:
+    the same work) share the record: a repeated layer is described once per point."""
+    rec = records.get(id(c))
+    if rec is None:
+        rec = records[id(c)] = {"dims": dict(a.dims), "est_time_s": c.est_time_s,
+                                "bottleneck": c.bottleneck, "flops": a.flops,
+                                "bytes": a.bytes_total}
+    return rec
 
 
 def alignment_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> list[str]:

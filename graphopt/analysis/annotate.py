@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from graphopt import ops
 from graphopt.analysis.classify import classify_op
@@ -21,17 +22,27 @@ _QUANT_CLASSES = frozenset({KernelClass.QUANT_GEMM, KernelClass.QUANT_DOT})
 
 
 def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
-    """Classify every node, recognize multi-node patterns, and count each node's work."""
+    """Classify every node, recognize multi-node patterns, and count each node's work.
+
+    A node's class, work and flags depend only on its op, attributes and tensors, so a node
+    like one already seen (the same layer repeated 32 times) reuses its result.
+    """
     patterns = find_patterns(graph)
     out: dict[str, NodeAnalysis] = {}
+    seen: dict[tuple[Any, ...], tuple[KernelClass, Any, tuple[str, ...]]] = {}
     for node in graph.nodes:
-        natural = classify_op(graph, node)
-        work = node_work(graph, node, natural)
-        match = patterns.get(node.name)
-        kc = match.kernel_class if match is not None else natural
-        dims = dict(match.dims) if match is not None else work.dims
         ins = graph.input_infos(node)
         outs = graph.output_infos(node)
+        key = _signature(node, ins, outs)
+        hit = seen.get(key)
+        if hit is None:
+            natural = classify_op(graph, node)
+            hit = (natural, node_work(graph, node, natural), _flags(node, ins, outs))
+            seen[key] = hit
+        natural, work, flags = hit
+        match = patterns.get(node.name)
+        kc = match.kernel_class if match is not None else natural
+        dims = dict(match.dims) if match is not None else dict(work.dims)
         out[node.name] = NodeAnalysis(
             kernel_class=kc,
             dims=dims,
@@ -41,10 +52,25 @@ def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
             param_count=work.param_count,
             dtype=_compute_dtype(node, kc, ins, outs),
             pattern=match.id if match is not None else None,
-            flags=_flags(node, ins, outs),
+            flags=flags,
         )
-    logger.info("annotated %d nodes, %d in patterns", len(out), len(patterns))
+    logger.info("annotated %d nodes (%d distinct), %d in patterns", len(out), len(seen),
+                len(patterns))
     return out
+
+
+def _signature(node: Node, ins: list[TensorInfo | None], outs: list[TensorInfo | None]
+               ) -> tuple[Any, ...]:
+    """What a node's analysis depends on: op, attributes, and its tensors' shapes, dtypes
+    and kinds (not their names)."""
+    try:
+        attrs: Any = tuple(sorted(node.attrs.items()))
+        hash(attrs)
+    except TypeError:  # list-valued attributes: their text is as good a key
+        attrs = repr(sorted(node.attrs.items()))
+    return (node.op_type, node.source_op, attrs,
+            tuple(None if t is None else (t.shape, t.dtype, t.kind) for t in ins),
+            tuple(None if t is None else (t.shape, t.dtype, t.kind) for t in outs))
 
 
 def _compute_dtype(node: Node, kc: KernelClass, ins: list[TensorInfo | None],

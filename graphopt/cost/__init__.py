@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from graphopt.cost.roofline import NodeCost, alignment_efficiency, estimate, tc_alignment
+from graphopt.cost.roofline import (
+    NodeCost,
+    alignment_efficiency,
+    estimate,
+    estimate_all,
+    tc_alignment,
+)
 from graphopt.cost.transfer import link_between, transfer_time_s
 
-__all__ = ["NodeCost", "alignment_efficiency", "estimate", "link_between", "tc_alignment",
-           "transfer_time_s"]
+__all__ = ["NodeCost", "alignment_efficiency", "estimate", "estimate_all", "link_between",
+           "tc_alignment", "transfer_time_s"]

@@ -22,6 +22,7 @@ Which compute peak applies:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ __all__ = [
     "alignment_efficiency",
     "efficiency",
     "estimate",
+    "estimate_all",
     "peak_key",
     "tc_alignment",
 ]
@@ -209,3 +211,18 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
         bound = "compute" if compute_t >= memory_t else "memory"
     return NodeCost(max(compute_t, memory_t) + overhead, compute_t, memory_t, overhead, bound,
                     rate, bandwidth, unit, key, align, util, note)
+
+
+def estimate_all(analyses: Mapping[str, NodeAnalysis], profile: HardwareProfile
+                 ) -> dict[str, NodeCost]:
+    """:func:`estimate` for every node; nodes with the same work (a repeated layer) share one
+    cost, since the estimate reads only the analysis."""
+    seen: dict[tuple[Any, ...], NodeCost] = {}
+    out = {}
+    for name, a in analyses.items():
+        key = (a.kernel_class, tuple(a.dims.items()), a.dtype, a.flags, a.flops, a.bytes_total)
+        cost = seen.get(key)
+        if cost is None:
+            cost = seen[key] = estimate(a, profile)
+        out[name] = cost
+    return out
