@@ -224,3 +224,29 @@ def test_llm_section_recommends_within_the_range_and_memory(tiny_plan) -> None:
     assert 1 <= mem["recommended_batch_size"] <= 16
     assert mem["batch_decided_by"] in ("throughput", "range")
     assert mem["weight_bytes"] == tiny_plan.section["model"]["param_bytes"]
+
+
+def test_cli_llm_plans_both_phases(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "llm.py").write_text(textwrap.dedent("""
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        def build():
+            config = LlamaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128, vocab_size=256)
+            return LlamaForCausalLM(config).eval(), ()
+    """))
+    out = subprocess.run([sys.executable, "-m", "graphopt.cli", "llm",
+                          f"{tmp_path / 'llm.py'}:build", "--target", "h100", "--batch", "1:8",
+                          "--prompt", "32", "--cache", "64", "--md", str(tmp_path / "r.md")],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["8"])]
+    assert [r[0] for r in rows] == ["1", "8"]
+    assert all(float(r[1]) <= float(r[2]) for r in rows)  # tokens/s within the bound
+    assert "KV cache" in out and (tmp_path / "r.md").exists()
+    bad = subprocess.run([sys.executable, "-m", "graphopt.cli", "llm", "model.onnx"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "file.py:function" in bad.stderr
