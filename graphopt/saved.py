@@ -13,7 +13,8 @@ One op of the optimized graph cannot be serialized by torch.export: the INT8 pas
 ``quantized::linear_dynamic`` reads a packed-weight torchbind object. Saving writes it as
 ``graphopt::int8_linear(x, int8 weight, per-channel scale, zero point, bias)``, plain tensors
 the archive stores, and :func:`load` packs those once and puts ``linear_dynamic`` back: the
-same kernel, the same numbers.
+same kernel, the same numbers. :func:`load` reads the archive with graphopt's own reader
+(:mod:`graphopt.pt2_reader`, fast) and falls back to ``torch.export.load``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import warnings
 import zipfile
 from dataclasses import fields
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +76,6 @@ def _pack(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
     return torch.ops.quantized.linear_prepack(q, bias)
 
 
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _unpack_int8(gm: fx.GraphModule) -> int:
     """``linear_dynamic(x, packed)`` -> ``int8_linear(x, w, scale, zp, b)`` with buffers."""
     count = 0
@@ -88,7 +83,7 @@ def _unpack_int8(gm: fx.GraphModule) -> int:
         if node.op != "call_function" or node.target is not _LINEAR_DYNAMIC:
             continue
         packed = node.args[1]
-        qweight, bias = torch.ops.quantized.linear_unpack(_attr(gm, str(packed.target)))
+        qweight, bias = torch.ops.quantized.linear_unpack(attrgetter(str(packed.target))(gm))
         tensors = {"w": qweight.int_repr(), "scale": qweight.q_per_channel_scales(),
                    "zp": qweight.q_per_channel_zero_points(), "b": bias}
         args: list[Any] = [node.args[0]]
@@ -121,7 +116,7 @@ def _repack_int8(gm: fx.GraphModule) -> int:
         if node.op != "call_function" or node.target is not _INT8_LINEAR:
             continue
         x, *parts = node.args
-        tensors = [None if p is None else _attr(gm, str(p.target)) for p in parts]
+        tensors = [None if p is None else attrgetter(str(p.target))(gm) for p in parts]
         if any(t is not None and t.device.type != "cpu" for t in tensors):
             raise GraphoptError("the saved model has dynamic INT8 Linear layers "
                                 "(quantized::linear_dynamic), which run on the CPU only",
@@ -149,7 +144,7 @@ def _flatten_attrs(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op != "get_attr" or "." not in str(node.target):
             continue
-        value = _attr(gm, str(node.target))
+        value = attrgetter(str(node.target))(gm)
         if not isinstance(value, torch.Tensor):
             continue
         if id(value) not in names:  # a tied weight keeps one name
