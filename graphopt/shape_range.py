@@ -234,8 +234,17 @@ def bind(graph: Graph, values: Mapping[str, int]) -> Graph:
     if not values:
         return graph
     tensors: dict[str, TensorInfo] = {}
+    sized: dict[tuple[int | str, ...], tuple[int | str, ...] | None] = {}  # shapes repeat
     for name, t in graph.tensors.items():
-        shape = bind_shape(t.shape, values)
-        tensors[name] = t if shape is t.shape else TensorInfo(t.name, shape, t.dtype, t.kind)
-    return Graph(graph.name, graph.source, graph.nodes, tensors, graph.inputs, graph.outputs,
-                 warnings=graph.warnings, source_model=graph.source_model)
+        if t.is_static or t.shape is None:
+            tensors[name] = t
+            continue
+        shape = sized.get(t.shape)
+        if shape is None:
+            shape = sized[t.shape] = bind_shape(t.shape, values)
+        tensors[name] = TensorInfo(t.name, shape, t.dtype, t.kind)
+    out = Graph(graph.name, graph.source, graph.nodes, tensors, graph.inputs, graph.outputs,
+                warnings=graph.warnings, source_model=graph.source_model)
+    for structure in ("producer", "consumers", "node_by_name"):  # the same nodes: share them
+        setattr(out, structure, getattr(graph, structure))
+    return out
