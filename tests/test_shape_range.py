@@ -278,3 +278,28 @@ def test_runtime_settings_know_the_shapes_vary():
         batch = p.extra["runtime_settings"]["batch_size"]
         assert batch["value"] == p.extra["memory"]["recommended_batch_size"]
         assert str(p.extra["memory"]["max_batch_size"]) in batch["reason"].replace(",", "")
+
+
+def test_onnx_default_sizes_the_model_refuses_say_how_to_give_others():
+    """A position table of 64 rows: the default seq (128) cannot run, and the error says which
+    sizes were tried and how to give others; the user's range then works."""
+    h = onnx.helper
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "seq", 8])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", "seq", 8])
+    table = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal(
+        (64, 8)).astype(np.float32), "table")
+    consts = [onnx.numpy_helper.from_array(np.array(v, np.int64), n)
+              for n, v in (("one", 1), ("zero", [0]), ("axes", [0]))]
+    nodes = [h.make_node("Shape", ["x"], ["shape"]),
+             h.make_node("Gather", ["shape", "one"], ["seq_len"]),
+             h.make_node("Unsqueeze", ["seq_len", "axes"], ["end"]),
+             h.make_node("Slice", ["table", "zero", "end", "axes"], ["pos"]),
+             h.make_node("Add", ["x", "pos"], ["y"])]
+    model = h.make_model(h.make_graph(nodes, "pos", [x], [y], [table, *consts]),
+                         opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(GraphoptError, match=r"seq=128") as err:
+        graphopt.optimize(model, target="cpu", measure=False)
+    assert "--dynamic" in err.value.fix
+    opt = graphopt.optimize(model, target="cpu", measure=False,
+                            dynamic_shapes={"batch": (1, 2, 4), "seq": (1, 16, 64)})
+    assert all(n["within"] for n in opt.info["numerics"])

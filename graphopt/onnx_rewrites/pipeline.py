@@ -86,17 +86,26 @@ def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
     return chosen, why
 
 
-def _generated_inputs_failed(e: GraphoptError, feed: dict[str, np.ndarray]) -> GraphoptError:
+def _generated_inputs_failed(e: GraphoptError, feeds: list[dict[str, np.ndarray]],
+                             rng: Any) -> GraphoptError:
     """The original model fails on graphopt's made-up inputs: say which inputs are made up
-    (integer ones most often carry values a model needs: shapes, sizes, indices) and how to
-    give real ones."""
+    (integer ones most often carry values a model needs: shapes, sizes, indices), at which
+    sizes, and how to give real ones or other sizes."""
+    feed = feeds[0]
     ints = [n for n, a in feed.items() if not np.issubdtype(a.dtype, np.floating)]
     hint = (f"; its integer input(s) {', '.join(ints)} got 0/1 values" if ints else "")
+    sizes = ""
+    if rng:
+        shapes = sorted({str(tuple(a.shape)) for f in feeds for a in f.values()})
+        sizes = (f"; symbolic dims at {', '.join(f'{d.name}={d.opt}' for d in rng.dims)} "
+                 f"(opt) and the range's ends, shapes {', '.join(shapes)}")
     return GraphoptError(
-        f"{e.problem} (on inputs graphopt generated: standard normal floats, 0/1 integers, "
-        f"symbolic dims at the plan's opt sizes{hint})",
+        f"{e.problem} (on inputs graphopt generated: standard normal floats, 0/1 integers"
+        f"{hint}{sizes})",
         "pass real inputs for the accuracy guard: calibration=[{input: array}] in the API, or "
-        "--calibration inputs.npz on the CLI")
+        "--calibration inputs.npz on the CLI"
+        + ("; or sizes the model takes: dynamic_shapes={'dim': (min, opt, max)}, or "
+           "--dynamic dim=min:opt:max" if rng else ""))
 
 
 def _range_feeds(feed: dict[str, np.ndarray], rng: Any) -> list[dict[str, np.ndarray]]:
@@ -264,7 +273,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
     except GraphoptError as e:
         if samples or calib:
             raise
-        raise _generated_inputs_failed(e, runs[0]) from None
+        raise _generated_inputs_failed(e, runs, rng) from None
     compute, why = onnx_precision(profile, opts.precision)
     ctx = OnnxContext(plan=plan, target=profile, options=opts, samples=runs, calibration=calib,
                       compute_dtype=compute, graph=at_opt(graph),
