@@ -242,6 +242,32 @@ def _cmd_llm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cost(args: argparse.Namespace) -> int:
+    from graphopt.cost.whatif import KINDS, estimate_op
+
+    _, required, optional = KINDS[args.kind]
+    order, dims = list(required + optional), {}
+    for i, item in enumerate(args.dims):
+        key, eq, value = item.rpartition("=")
+        key = key if eq else (order[i] if i < len(order) else f"#{i + 1}")
+        try:
+            dims[key] = int(value)
+        except ValueError:
+            raise GraphoptError(f"{args.kind} dim {item!r} is not an integer",
+                                f"give sizes in order ({' '.join(order)}) or as name=value"
+                                ) from None
+    e = estimate_op(args.kind, dtype=args.dtype, target=args.target, **dims)
+    if args.json:
+        print(json.dumps(e.to_dict(), indent=1))
+        return 0
+    shown = ", ".join(f"{k}={v}" for k, v in e.dims.items())
+    print(f"{args.kind} ({shown}) in {e.dtype} on {e.target}: {_fmt_time(e.time_s)}, "
+          f"{e.bound}-bound, on {e.kernel}")
+    print(f"  {e.flops / 1e9:.4g} GFLOP, {e.bytes / 1e6:.4g} MB ({e.kernel_class})")
+    print(f"  {e.reason}")
+    return 0
+
+
 def _cmd_targets(args: argparse.Namespace) -> int:
     from graphopt.hardware import list_targets
 
@@ -352,6 +378,19 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--cache", type=int, default=2048, help="decode KV-cache length")
     _add_reports(pm)
     pm.set_defaults(func=_cmd_llm)
+    from graphopt.cost.whatif import KINDS
+
+    pc = sub.add_parser("cost", help="what one op costs on a target (the planner's own model)",
+                        epilog="dims in order: " + "; ".join(
+                            f"{k}: {' '.join(r)} [{' '.join(o)}]" for k, (_, r, o) in
+                            KINDS.items()) + ". Or name=value, e.g. causal=1.")
+    pc.add_argument("kind", choices=list(KINDS))
+    pc.add_argument("dims", nargs="+", help="sizes in order, or name=value")
+    pc.add_argument("--dtype", default="bf16",
+                    help="fp32 | tf32 | bf16 | fp16 | fp8 | int8 (default bf16)")
+    pc.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    pc.add_argument("--json", action="store_true", help="print JSON")
+    pc.set_defaults(func=_cmd_cost)
     pt = sub.add_parser("targets", help="list the hardware targets")
     pt.add_argument("--json", action="store_true", help="print JSON")
     pt.set_defaults(func=_cmd_targets)

@@ -1,4 +1,5 @@
-"""Cost model: roofline time per node per target, and transfers between devices."""
+"""Cost model: roofline time per node per target, transfers between devices, and the
+what-if calculator (``estimate_op``) over the same model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from graphopt.cost.roofline import (
     tc_alignment,
 )
 from graphopt.cost.transfer import link_between, transfer_time_s
+from graphopt.cost.whatif import OpEstimate, estimate_op
 
-__all__ = ["NodeCost", "alignment_efficiency", "estimate", "estimate_all", "link_between",
-           "tc_alignment", "transfer_time_s"]
+__all__ = ["NodeCost", "OpEstimate", "alignment_efficiency", "estimate", "estimate_all",
+           "estimate_op", "link_between", "tc_alignment", "transfer_time_s"]
