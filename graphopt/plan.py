@@ -74,6 +74,9 @@ class NodePlan:
     #: flops, bytes}} (``graphopt.range_plan``); None for a plan at one shape. The JSON
     #: report's per-node ``range`` holds min and max (opt is the node's own fields)
     at_points: Mapping[str, Mapping[str, Any]] | None = None
+    #: this node's measured time on the target (``graphopt.profile``: the median over the
+    #: profiled runs); None when not measured, and then absent from the JSON
+    measured_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         a, c = self.analysis, self.cost
@@ -94,6 +97,7 @@ class NodePlan:
             "flags": list(a.flags),
             "bottleneck": c.bottleneck,
             "est_time_s": c.est_time_s,
+            **({} if self.measured_s is None else {"measured_s": self.measured_s}),
             "compute_time_s": c.compute_time_s,
             "memory_time_s": c.memory_time_s,
             "peak_flops_used": c.peak_flops_used,

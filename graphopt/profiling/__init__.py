@@ -1,0 +1,99 @@
+"""``graphopt.profile``: the plan's predictions checked against measurements on this machine.
+
+Each plan node gets ``measured_s`` beside its ``cost.est_time_s`` and the summary gets
+``prediction`` (``stats``). torch models run under torch.profiler (``torch_runs``), ONNX files
+under ONNX Runtime's profiler (``ort_runs``). Only the host CPU can be measured here, so the
+target is pinned to it: a prediction for another chip is not checked by timing this one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+from graphopt.errors import GraphoptError
+from graphopt.frontends.python_spec import is_python_spec, load_python_spec
+from graphopt.plan import Plan
+from graphopt.profiling.stats import Measured, spearman, with_measurements
+
+__all__ = ["Measured", "profile", "spearman"]
+
+
+def _host_target(target: Any) -> Any:
+    from graphopt.api import resolve_targets
+    from graphopt.hardware.registry import is_this_machine
+
+    profiles = resolve_targets(target)
+    if len(profiles) != 1 or not is_this_machine(profiles[0]):
+        names = ", ".join(p.name for p in profiles)
+        raise GraphoptError(f"profile measures on this machine's CPU, so it cannot check a "
+                            f"plan for {names}", "use target='cpu' (--target cpu): this "
+                            "machine's detected CPU")
+    return profiles[0]
+
+
+def _is_onnx(model: Any) -> bool:
+    """An ONNX model or a path that is not ``file.py:function`` (``load_graph`` says what a
+    bad path is)."""
+    if type(model).__name__ == "ModelProto":
+        return True
+    return isinstance(model, (str, os.PathLike)) and not is_python_spec(os.fspath(model))
+
+
+def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs: int = 10,
+            warmup: int = 3) -> Plan:
+    """Plan ``model`` for this machine's CPU, run it, and put the measurements in the plan.
+
+    Args:
+        model: a ``torch.nn.Module`` (with ``example_inputs``), ``"file.py:function"``
+            returning ``(module, inputs)``, an ``.onnx`` path or an ``onnx.ModelProto``.
+        example_inputs: the inputs to run (torch only; ONNX inputs are generated at the
+            plan's sizes).
+        target: ``"cpu"`` (or ``"host"``, or its profile): the one target timed here.
+        runs: profiled runs; each node's ``measured_s`` is its median over them.
+        warmup: unprofiled runs first (caches, prepacked weights, thread pools).
+
+    Returns:
+        The plan, with ``measured_s`` per measured node and ``summary["prediction"]``.
+    """
+    from graphopt.frontends import load_graph
+    from graphopt.inputs import input_files
+    from graphopt.planner import build_plan
+
+    if not (isinstance(runs, int) and isinstance(warmup, int)) or runs < 1 or warmup < 0:
+        raise GraphoptError(f"runs={runs!r}, warmup={warmup!r}: need runs >= 1, warmup >= 0",
+                            "e.g. runs=10, warmup=3")
+    host = _host_target(target)
+    if _is_onnx(model):
+        from graphopt.profiling.ort_runs import measure_onnx
+
+        graph = load_graph(model)
+        measured = measure_onnx(graph, runs=runs, warmup=warmup)
+    else:
+        module, inputs = _torch_model(model, example_inputs)
+        from graphopt.frontends.torch_frontend import _split_inputs
+        from graphopt.profiling.torch_runs import measure_torch
+
+        graph = load_graph(module, inputs)
+        args, kwargs = _split_inputs(module, inputs)
+        measured = measure_torch(graph, module, args, kwargs, runs=runs, warmup=warmup)
+    plan = replace(build_plan(graph, host), inputs=tuple(str(f) for f in input_files(model)))
+    return with_measurements(plan, measured)
+
+
+def _torch_model(model: Any, example_inputs: Any) -> tuple[Any, Any]:
+    """(module, inputs) from a module or a ``file.py:function`` spec."""
+    if isinstance(model, str) and is_python_spec(model):
+        module, inputs, _ = load_python_spec(model)
+        return module, inputs if example_inputs is None else example_inputs
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise GraphoptError(f"cannot profile an object of type {type(model).__name__}",
+                            "pass a torch.nn.Module with example inputs, 'file.py:function', "
+                            "or an .onnx path")
+    if example_inputs is None:
+        raise GraphoptError(f"a torch module ({type(model).__name__}) needs example inputs "
+                            "to be run", "pass example_inputs=(tensor, ...)")
+    return model, example_inputs
