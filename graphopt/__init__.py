@@ -8,7 +8,7 @@ from graphopt.errors import GraphoptError
 from graphopt.plan import Decision, NodePlan, Plan
 
 __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
-           "load", "optimize", "ort_session", "plan", "plan_llm"]
+           "load", "optimize", "ort_session", "plan", "plan_llm", "profile"]
 
 
 def __getattr__(name: str):
@@ -25,6 +25,10 @@ def __getattr__(name: str):
         from graphopt.llm import plan_llm
 
         return plan_llm
+    if name == "profile":  # runs the model under a profiler: torch/onnxruntime when asked for
+        from graphopt.profiling import profile
+
+        return profile
     if name == "ort_session":  # onnxruntime is imported only when a session is asked for
         from graphopt.onnx_rewrites.session import ort_session
 

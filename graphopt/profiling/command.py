@@ -1,0 +1,60 @@
+"""``graphopt profile MODEL --target cpu``: the CLI face of :func:`graphopt.profile`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from graphopt._io import OutputSet
+from graphopt.inputs import input_files
+
+__all__ = ["add_parser"]
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from graphopt.profiling import profile
+    from graphopt.report.format import fmt_seconds
+    from graphopt.report.prediction import worst_nodes
+
+    outputs = OutputSet(input_files(args.model))
+    for path in (args.json, args.md, args.html):  # refuse a bad path before the work
+        if path:
+            outputs.claim(path, "report")
+    plan = profile(args.model, target=args.target, runs=args.runs, warmup=args.warmup)
+    plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
+    written = outputs.commit()
+    pred = plan.summary["prediction"]
+
+    def num(key: str, fmt: str) -> str:
+        v = pred.get(key)
+        return "n/a" if v is None or not math.isfinite(v) else format(v, fmt)
+
+    print(f"{plan.model['name']} on {plan.target.display_name}: predicted "
+          f"{fmt_seconds(plan.summary['est_latency_s'])}, measured "
+          f"{fmt_seconds(pred['measured_model_s'])} (median of {pred['runs']} runs)")
+    print(f"  per node ({pred['nodes_measured']} measured): Spearman {num('spearman', '.3f')}, "
+          f"median predicted/measured {num('median_ratio', '.3g')}x; whole model "
+          f"{num('model_ratio', '.3g')}x")
+    d = plan.to_dict()
+    for n, p, m in worst_nodes(d, 5):
+        print(f"  {p / m:8.3g}x  {fmt_seconds(p):>10} predicted {fmt_seconds(m):>10} measured  "
+              f"{n['kernel_class']:<13} {n['name']}")
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction,
+               add_reports: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register ``profile`` on the CLI's subparsers (``add_reports`` adds --json/--md/--html)."""
+    p = sub.add_parser("profile", help="run a model on this machine's CPU and compare each "
+                                       "node's measured time with its prediction")
+    p.add_argument("model", help="an .onnx file, or file.py:function returning "
+                                 "(module, example_inputs)")
+    p.add_argument("--target", default="cpu", help="cpu (this machine's CPU: the one target "
+                                                   "that can be timed here)")
+    p.add_argument("--runs", type=int, default=10, help="profiled runs (median per node)")
+    p.add_argument("--warmup", type=int, default=3, help="unprofiled runs first")
+    add_reports(p)
+    p.set_defaults(func=_cmd_profile)

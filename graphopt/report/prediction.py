@@ -1,0 +1,143 @@
+"""The report's "Predicted vs measured" section (``graphopt.profile``), Markdown and HTML.
+
+It reads ``summary.prediction`` and the nodes' ``measured_s`` beside ``est_time_s``; a plan
+that was not profiled has neither and gets no section. The HTML scatter is static inline SVG
+(no script): log-log, one point per node, the diagonal where prediction equals measurement and
+dashed lines at 2x either way, so the reader sees at once which nodes the model gets wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from graphopt.report._html_colors import class_colors
+from graphopt.report.format import finite, fmt_count, fmt_seconds, md_code, md_table, md_text
+
+__all__ = ["measured_nodes", "prediction_html", "prediction_md", "worst_nodes"]
+
+WORST = 10  # nodes listed as the furthest off
+MAX_POINTS = 5000  # the scatter keeps the costliest measured nodes beyond this
+_W, _H, _PL, _PR, _PT, _PB = 460, 360, 58, 14, 14, 42  # scatter box and paddings (px)
+
+
+def measured_nodes(plan: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], float, float]]:
+    """(node, predicted s, measured s) for every node with both numbers positive."""
+    out = []
+    for n in plan.get("nodes") or []:
+        p, m = finite(n.get("est_time_s")), finite(n.get("measured_s"))
+        if p and m and p > 0 and m > 0:
+            out.append((n, p, m))
+    return out
+
+
+def worst_nodes(plan: Mapping[str, Any], k: int = WORST
+                ) -> list[tuple[Mapping[str, Any], float, float]]:
+    """The ``k`` nodes whose predicted/measured ratio is furthest from 1 (either way)."""
+    rows = measured_nodes(plan)
+    rows.sort(key=lambda r: (-abs(math.log(r[1] / r[2])), str(r[0].get("name"))))
+    return rows[:k]
+
+
+def _facts(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def num(key: str, fmt: str) -> str:
+        v = finite(pred.get(key))
+        return "—" if v is None else format(v, fmt)
+
+    return [("Spearman (per node)", num("spearman", ".3f")),
+            ("median predicted / measured", num("median_ratio", ".3g") + "×"),
+            ("model predicted / measured", num("model_ratio", ".3g") + "×"),
+            ("measured whole model", fmt_seconds(pred.get("measured_model_s"))),
+            ("nodes measured", fmt_count(pred.get("nodes_measured"))),
+            ("runs", f"{fmt_count(pred.get('runs'))} after {fmt_count(pred.get('warmup'))} "
+                     "warm-up")]
+
+
+def prediction_md(plan: Mapping[str, Any], h: str) -> list[str]:
+    pred = (plan.get("summary") or {}).get("prediction")
+    if not isinstance(pred, Mapping):
+        return []
+    out = [f"{h} Predicted vs measured", "", f"_{md_text(pred.get('method') or '')}_", ""]
+    out += [f"- **{k}:** {md_text(v)}" for k, v in _facts(pred)] + [""]
+    rows = [[md_code(n.get("name", "?")), md_code(n.get("kernel_class") or "?"),
+             fmt_seconds(p), fmt_seconds(m), f"{p / m:.3g}×"] for n, p, m in worst_nodes(plan)]
+    if rows:
+        out += ["Furthest off (predicted / measured):", ""]
+        out += md_table(["node", "class", "predicted", "measured", "ratio"], rows, "llrrr")
+    return out
+
+
+def _scatter(rows: Sequence[tuple[Mapping[str, Any], float, float]],
+             colors: Mapping[str, str]) -> str:
+    vals = [v for _, p, m in rows for v in (p, m)]
+    lo = math.floor(math.log10(min(vals)))
+    hi = max(math.ceil(math.log10(max(vals))), lo + 1)
+    pw, ph = _W - _PL - _PR, _H - _PT - _PB
+
+    def px(v: float) -> float:
+        return _PL + (math.log10(v) - lo) / (hi - lo) * pw
+
+    def py(v: float) -> float:
+        return _PT + ph - (math.log10(v) - lo) / (hi - lo) * ph
+
+    from graphopt.report.sections_html import esc
+
+    parts = []
+    for k in range(lo, hi + 1):
+        v = 10.0**k
+        parts.append(f'<line class="gl" x1="{px(v):.1f}" y1="{_PT}" x2="{px(v):.1f}" '
+                     f'y2="{_PT + ph}"/><line class="gl" x1="{_PL}" y1="{py(v):.1f}" '
+                     f'x2="{_PL + pw}" y2="{py(v):.1f}"/>'
+                     f'<text x="{px(v):.1f}" y="{_PT + ph + 14}" text-anchor="middle">'
+                     f'{esc(fmt_seconds(v))}</text><text x="{_PL - 6}" y="{py(v) + 3.5:.1f}" '
+                     f'text-anchor="end">{esc(fmt_seconds(v))}</text>')
+    a, b = 10.0**lo, 10.0**hi
+    parts.append(f'<rect class="ax" x="{_PL}" y="{_PT}" width="{pw}" height="{ph}" fill="none"/>'
+                 f'<clipPath id="pvm"><rect x="{_PL}" y="{_PT}" width="{pw}" height="{ph}"/>'
+                 f'</clipPath><g clip-path="url(#pvm)"><line class="rl" x1="{px(a):.1f}" '
+                 f'y1="{py(a):.1f}" x2="{px(b):.1f}" y2="{py(b):.1f}"/>')
+    for f in (2.0, 0.5):  # 2x too slow / too fast
+        parts.append(f'<line class="gl" stroke-dasharray="4 3" x1="{px(a):.1f}" '
+                     f'y1="{py(a * f):.1f}" x2="{px(b):.1f}" y2="{py(b * f):.1f}"/>')
+    for n, p, m in rows:
+        c = colors.get(str(n.get("kernel_class")), "#9aa3ad")
+        parts.append(f'<circle cx="{px(m):.1f}" cy="{py(p):.1f}" r="3.5" fill="{c}" '
+                     f'fill-opacity=".85" stroke="rgba(0,0,0,.35)" stroke-width=".6"><title>'
+                     f'{esc(n.get("name", "?"))} ({esc(n.get("kernel_class") or "?")})\n'
+                     f'predicted {esc(fmt_seconds(p))}, measured {esc(fmt_seconds(m))}, '
+                     f'{p / m:.3g}×</title></circle>')
+    parts.append("</g>")
+    parts.append(f'<text x="{_PL + pw / 2:.1f}" y="{_H - 6}" text-anchor="middle">measured '
+                 f'time per node</text><text transform="translate(13,{_PT + ph / 2:.1f}) '
+                 f'rotate(-90)" text-anchor="middle">predicted time per node</text>')
+    return (f'<svg class="pvm" viewBox="0 0 {_W} {_H}" role="img" aria-label="Predicted '
+            f'against measured time per node">{"".join(parts)}</svg>')
+
+
+def prediction_html(plan: Mapping[str, Any]) -> str:
+    from graphopt.report.sections_html import esc
+
+    pred = (plan.get("summary") or {}).get("prediction")
+    if not isinstance(pred, Mapping):
+        return ""
+    rows = measured_nodes(plan)
+    facts = "".join(f"<tr><td>{esc(k)}</td><td class=\"num\">{esc(v)}</td></tr>"
+                    for k, v in _facts(pred))
+    worst = "".join(f'<tr><td class="mono">{esc(n.get("name", "?"))}</td><td>'
+                    f'{esc(n.get("kernel_class") or "?")}</td><td class="num">'
+                    f'{esc(fmt_seconds(p))}</td><td class="num">{esc(fmt_seconds(m))}</td>'
+                    f'<td class="num">{p / m:.3g}×</td></tr>' for n, p, m in worst_nodes(plan))
+    shown = sorted(rows, key=lambda r: (-r[2], str(r[0].get("name"))))[:MAX_POINTS]
+    chart = _scatter(shown, class_colors([plan])) if shown else ""
+    cap = (f"{len(shown):,} of {len(rows):,} measured nodes plotted (the costliest); "
+           if len(shown) < len(rows) else "") + ("x = measured, y = predicted, per node; the "
+                                                 "solid line is exact, dashed lines 2× off.")
+    return ('<section class="grid"><div class="col"><div class="panel"><h3>Predicted vs '
+            f'measured<span class="hint">{esc(pred.get("method") or "")}</span></h3><table>'
+            f'<tbody>{facts}</tbody></table>'
+            + (f'<h4>Furthest off</h4><table><thead><tr><th>node</th><th>class</th>'
+               f'<th>predicted</th><th>measured</th><th>ratio</th></tr></thead><tbody>{worst}'
+               f'</tbody></table>' if worst else "")
+            + '</div></div><div class="col"><div class="panel roof"><h3>Predicted against '
+            f'measured</h3>{chart}<div class="cap">{esc(cap)}</div></div></div></section>')
