@@ -49,8 +49,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     plans = result.plans if isinstance(result, PlanSet) else (result,)
     for p in plans:
         s = p.summary
+        fused = s.get("est_latency_fused_s")
         print(f"{p.model['name']} ({p.model['source']}, {s['node_count']} nodes) on "
-              f"{p.target.display_name}: estimated {_fmt_time(s['est_latency_s'])}")
+              f"{p.target.display_name}: estimated {_fmt_time(s['est_latency_s'])}"
+              + (f" unfused, {_fmt_time(fused)} fused" if fused is not None else ""))
         rng = p.extra.get("shape_range")
         if rng:
             est = rng["est_latency_s"]

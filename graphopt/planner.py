@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
@@ -45,7 +46,9 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
         from graphopt.range_plan import at_opt, with_hints, with_range
 
         ranged = with_range(build_plan(at_opt(graph), target, decisions=False), graph, target)
-        return with_hints(decide(ranged) if decisions else ranged, graph, target)
+        if not decisions:
+            return with_hints(ranged, graph, target)
+        return with_fusion(with_hints(decide(ranged), graph, target))
     analyses = annotate(graph)
     costs = estimate_all(analyses, target)
     nodes = tuple(
@@ -78,7 +81,18 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
         return plan
     from graphopt.decisions.decide import decide
 
-    return decide(plan)
+    return with_fusion(decide(plan))
+
+
+def with_fusion(plan: Plan) -> Plan:
+    """``plan`` with its fusion groups (:mod:`graphopt.cost.fusion`): the ``fusion`` section
+    and ``summary.est_latency_fused_s`` beside the unfused ``est_latency_s``."""
+    from graphopt.cost.fusion import fusion_section
+
+    section = fusion_section(plan.nodes, [t["name"] for t in plan.model.get("outputs", [])])
+    return replace(plan, summary={**plan.summary,
+                                  "est_latency_fused_s": section["est_latency_fused_s"]},
+                   extra={**plan.extra, "fusion": section})
 
 
 def summarize(nodes: tuple[NodePlan, ...]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from graphopt.report.format import (
     md_text,
     plans_of,
 )
+from graphopt.report.fusion import fusion_md
 from graphopt.report.shape_range import shape_range_md
 
 __all__ = ["render_markdown"]
@@ -120,7 +121,7 @@ def render_markdown(report: Mapping[str, Any], *, max_nodes: int = 50) -> str:
            f"{md_text(report.get('schema_version', 1))}_", "", *_model_lines(model)]
     if len(plans) == 1:
         out += [_target_line(first.get("target") or {}), *sec.plan_summary(first, "##"),
-                *shape_range_md(first, "##")]
+                *shape_range_md(first, "##"), *fusion_md(first, "##")]
         out += sec.deployment_md(first, "##") + sec.node_table(first, "##", max_nodes)
     else:
         out += ["", "## Targets compared", "", *_comparison(plans)]
@@ -130,7 +131,7 @@ def render_markdown(report: Mapping[str, Any], *, max_nodes: int = 50) -> str:
             tgt = plan.get("target") or {}
             out += [f"## {md_text(tgt.get('display_name') or tgt.get('name', '?'))}", "",
                     _target_line(tgt), *sec.plan_summary(plan, "###"),
-                    *shape_range_md(plan, "###")]
+                    *shape_range_md(plan, "###"), *fusion_md(plan, "###")]
             out += sec.deployment_md(plan, "###") + sec.node_table(plan, "###", max_nodes)
     logger.debug("rendered markdown for %d plan(s)", len(plans))
     return "\n".join(out).rstrip("\n") + "\n"

@@ -1,0 +1,149 @@
+"""Fusion groups: the kernels a deploying runtime would actually launch, and their cost.
+
+Inductor, TensorRT and ONNX Runtime all fuse, so summing unfused nodes overstates memory-bound
+work: every pointwise op would pay a full round trip to DRAM and a launch. The groups here
+follow the fusions all three make:
+
+1. A recognized pattern (attention, RMSNorm/LayerNorm, SwiGLU, RoPE) is one kernel.
+2. A GEMM or conv takes its epilogue: the pointwise ops that read only its result (bias add,
+   activation, residual add), through free views, as long as each intermediate has no reader
+   outside the group.
+3. Otherwise a chain of pointwise ops fuses, with at most one reduction (a norm, softmax or
+   reduce: Inductor fuses pointwise producers and consumers into the reduction's loop).
+4. Data movement (transpose copies, concat, gather) and unknown ops stay single kernels; free
+   views cost nothing and join whichever group reads them.
+
+A group of one node costs what the node costs. A larger group costs one launch plus
+max(sum of its nodes' compute times, bytes crossing the group's boundary / the bandwidth the
+roofline used): intermediates stay in registers or shared memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphopt.analysis.kernel_class import KernelClass
+
+__all__ = ["FusionGroup", "fusion_groups", "fusion_section"]
+
+_POINTWISE = frozenset({KernelClass.ELEMENTWISE, KernelClass.SILU, KernelClass.ROPE})
+_REDUCING = frozenset({KernelClass.NORM, KernelClass.RMSNORM, KernelClass.SOFTMAX,
+                       KernelClass.REDUCTION})
+_ANCHORS = frozenset({KernelClass.GEMM, KernelClass.GEMV, KernelClass.CONV,
+                      KernelClass.QUANT_GEMM, KernelClass.QUANT_DOT})
+
+
+@dataclass
+class FusionGroup:
+    """One kernel a runtime would launch: its nodes (graph order), kind and cost."""
+
+    id: str
+    kind: str  # "pattern" | "epilogue" | "pointwise" | "single"
+    nodes: list[str] = field(default_factory=list)
+    est_time_s: float = 0.0
+    unfused_s: float = 0.0
+    external_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "nodes": list(self.nodes),
+                "est_time_s": self.est_time_s, "unfused_s": self.unfused_s,
+                "external_bytes": self.external_bytes}
+
+
+def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = ()) -> list[FusionGroup]:
+    """Group plan nodes (``NodePlan``: name, analysis, cost, inputs, outputs) into kernels."""
+    by_name = {n.name: n for n in nodes}
+    readers: dict[str, list[str]] = {}
+    for n in nodes:
+        for t in n.inputs:
+            if t is not None:
+                readers.setdefault(t.name, []).append(n.name)
+    outputs = set(graph_outputs)
+    group_of: dict[str, str] = {}
+    groups: list[FusionGroup] = []
+    patterns: dict[str, list[str]] = {}
+    for n in nodes:
+        if n.analysis.pattern:
+            patterns.setdefault(n.analysis.pattern, []).append(n.name)
+
+    def sole_reader(name: str) -> str | None:
+        """The one node reading all of ``name``'s outputs, if there is exactly one."""
+        outs = [t.name for t in by_name[name].outputs if t is not None]
+        who = {r for t in outs for r in readers.get(t, ())}
+        if len(who) != 1 or any(t in outputs for t in outs):
+            return None
+        (r,) = who
+        return r if r not in group_of else None
+
+    for n in nodes:
+        if n.name in group_of:
+            continue
+        a = n.analysis
+        if a.pattern:
+            members, kind = patterns[a.pattern], "pattern"
+        else:
+            members, kind = [n.name], "single"
+            reduced = a.kernel_class in _REDUCING
+            fusible = a.kernel_class in _ANCHORS | _POINTWISE | _REDUCING
+            nxt = sole_reader(n.name) if fusible else None
+            while nxt is not None:
+                k = by_name[nxt].analysis
+                if k.pattern or not (k.kernel_class in _POINTWISE | {KernelClass.VIEW} or
+                                     (k.kernel_class in _REDUCING and not reduced and
+                                      a.kernel_class not in _ANCHORS)):
+                    break
+                reduced |= k.kernel_class in _REDUCING
+                members.append(nxt)
+                nxt = sole_reader(nxt)
+            if len(members) > 1:
+                kind = "epilogue" if a.kernel_class in _ANCHORS else "pointwise"
+        gid = f"k{len(groups)}"
+        for m in members:
+            group_of[m] = gid
+        groups.append(_costed(FusionGroup(gid, kind, members), by_name, readers, outputs))
+    return groups
+
+
+def _costed(g: FusionGroup, by_name: dict[str, Any], readers: dict[str, list[str]],
+            outputs: set[str]) -> FusionGroup:
+    members = [by_name[m] for m in g.nodes]
+    g.unfused_s = sum(m.cost.est_time_s for m in members)
+    inside = set(g.nodes)
+    written = {t.name for m in members for t in m.outputs if t is not None}
+    ext = 0
+    seen: set[str] = set()
+    for m in members:
+        for t in m.inputs:
+            if t is not None and t.name not in written and t.name not in seen:
+                seen.add(t.name)
+                ext += t.nbytes
+        for t in m.outputs:
+            if t is not None and (t.name in outputs or
+                                  any(r not in inside for r in readers.get(t.name, ()))):
+                ext += t.nbytes
+    g.external_bytes = ext
+    real = [m for m in members if m.analysis.kernel_class is not KernelClass.VIEW]
+    if len(real) <= 1:
+        g.est_time_s = g.unfused_s
+        return g
+    compute = sum(m.cost.compute_time_s for m in real)
+    bandwidth = max(m.cost.bandwidth_used for m in real)
+    memory = ext / bandwidth if bandwidth else 0.0
+    g.est_time_s = max(compute, memory) + max(m.cost.overhead_s for m in real)
+    return g
+
+
+def fusion_section(nodes: Sequence[Any], graph_outputs: Sequence[str] = ()) -> dict[str, Any]:
+    """The report's ``fusion`` section: every multi-node group, each node's group, and the
+    fused estimate beside the unfused one."""
+    groups = fusion_groups(nodes, graph_outputs)
+    fused = sum(g.est_time_s for g in groups)
+    unfused = sum(g.unfused_s for g in groups)
+    kind = {n.name: n.analysis.kernel_class for n in nodes}
+    kernels = [g for g in groups if any(kind[m] is not KernelClass.VIEW for m in g.nodes)]
+    return {"est_latency_fused_s": fused, "est_latency_unfused_s": unfused,
+            "kernels_fused": len(kernels), "nodes": len(nodes),
+            "group_of": {m: g.id for g in groups for m in g.nodes},
+            "groups": [g.to_dict() for g in groups if len(g.nodes) > 1]}
