@@ -393,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
     pc.add_argument("--json", action="store_true", help="print JSON")
     pc.set_defaults(func=_cmd_cost)
+    from graphopt.profiling.command import add_parser as add_profile
+
+    add_profile(sub, _add_reports)
     pt = sub.add_parser("targets", help="list the hardware targets")
     pt.add_argument("--json", action="store_true", help="print JSON")
     pt.set_defaults(func=_cmd_targets)

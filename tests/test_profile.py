@@ -6,7 +6,6 @@ summary numbers follow from the nodes, and that errors say the fix.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
@@ -17,9 +16,8 @@ import torch
 from torch import nn
 
 import graphopt
-from graphopt.cli import _add_reports
+from graphopt.cli import main
 from graphopt.profiling import spearman
-from graphopt.profiling.command import add_parser
 from graphopt.report.prediction import prediction_html, prediction_md, worst_nodes
 from tests.onnx_rewrite_models import tc_guide
 from tests.zoo import ConvNet, TransformerBlock
@@ -115,24 +113,29 @@ def test_the_cli_writes_the_reports(tmp_path, capsys):
     spec.write_text("import torch\nfrom tests.zoo import ConvNet\n\ndef build():\n"
                     "    torch.manual_seed(0)\n"
                     "    return ConvNet().eval(), (torch.randn(2, 3, 16, 16),)\n")
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers(dest="command"), _add_reports)
     out = {k: tmp_path / f"p.{k}" for k in ("json", "md", "html")}
-    args = parser.parse_args(["profile", f"{spec}:build", "--target", "cpu", "--runs", "2",
-                              "--warmup", "1", *[a for k, p in out.items()
-                                                 for a in (f"--{k}", str(p))]])
-    assert args.func(args) == 0
+    rc = main(["profile", f"{spec}:build", "--target", "cpu", "--runs", "2", "--warmup", "1",
+               "--threads", "1", *[a for k, p in out.items() for a in (f"--{k}", str(p))]])
+    assert rc == 0
     printed = capsys.readouterr().out
     assert "Spearman" in printed and printed.count("wrote ") == 3
     report = json.loads(out["json"].read_text())
     pred = report["summary"]["prediction"]
+    assert pred["threads"] == 1
     assert pred["nodes_measured"] == sum(1 for n in report["nodes"] if n.get("measured_s"))
-    assert out["md"].read_text().strip() and out["html"].read_text().startswith("<!DOCTYPE")
-    md = "\n".join(prediction_md(report, "##"))
+    md = out["md"].read_text()
     assert "## Predicted vs measured" in md
     assert all(f"`{n['name']}`" in md for n, _, _ in worst_nodes(report))
-    html = prediction_html(report)
-    assert html.count("<circle") == pred["nodes_measured"] and "<script" not in html
+    html = out["html"].read_text()
+    section = prediction_html(report)
+    assert section in html and section.count("<circle") == pred["nodes_measured"]
+
+
+def test_the_cli_refuses_another_target(tmp_path, capsys):
+    (tmp_path / "m.py").write_text("import torch\ndef build():\n"
+                                   "    return torch.nn.ReLU(), (torch.randn(2),)\n")
+    assert main(["profile", f"{tmp_path / 'm.py'}:build", "--target", "a100"]) == 2
+    assert "this machine's CPU" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("call, needle", [

@@ -42,7 +42,7 @@ def _is_onnx(model: Any) -> bool:
 
 
 def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs: int = 10,
-            warmup: int = 3) -> Plan:
+            warmup: int = 3, threads: int | None = None) -> Plan:
     """Plan ``model`` for this machine's CPU, run it, and put the measurements in the plan.
 
     Args:
@@ -53,6 +53,9 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
         target: ``"cpu"`` (or ``"host"``, or its profile): the one target timed here.
         runs: profiled runs; each node's ``measured_s`` is its median over them.
         warmup: unprofiled runs first (caches, prepacked weights, thread pools).
+        threads: intra-op threads while measuring (None: the runtime's default). On a host
+            shared with other jobs, 1 avoids threads waiting on a descheduled peer (stalls of
+            a scheduler tick per op); the plan still costs the whole CPU.
 
     Returns:
         The plan, with ``measured_s`` per measured node and ``summary["prediction"]``.
@@ -61,15 +64,17 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
     from graphopt.inputs import input_files
     from graphopt.planner import build_plan
 
-    if not (isinstance(runs, int) and isinstance(warmup, int)) or runs < 1 or warmup < 0:
-        raise GraphoptError(f"runs={runs!r}, warmup={warmup!r}: need runs >= 1, warmup >= 0",
-                            "e.g. runs=10, warmup=3")
+    if not (isinstance(runs, int) and isinstance(warmup, int)) or runs < 1 or warmup < 0 \
+            or not (threads is None or (isinstance(threads, int) and threads >= 1)):
+        raise GraphoptError(f"runs={runs!r}, warmup={warmup!r}, threads={threads!r}: need "
+                            "runs >= 1, warmup >= 0, threads None or >= 1",
+                            "e.g. runs=10, warmup=3, threads=None")
     host = _host_target(target)
     if _is_onnx(model):
         from graphopt.profiling.ort_runs import measure_onnx
 
         graph = load_graph(model)
-        measured = measure_onnx(graph, runs=runs, warmup=warmup)
+        measured = measure_onnx(graph, runs=runs, warmup=warmup, threads=threads)
     else:
         module, inputs = _torch_model(model, example_inputs)
         from graphopt.frontends.torch_frontend import _split_inputs
@@ -77,7 +82,8 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
 
         graph = load_graph(module, inputs)
         args, kwargs = _split_inputs(module, inputs)
-        measured = measure_torch(graph, module, args, kwargs, runs=runs, warmup=warmup)
+        measured = measure_torch(graph, module, args, kwargs, runs=runs, warmup=warmup,
+                                 threads=threads)
     plan = replace(build_plan(graph, host), inputs=tuple(str(f) for f in input_files(model)))
     return with_measurements(plan, measured)
 

@@ -21,7 +21,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     for path in (args.json, args.md, args.html):  # refuse a bad path before the work
         if path:
             outputs.claim(path, "report")
-    plan = profile(args.model, target=args.target, runs=args.runs, warmup=args.warmup)
+    plan = profile(args.model, target=args.target, runs=args.runs, warmup=args.warmup,
+                   threads=args.threads)
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     pred = plan.summary["prediction"]
@@ -56,5 +57,7 @@ def add_parser(sub: argparse._SubParsersAction,
                                                    "that can be timed here)")
     p.add_argument("--runs", type=int, default=10, help="profiled runs (median per node)")
     p.add_argument("--warmup", type=int, default=3, help="unprofiled runs first")
+    p.add_argument("--threads", type=int, help="intra-op threads while measuring (default: the "
+                                               "runtime's; 1 on a host busy with other jobs)")
     add_reports(p)
     p.set_defaults(func=_cmd_profile)

@@ -30,10 +30,12 @@ logger = logging.getLogger(__name__)
 _SUFFIX = "_kernel_time"
 
 
-def _options(profile_prefix: str | None) -> Any:
+def _options(profile_prefix: str | None, threads: int | None) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if profile_prefix:
         options.enable_profiling = True
@@ -57,8 +59,10 @@ def _per_run(trace: list[dict[str, Any]], warmup: int) -> list[dict[str, float]]
     return out[warmup:]
 
 
-def measure_onnx(graph: Graph, *, runs: int, warmup: int) -> Measured:
-    """Per-node medians from ORT's profiler and the whole model's median wall time."""
+def measure_onnx(graph: Graph, *, runs: int, warmup: int,
+                 threads: int | None = None) -> Measured:
+    """Per-node medians from ORT's profiler and the whole model's median wall time, on
+    ``threads`` intra-op threads (ORT's default, one per physical core, when None)."""
     from graphopt.onnx_rewrites.ort_runner import OrtModel, sample_feeds
 
     model = graph.source_model
@@ -68,14 +72,14 @@ def measure_onnx(graph: Graph, *, runs: int, warmup: int) -> Measured:
     feeds = sample_feeds(model, 1, dims=rng.values("opt") if rng else None)[0]
     with tempfile.TemporaryDirectory() as tmp:
         profiled = OrtModel(model, what="the model (profiled)",
-                            options=_options(str(Path(tmp) / "ort")))
+                            options=_options(str(Path(tmp) / "ort"), threads))
         for _ in range(warmup + runs):
             profiled.run(feeds)
         trace = json.loads(Path(profiled.session.end_profiling()).read_text())
     per_run = _per_run(trace, warmup)
     names = {k for r in per_run for k in r}
     per_node = {k: statistics.median(r.get(k, 0.0) for r in per_run) for k in names}
-    plain = OrtModel(model, what="the model", options=_options(None))
+    plain = OrtModel(model, what="the model", options=_options(None, threads))
     for _ in range(warmup):
         plain.run(feeds)
     times = []
@@ -86,4 +90,4 @@ def measure_onnx(graph: Graph, *, runs: int, warmup: int) -> Measured:
     logger.info("profiled %d ONNX nodes over %d runs", len(per_node), len(per_run))
     return Measured(per_node, statistics.median(times), len(per_run), warmup,
                     "ONNX Runtime profiler (CPU EP, graph optimizations off), per node "
-                    "kernel_time; whole model timed without the profiler")
+                    "kernel_time; whole model timed without the profiler", threads)

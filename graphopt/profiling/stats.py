@@ -33,6 +33,8 @@ class Measured:
     runs: int
     warmup: int
     method: str
+    #: intra-op threads the runtime used (None: its default)
+    threads: int | None = None
     notes: tuple[str, ...] = field(default=())
 
 
@@ -71,6 +73,7 @@ def prediction_summary(pairs: Sequence[tuple[float, float]], est_latency_s: floa
         "measured_nodes_s": sum(m for _, m in pairs if m > 0),
         "runs": measured.runs,
         "warmup": measured.warmup,
+        "threads": measured.threads,
         "method": measured.method,
     }
 

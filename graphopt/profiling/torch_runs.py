@@ -83,10 +83,14 @@ def _per_node(events: Any) -> dict[str, list[float]]:
 
 
 def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
-                  kwargs: dict[str, Any], *, runs: int, warmup: int) -> Measured:
-    """Per-node medians under torch.profiler and the whole model's median wall time."""
+                  kwargs: dict[str, Any], *, runs: int, warmup: int,
+                  threads: int | None = None) -> Measured:
+    """Per-node medians under torch.profiler and the whole model's median wall time, on
+    ``threads`` intra-op threads (torch's setting when None; restored after)."""
     gm, flat = _runnable(graph, model, args, kwargs)
+    before = torch.get_num_threads()
     try:
+        torch.set_num_threads(threads or before)
         with torch.no_grad():
             for _ in range(warmup):
                 _Named(gm).run(*flat)
@@ -108,8 +112,10 @@ def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
                             "check that the model runs on its example inputs on this "
                             "machine's CPU (graphopt.plan traces it without running it)"
                             ) from None
+    finally:
+        torch.set_num_threads(before)
     logger.info("profiled %d nodes over %d runs", len(per_node), runs)
     return Measured({k: statistics.median(v) for k, v in per_node.items()},
                     statistics.median(times), runs, warmup,
                     "torch.profiler (CPU), per fx node via record_function ranges; whole "
-                    "model timed without the profiler")
+                    "model timed without the profiler", threads or before)

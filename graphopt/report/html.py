@@ -42,6 +42,7 @@ from graphopt.report.format import (
     plans_of,
 )
 from graphopt.report.fusion import fusion_html
+from graphopt.report.prediction import prediction_html
 from graphopt.report.sections_html import (
     bar,
     cards,
@@ -252,6 +253,7 @@ def _render(report: Mapping[str, Any], page_size: int) -> str:
         sections.append(f'<section class="grid"><div class="col">{_time_panel(plan, colors)}'
                         f'{costly}</div><div class="col">{roof}'
                         f"{findings}</div></section>{shape_range_html(plan)}{fusion_html(plan)}"
+                        f"{prediction_html(plan)}"
                         f"{deployment(plan, collapsed=multi, colors=colors)}")
     options = "".join(f'<option value="{esc(c)}">{esc(c)}</option>' for c in colors)
     bn_label = "All bottlenecks" + (f" ({target_name(first.get('target') or {})})"

@@ -29,6 +29,7 @@ from graphopt.report.format import (
     plans_of,
 )
 from graphopt.report.fusion import fusion_md
+from graphopt.report.prediction import prediction_md
 from graphopt.report.shape_range import shape_range_md
 
 __all__ = ["render_markdown"]
@@ -121,7 +122,7 @@ def render_markdown(report: Mapping[str, Any], *, max_nodes: int = 50) -> str:
            f"{md_text(report.get('schema_version', 1))}_", "", *_model_lines(model)]
     if len(plans) == 1:
         out += [_target_line(first.get("target") or {}), *sec.plan_summary(first, "##"),
-                *shape_range_md(first, "##"), *fusion_md(first, "##")]
+                *shape_range_md(first, "##"), *fusion_md(first, "##"), *prediction_md(first, "##")]
         out += sec.deployment_md(first, "##") + sec.node_table(first, "##", max_nodes)
     else:
         out += ["", "## Targets compared", "", *_comparison(plans)]
