@@ -91,3 +91,9 @@ def test_cli_cost():
     assert data["dims"]["seq_q"] == 1024
     bad = subprocess.run([*cli, "gemm", "4096", "x", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "not an integer" in bad.stderr
+
+
+def test_conv_padding_zero_is_a_size():
+    same = estimate_op("conv", batch=1, c_in=64, c_out=64, h=56, w=56, kernel=3)
+    valid = estimate_op("conv", batch=1, c_in=64, c_out=64, h=56, w=56, kernel=3, padding=0)
+    assert same.dims["M"] == 56 * 56 and valid.dims["M"] == 54 * 54

@@ -142,7 +142,8 @@ def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile
                             f"e.g. graphopt cost {kind} "
                             + " ".join(f"{d}=..." for d in required))
     bad = [f"{k}={v!r}" for k, v in dims.items()
-           if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "causal" else 1)]
+           if not isinstance(v, int) or isinstance(v, bool)
+           or v < (0 if k in ("causal", "padding") else 1)]
     if bad:
         raise GraphoptError(f"{kind} dims must be positive integers: {', '.join(bad)}",
                             "give sizes like M=4096")
