@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ from torch import nn
 import graphopt
 from graphopt.cli import main
 from graphopt.profiling import spearman
+from graphopt.profiling.torch_runs import per_node
 from graphopt.report.prediction import prediction_html, prediction_md, worst_nodes
 from tests.onnx_rewrite_models import tc_guide
 from tests.zoo import ConvNet, TransformerBlock
@@ -149,6 +151,22 @@ def test_bad_requests_say_the_fix(call, needle):
     with pytest.raises(graphopt.GraphoptError, match=needle) as err:
         call()
     assert err.value.fix
+
+
+def test_a_model_elsewhere_than_the_target_is_refused():
+    model = ConvNet().eval().to("meta")  # not on the CPU it would be timed on
+    with pytest.raises(graphopt.GraphoptError, match="move both there first"):
+        graphopt.profile(model, (torch.randn(2, 3, 16, 16, device="meta"),), **RUNS)
+
+
+def test_per_node_reads_the_device_time_on_a_gpu():
+    """The GPU path's mapping is the CPU one's: only the time field of the ops differs."""
+    op = SimpleNamespace(name="aten::addmm", cpu_time_total=30.0, device_time_total=7.0,
+                         cpu_children=[])
+    rng = SimpleNamespace(name="graphopt::node::linear", cpu_children=[op, op])
+    events = [rng, op, op, rng, op, op]
+    assert per_node(events, "cpu") == {"linear": pytest.approx([60e-6, 60e-6])}
+    assert per_node(events, "cuda:0") == {"linear": pytest.approx([14e-6, 14e-6])}
 
 
 def test_a_broken_onnx_file_is_a_graphopt_error(tmp_path):

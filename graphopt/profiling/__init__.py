@@ -2,8 +2,9 @@
 
 Each plan node gets ``measured_s`` beside its ``cost.est_time_s`` and the summary gets
 ``prediction`` (``stats``). torch models run under torch.profiler (``torch_runs``), ONNX files
-under ONNX Runtime's profiler (``ort_runs``). Only the host CPU can be measured here, so the
-target is pinned to it: a prediction for another chip is not checked by timing this one.
+under ONNX Runtime's profiler (``ort_runs``). Only this machine can be measured, so the target
+is pinned to its CPU (``"cpu"``) or one of its CUDA GPUs (``"gpu"``, torch models already on
+it): a prediction for another chip is not checked by timing this one.
 """
 
 from __future__ import annotations
@@ -20,17 +21,27 @@ from graphopt.profiling.stats import Measured, spearman, with_measurements
 __all__ = ["Measured", "profile", "spearman"]
 
 
-def _host_target(target: Any) -> Any:
+def _measured_on(target: Any) -> tuple[Any, str]:
+    """(profile, device): this machine's CPU, or one of its CUDA GPUs; nothing else can be
+    timed here."""
     from graphopt.api import resolve_targets
+    from graphopt.hardware.detect import detect_gpus, gpu_profile_for
     from graphopt.hardware.registry import is_this_machine
 
     profiles = resolve_targets(target)
-    if len(profiles) != 1 or not is_this_machine(profiles[0]):
-        names = ", ".join(p.name for p in profiles)
-        raise GraphoptError(f"profile measures on this machine's CPU, so it cannot check a "
-                            f"plan for {names}", "use target='cpu' (--target cpu): this "
-                            "machine's detected CPU")
-    return profiles[0]
+    if len(profiles) == 1 and is_this_machine(profiles[0]):
+        return profiles[0], "cpu"
+    if len(profiles) == 1 and profiles[0].kind == "gpu":
+        for info in detect_gpus():
+            try:
+                if gpu_profile_for(info).name == profiles[0].name:
+                    return profiles[0], f"cuda:{info.index}"
+            except GraphoptError:
+                continue
+    names = ", ".join(p.name for p in profiles)
+    raise GraphoptError(f"profile measures on this machine's CPU (or its own GPU), so it "
+                        f"cannot check a plan for {names}", "use target='cpu' (--target "
+                        "cpu): this machine's detected CPU; 'gpu' for its CUDA device")
 
 
 def _is_onnx(model: Any) -> bool:
@@ -50,7 +61,8 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
             returning ``(module, inputs)``, an ``.onnx`` path or an ``onnx.ModelProto``.
         example_inputs: the inputs to run (torch only; ONNX inputs are generated at the
             plan's sizes).
-        target: ``"cpu"`` (or ``"host"``, or its profile): the one target timed here.
+        target: ``"cpu"`` (or ``"host"``, or its profile); on a CUDA machine ``"gpu"`` /
+            ``"cuda:N"`` measures that device's kernels (model and inputs already on it).
         runs: profiled runs; each node's ``measured_s`` is its median over them.
         warmup: unprofiled runs first (caches, prepacked weights, thread pools).
         threads: intra-op threads while measuring (None: the runtime's default). On a host
@@ -69,8 +81,11 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
         raise GraphoptError(f"runs={runs!r}, warmup={warmup!r}, threads={threads!r}: need "
                             "runs >= 1, warmup >= 0, threads None or >= 1",
                             "e.g. runs=10, warmup=3, threads=None")
-    host = _host_target(target)
+    host, device = _measured_on(target)
     if _is_onnx(model):
+        if device != "cpu":
+            raise GraphoptError("profiling an ONNX model measures ONNX Runtime's CPU "
+                                "execution provider only", "use target='cpu'")
         from graphopt.profiling.ort_runs import measure_onnx
 
         graph = load_graph(model)
@@ -83,7 +98,7 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
         graph = load_graph(module, inputs)
         args, kwargs = _split_inputs(module, inputs)
         measured = measure_torch(graph, module, args, kwargs, runs=runs, warmup=warmup,
-                                 threads=threads)
+                                 threads=threads, device=device)
     plan = replace(build_plan(graph, host), inputs=tuple(str(f) for f in input_files(model)))
     return with_measurements(plan, measured)
 

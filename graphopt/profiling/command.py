@@ -53,8 +53,9 @@ def add_parser(sub: argparse._SubParsersAction,
                                        "node's measured time with its prediction")
     p.add_argument("model", help="an .onnx file, or file.py:function returning "
                                  "(module, example_inputs)")
-    p.add_argument("--target", default="cpu", help="cpu (this machine's CPU: the one target "
-                                                   "that can be timed here)")
+    p.add_argument("--target", default="cpu", help="cpu: this machine's CPU; on a CUDA "
+                                                   "machine gpu (a file.py:function model "
+                                                   "built on the GPU)")
     p.add_argument("--runs", type=int, default=10, help="profiled runs (median per node)")
     p.add_argument("--warmup", type=int, default=3, help="unprofiled runs first")
     p.add_argument("--threads", type=int, help="intra-op threads while measuring (default: the "

@@ -9,6 +9,10 @@ Interpreter's own Python work around them is not counted.
 
 The whole model is timed apart, without the profiler and the Interpreter: the module as the
 user calls it, median of ``runs`` runs.
+
+On a GPU the same ranges are used with the profiler's CUDA activity as well: a node's time is
+then the device time of the kernels its ops launched (``device_time_total``, which counts the
+kernels of nested ops too), and the whole model is timed between two synchronizations.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from graphopt.errors import GraphoptError, first_line
 from graphopt.ir import Graph
 from graphopt.profiling.stats import Measured
 
-__all__ = ["measure_torch"]
+__all__ = ["measure_torch", "per_node"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,21 +76,40 @@ def _runnable(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
     return gm, flat
 
 
-def _per_node(events: Any) -> dict[str, list[float]]:
-    """Node name -> seconds per run, from the profiler's event tree."""
+def per_node(events: Any, device: str = "cpu") -> dict[str, list[float]]:
+    """Node name -> seconds per run, from the profiler's event tree: the ops directly under
+    each node's range, their CPU time on the CPU, their kernels' device time on a GPU."""
+    field = "cpu_time_total" if device == "cpu" else "device_time_total"
     out: dict[str, list[float]] = defaultdict(list)
     for e in events:
         if e.name.startswith(_PREFIX):
-            us = sum(c.cpu_time_total for c in e.cpu_children)
+            us = sum(getattr(c, field) for c in e.cpu_children)
             out[e.name[len(_PREFIX):]].append(us * 1e-6)
     return out
 
 
+def _on(device: str, model: torch.nn.Module, args: Any) -> None:
+    """The model and its inputs must already be where they are measured: graphopt never
+    moves a user's module (a copy's parameters may alias the original's)."""
+    want = torch.device(device)
+    tensors = [*model.parameters(), *model.buffers(),
+               *(x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor))]
+    off = sorted({str(t.device) for t in tensors if t.device.type != want.type})
+    if off:
+        raise GraphoptError(f"the target is {device} but the model or its inputs are on "
+                            f"{', '.join(off)}", f"move both there first: model.to({device!r}) "
+                            "and inputs .to(...), or profile on target='cpu'")
+
+
 def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any], *, runs: int, warmup: int,
-                  threads: int | None = None) -> Measured:
+                  threads: int | None = None, device: str = "cpu") -> Measured:
     """Per-node medians under torch.profiler and the whole model's median wall time, on
     ``threads`` intra-op threads (torch's setting when None; restored after)."""
+    _on(device, model, (args, kwargs))
+    gpu = device != "cpu"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     gm, flat = _runnable(graph, model, args, kwargs)
     before = torch.get_num_threads()
     try:
@@ -94,28 +117,33 @@ def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
         with torch.no_grad():
             for _ in range(warmup):
                 _Named(gm).run(*flat)
-            with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+            sync()
+            with torch.profiler.profile(activities=activities) as prof:
                 for _ in range(runs):
                     _Named(gm).run(*flat)
-            per_node = _per_node(prof.events())
+                sync()
+            found = per_node(prof.events(), device)
             for _ in range(warmup):
                 model(*args, **kwargs)
             times = []
             for _ in range(runs):
+                sync()
                 t = time.perf_counter()
                 model(*args, **kwargs)
+                sync()
                 times.append(time.perf_counter() - t)
     except GraphoptError:
         raise
     except Exception as e:  # noqa: BLE001 - the model's own failure, said in one line
         raise GraphoptError(f"running the model to profile it failed: {first_line(e)}",
-                            "check that the model runs on its example inputs on this "
-                            "machine's CPU (graphopt.plan traces it without running it)"
+                            f"check that the model runs on its example inputs on {device} "
+                            "(graphopt.plan traces it without running it)"
                             ) from None
     finally:
         torch.set_num_threads(before)
-    logger.info("profiled %d nodes over %d runs", len(per_node), runs)
-    return Measured({k: statistics.median(v) for k, v in per_node.items()},
+    logger.info("profiled %d nodes over %d runs on %s", len(found), runs, device)
+    what = "CPU" if device == "cpu" else f"{device} kernels"
+    return Measured({k: statistics.median(v) for k, v in found.items()},
                     statistics.median(times), runs, warmup,
-                    "torch.profiler (CPU), per fx node via record_function ranges; whole "
+                    f"torch.profiler ({what}), per fx node via record_function ranges; whole "
                     "model timed without the profiler", threads or before)
