@@ -100,7 +100,22 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
         measured = measure_torch(graph, module, args, kwargs, runs=runs, warmup=warmup,
                                  threads=threads, device=device)
     plan = replace(build_plan(graph, host), inputs=tuple(str(f) for f in input_files(model)))
-    return with_measurements(plan, measured)
+    busy = _busy_note()
+    return with_measurements(plan, replace(measured, notes=(*measured.notes, *busy)))
+
+
+def _busy_note() -> tuple[str, ...]:
+    """A warning when other jobs kept the CPUs busy: a runtime's threads then wait for a
+    descheduled peer, a scheduler tick (ms) at a time, and small ops measure far too slow."""
+    try:
+        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:  # not on every platform
+        return ()
+    if load <= cpus:
+        return ()
+    return (f"the host was busy while measuring (load {load:.1f} on {cpus} CPUs): the "
+            "measured times include waits for other jobs; measure on an idle machine, or "
+            "pass threads=1 (--threads 1)",)
 
 
 def _torch_model(model: Any, example_inputs: Any) -> tuple[Any, Any]:

@@ -41,6 +41,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     for n, p, m in worst_nodes(d, 5):
         print(f"  {p / m:8.3g}x  {fmt_seconds(p):>10} predicted {fmt_seconds(m):>10} measured  "
               f"{n['kernel_class']:<13} {n['name']}")
+    for w in plan.warnings:
+        print(f"  warning: {w}")
     for path in written:
         print(f"wrote {path}")
     return 0

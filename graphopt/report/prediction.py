@@ -19,7 +19,7 @@ __all__ = ["measured_nodes", "prediction_html", "prediction_md", "worst_nodes"]
 
 WORST = 10  # nodes listed as the furthest off
 MAX_POINTS = 5000  # the scatter keeps the costliest measured nodes beyond this
-_W, _H, _PL, _PR, _PT, _PB = 460, 360, 58, 14, 14, 42  # scatter box and paddings (px)
+_W, _H, _PL, _PR, _PT, _PB = 460, 360, 58, 26, 14, 42  # scatter box and paddings (px)
 
 
 def measured_nodes(plan: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], float, float]]:
