@@ -89,8 +89,9 @@ def producer(m: onnx.ModelProto, tensor: str) -> onnx.NodeProto:
     return next(n for n in m.graph.node if tensor in n.output)
 
 
-def tc_guide() -> onnx.ModelProto:
-    """NVIDIA's tensor-core guide example: Conv 3->67->129, then Gemm and MatMul 129->251."""
+def tc_guide(size: int = 16) -> onnx.ModelProto:
+    """NVIDIA's tensor-core guide example: Conv 3->67->129, then Gemm and MatMul 129->251, on
+    ``size`` x ``size`` images."""
     nodes = [helper.make_node("Conv", ["x", "c1w", "c1b"], ["c1"], name="conv1", pads=[1] * 4),
              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
              helper.make_node("Conv", ["r1", "c2w", "c2b"], ["c2"], name="conv2", pads=[1] * 4),
@@ -103,4 +104,4 @@ def tc_guide() -> onnx.ModelProto:
     inits = [init("c1w", 67, 3, 3, 3), init("c1b", 67), init("c2w", 129, 67, 3, 3),
              init("c2b", 129), init("fw", 251, 129), init("fb", 251), init("mw", 129, 251),
              init("mb", 251)]
-    return model(nodes, {"x": ["N", 3, 16, 16]}, {"y": ["N", 251], "y2": ["N", 251]}, inits)
+    return model(nodes, {"x": ["N", 3, size, size]}, {"y": ["N", 251], "y2": ["N", 251]}, inits)

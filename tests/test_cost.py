@@ -107,3 +107,16 @@ def test_transfer_cost_nvlink_vs_pcie():
     assert transfer_time_s(nbytes, h100, a100) < transfer_time_s(nbytes, h100, cpu)
     assert transfer_time_s(nbytes, h100, h100) == 0.0
     assert transfer_time_s(0, h100, cpu) == pytest.approx(h100.host_link.latency_s)
+
+
+def test_skinny_gemms_pick_smaller_tiles_or_split_k():
+    """A 128 x 2112 x 7168 GEMM has 17 128x128 tiles for 132 SMs: cuBLAS-like kernel choice
+    splits K (7168 = 14 x 512) or shrinks the tile instead of leaving 87% of the GPU idle."""
+    from graphopt.cost import estimate_op
+
+    skinny = estimate_op("gemm", M=128, N=2112, K=7168, dtype="fp8", target="h100")
+    assert skinny.utilization > 0.5  # 17 / 132 = 0.13 with one tile shape and no split
+    big = estimate_op("gemm", M=4096, N=4096, K=4096, dtype="fp8", target="h100")
+    assert big.utilization == pytest.approx(1024 / (8 * 132))  # 128x128 tiles, 8 waves
+    shallow = estimate_op("gemm", M=128, N=2112, K=256, dtype="fp8", target="h100")
+    assert shallow.utilization < skinny.utilization  # K too short to split

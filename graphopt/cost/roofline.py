@@ -12,7 +12,11 @@ Which compute peak applies:
    Padding passes use :func:`tc_alignment` and this penalty to decide.
 3. fp32 convolutions on sm_80+ use TF32 (cuDNN's default, ``torch.backends.cudnn.allow_tf32``);
    fp32 matmuls do not (``torch.backends.cuda.matmul.allow_tf32`` defaults to False).
-4. Small GPU GEMMs do not fill every SM: utilization = tiles / (waves * SMs) with 128x128 tiles.
+4. Small GPU GEMMs do not fill every SM: utilization = tiles / (waves * SMs). Like cuBLAS's
+   heuristics, the kernel is the best of a few CTA tiles (128x128, 128x64, 64x64; a smaller
+   tile fills more SMs but reuses its operands less, ``_TILES``) and split-K (K cut into up to
+   16 slices of >= 512 that run as more tiles, then summed): a skinny or deep-K GEMM
+   (M = 128, K = 7168) is not left on 17 of 132 SMs. Attention tiles its queries by 128.
 5. Everything else runs on vector units (CUDA cores, SIMD) and is usually memory-bound.
 6. Free views cost nothing (no kernel); every other node pays the target's launch overhead.
 7. A node whose outputs are all empty (``NodeAnalysis.no_work``) costs nothing either: torch and
@@ -67,6 +71,15 @@ _PEAK_KEY = {"fp64": "fp64", "fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf
              "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8": "fp8", "int8": "int8",
              "uint8": "int8", "int4": "int4", "uint4": "int4", "fp4": "fp4"}
 _GEMM_TILE = 128  # CTA tile edge of large cuBLAS/CUTLASS GEMM kernels
+#: CTA tiles (M x N) the GEMM libraries choose among, with each one's throughput per SM
+#: relative to 128x128: a smaller tile fills more SMs on a skinny problem but re-reads its
+#: operands more often per FLOP
+_TILES = {(128, 128): 1.0, (128, 64): 0.85, (64, 64): 0.7}
+#: split-K: K cut into this many slices that run as separate tiles, then summed; a slice keeps
+#: at least ``_MIN_SPLIT_K`` of K, and the extra reduction costs ``1 - _SPLIT_K_EFFICIENCY``
+_SPLITS = (1, 2, 4, 8, 16)
+_MIN_SPLIT_K = 512
+_SPLIT_K_EFFICIENCY = 0.9
 
 
 def tc_alignment(peak: str) -> int:
@@ -147,14 +160,24 @@ def _utilization(a: NodeAnalysis, profile: HardwareProfile) -> float:
     d = a.dims
     if a.kernel_class is KernelClass.ATTENTION:
         tiles = d.get("batch", 1) * d.get("heads", 1) * math.ceil(d.get("seq_q", 1) / _GEMM_TILE)
-    else:
-        g = max(1, d.get("groups", 1))
-        batch = 1 if a.kernel_class is KernelClass.CONV else d.get("batch", 1)  # conv M has N
-        tiles = (math.ceil(d.get("M", 1) / _GEMM_TILE)
-                 * math.ceil(max(1, d.get("N", 1) // g) / _GEMM_TILE) * g * batch)
-    tiles = max(1, tiles)
-    waves = math.ceil(tiles / profile.sm_count)
-    return tiles / (waves * profile.sm_count)
+        return _wave_fill(max(1, tiles), profile.sm_count)
+    g = max(1, d.get("groups", 1))
+    batch = 1 if a.kernel_class is KernelClass.CONV else d.get("batch", 1)  # conv M has N
+    m, n, k = d.get("M", 1), max(1, d.get("N", 1) // g), max(1, d.get("K", 1) // g)
+    best = 0.0
+    for (tm, tn), tile_eff in _TILES.items():
+        base = math.ceil(m / tm) * math.ceil(n / tn) * g * batch
+        for split in _SPLITS:
+            if split > 1 and k // split < _MIN_SPLIT_K:
+                break
+            eff = tile_eff * (1.0 if split == 1 else _SPLIT_K_EFFICIENCY)
+            best = max(best, _wave_fill(base * split, profile.sm_count) * eff)
+    return best
+
+
+def _wave_fill(tiles: int, sms: int) -> float:
+    """Fraction of the SMs busy over all waves: the last wave may run part-empty."""
+    return tiles / (math.ceil(tiles / sms) * sms)
 
 
 def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
