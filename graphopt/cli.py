@@ -206,70 +206,6 @@ def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
     return 0 if all(n["within"] for n in info["numerics"]) else 1
 
 
-def _cmd_llm(args: argparse.Namespace) -> int:
-    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
-    from graphopt.llm import plan_llm
-    from graphopt.report.format import fmt_bytes
-
-    if not is_python_spec(args.model):
-        raise GraphoptError(f"graphopt llm takes file.py:function, got {args.model!r}",
-                            "write a function that returns (model, example_inputs) for a "
-                            "transformers Llama-layout causal LM (inputs are not used)")
-    outputs = OutputSet(input_files(args.model))
-    _claim_reports(outputs, args)  # refuse a bad path before the work, not after
-    model = load_python_spec(args.model)[0]
-    low, _, high = args.batch.partition(":")
-    try:
-        batch = (int(low), int(high)) if high else int(low)
-    except ValueError:
-        raise GraphoptError(f"--batch {args.batch!r} is not MAX or MIN:MAX",
-                            "write e.g. --batch 1:64") from None
-    lp = plan_llm(model, args.target, batch=batch, prompt_len=args.prompt,
-                  cache_len=args.cache)
-    lp.decode.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
-    written = outputs.commit()
-    llm = lp.section
-    mem = llm["memory"]
-    print(f"{lp.decode.model['name']} on {lp.decode.target.display_name}: KV cache "
-          f"{fmt_bytes(mem['kv_bytes_per_sequence'])} per sequence of {args.cache} "
-          f"tokens; largest batch that fits: {mem['max_batch_size']}; recommended decode "
-          f"batch {mem['recommended_batch_size']} ({mem['batch_decided_by']})")
-    print("  decode  batch  tokens/s  bound tokens/s | prefill tokens/s  TTFT")
-    for d, p in zip(llm["decode"], llm["prefill"], strict=False):
-        print(f"          {d['batch']:5d}  {d['tokens_per_s']:8.0f}  "
-              f"{d['bound_tokens_per_s']:14.0f} | {p['tokens_per_s']:16.0f}  "
-              f"{_fmt_time(p['step_s'])}")
-    for path in written:
-        print(f"wrote {path}")
-    return 0
-
-
-def _cmd_cost(args: argparse.Namespace) -> int:
-    from graphopt.cost.whatif import KINDS, estimate_op
-
-    _, required, optional = KINDS[args.kind]
-    order, dims = list(required + optional), {}
-    for i, item in enumerate(args.dims):
-        key, eq, value = item.rpartition("=")
-        key = key if eq else (order[i] if i < len(order) else f"#{i + 1}")
-        try:
-            dims[key] = int(value)
-        except ValueError:
-            raise GraphoptError(f"{args.kind} dim {item!r} is not an integer",
-                                f"give sizes in order ({' '.join(order)}) or as name=value"
-                                ) from None
-    e = estimate_op(args.kind, dtype=args.dtype, target=args.target, **dims)
-    if args.json:
-        print(json.dumps(e.to_dict(), indent=1))
-        return 0
-    shown = ", ".join(f"{k}={v}" for k, v in e.dims.items())
-    print(f"{args.kind} ({shown}) in {e.dtype} on {e.target}: {_fmt_time(e.time_s)}, "
-          f"{e.bound}-bound, on {e.kernel}")
-    print(f"  {e.flops / 1e9:.4g} GFLOP, {e.bytes / 1e6:.4g} MB ({e.kernel_class})")
-    print(f"  {e.reason}")
-    return 0
-
-
 def _cmd_targets(args: argparse.Namespace) -> int:
     from graphopt.hardware import list_targets
 
@@ -369,30 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_devices(po)
     _add_reports(po)
     po.set_defaults(func=_cmd_optimize)
-    pm = sub.add_parser("llm", help="plan a decoder LLM's prefill and decode over a batch "
-                                     "range: tokens/s, the bandwidth bound, the KV cache")
-    pm.add_argument("model", help="file.py:function returning (model, inputs) for a "
-                                  "transformers Llama-layout causal LM (meta device is fine)")
-    pm.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
-    pm.add_argument("--batch", default="1:64", metavar="MIN:MAX",
-                    help="the batch range (default 1:64)")
-    pm.add_argument("--prompt", type=int, default=512, help="prefill prompt length")
-    pm.add_argument("--cache", type=int, default=2048, help="decode KV-cache length")
-    _add_reports(pm)
-    pm.set_defaults(func=_cmd_llm)
-    from graphopt.cost.whatif import KINDS
+    from graphopt.cost.command import add_parser as add_cost
+    from graphopt.llm_command import add_parser as add_llm
 
-    pc = sub.add_parser("cost", help="what one op costs on a target (the planner's own model)",
-                        epilog="dims in order: " + "; ".join(
-                            f"{k}: {' '.join(r)} [{' '.join(o)}]" for k, (_, r, o) in
-                            KINDS.items()) + ". Or name=value, e.g. causal=1.")
-    pc.add_argument("kind", choices=list(KINDS))
-    pc.add_argument("dims", nargs="+", help="sizes in order, or name=value")
-    pc.add_argument("--dtype", default="bf16",
-                    help="fp32 | tf32 | bf16 | fp16 | fp8 | int8 (default bf16)")
-    pc.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
-    pc.add_argument("--json", action="store_true", help="print JSON")
-    pc.set_defaults(func=_cmd_cost)
+    add_llm(sub, _add_reports)
+    add_cost(sub)
     from graphopt.profiling.command import add_parser as add_profile
 
     add_profile(sub, _add_reports)
