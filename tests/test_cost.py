@@ -125,3 +125,28 @@ def test_skinny_gemms_pick_smaller_tiles_or_split_k():
     assert big.utilization == pytest.approx(8192 / (63 * 132))
     shallow = estimate_op("gemm", M=128, N=2112, K=256, dtype="fp8", target="h100")
     assert shallow.utilization < skinny.utilization  # K too short to split
+
+
+def test_attention_names_its_kernel_and_pays_for_softmax_and_tiles():
+    """exp on 16 MUFU lanes per SM against 4 x head_dim tensor-core FLOPs per score: 64/d of
+    the matmul time on an H100 SM, 80% hidden by FlashAttention-3's ping-pong; FA2 on an A100
+    (32/d, 40% hidden)."""
+    from graphopt.cost import estimate_op
+
+    h100 = estimate_op("attention", batch=4, heads=16, seq=8192, head_dim=128, target="h100")
+    assert "FlashAttention-3 on sm_90" in h100.reason
+    n = 8192 // 128
+    want = 1 / ((1 + 0.2 * 64 / 128) * (n + 1) / n)
+    assert h100.compute_fraction == pytest.approx(0.75 * h100.utilization * want)
+    a100 = estimate_op("attention", batch=4, heads=16, seq=8192, head_dim=128, target="a100")
+    assert "FlashAttention-2 on sm_80" in a100.reason
+    # head_dim 64 with twice the heads: the same matmul FLOPs (+1% softmax), twice the
+    # exponentials per FLOP
+    d64 = estimate_op("attention", batch=4, heads=32, seq=8192, head_dim=64, target="h100")
+    assert d64.flops == pytest.approx(h100.flops, rel=0.02)
+    assert d64.time_s > 1.05 * h100.time_s
+    # causal: half the FLOPs, but short sequences lose more to the diagonal tiles
+    full = estimate_op("attention", batch=16, heads=32, seq=1024, head_dim=128, target="a100")
+    causal = estimate_op("attention", batch=16, heads=32, seq=1024, head_dim=128, causal=1,
+                         target="a100")
+    assert causal.flops < 0.55 * full.flops and causal.time_s > 0.55 * full.time_s

@@ -227,7 +227,9 @@ def _attention(node, ins, out, numel, read):
                                int(heads) if heads else None)
     v = _shape(ins[2]) if len(ins) > 2 else ()
     dv = v[-1] if len(v) == 4 else None
-    return d, attention_flops(d, dv, bool(node.attrs.get("is_causal"))), read
+    causal = bool(node.attrs.get("is_causal"))
+    flops = attention_flops(d, dv, causal)
+    return ({**d, "causal": 1} if causal else d), flops, read
 
 
 def _rowwise(per_element: int | None):

@@ -204,6 +204,12 @@ def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
                     "cpu_matrix" if key in ("bf16", "int8") and profile.has("amx_bf16")
                     else "cpu_simd")
                 rate = profile.peak_flops[key] * efficiency(kind, "matrix") * align * util
+                if a.kernel_class is KernelClass.ATTENTION and profile.is_gpu:
+                    from graphopt.cost.attention import attention_kernel
+
+                    factor, why = attention_kernel(a, profile)
+                    rate *= factor
+                    note = f"{note}; {why}" if note else why
                 return rate, unit, key, align, util, note
             note = (f"K/N not a multiple of {tc_alignment(key)}: no tensor cores on "
                     f"{profile.generation}")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphopt.analysis import annotate
-from graphopt.analysis.kernel_class import GEMM_LIKE
+from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
+from graphopt.cost.attention import attention_kernel
 from graphopt.cost.roofline import efficiency, estimate
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
@@ -157,7 +158,10 @@ def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile
     c = estimate(a, profile, peak)
     # the roofline's own factors: datasheet peak x efficiency x utilization x alignment
     eff = efficiency(profile.kind, "matrix" if a.kernel_class in GEMM_LIKE else "vector")
-    factors = eff * c.utilization * c.alignment_efficiency
+    kernel_eff = 1.0  # a fused attention kernel's softmax and tile losses (cost.attention)
+    if a.kernel_class is KernelClass.ATTENTION and c.unit == "tensor_core":
+        kernel_eff = attention_kernel(a, profile)[0]
+    factors = eff * c.utilization * c.alignment_efficiency * kernel_eff
     datasheet = c.peak_flops_used / factors if factors else 0.0
     compute_fraction = factors if c.unit != "none" else 0.0
     memory_fraction = c.bandwidth_used / profile.bandwidth_bytes_per_s
@@ -167,7 +171,9 @@ def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile
               f"{c.peak_flops_used / 1e12:.4g} TFLOP/s ({compute_fraction:.0%} of the "
               f"{datasheet / 1e12:.4g} TFLOP/s {c.precision} peak of the {unit}: efficiency "
               f"{eff:.2f} x utilization {c.utilization:.2f} x alignment "
-              f"{c.alignment_efficiency:.2f}), memory {c.memory_time_s * 1e6:.3g} us at "
+              f"{c.alignment_efficiency:.2f}"
+              + (f" x kernel {kernel_eff:.2f}" if kernel_eff != 1.0 else "")
+              + f"), memory {c.memory_time_s * 1e6:.3g} us at "
               f"{c.bandwidth_used / 1e9:.4g} GB/s ({memory_fraction:.0%} of "
               f"{profile.bandwidth_bytes_per_s / 1e9:.4g} GB/s), launch "
               f"{c.overhead_s * 1e6:.3g} us" + (f"; {c.note}" if c.note else ""))

@@ -1,0 +1,75 @@
+"""Fused attention on GPUs: which kernel family runs, and what it loses to softmax and tiles.
+
+A FlashAttention-style kernel runs two GEMMs per score tile (QK^T and PV: 4 * head_dim FLOPs per
+score) and one exponential per score. The exponentials run on the SM's special-function units
+(MUFU, 16 results per clock per SM [PG]), not on the tensor cores, so per score they cost
+
+    exp / matmul = (tensor-core FLOPs per clock per SM / 4 head_dim) / 16
+
+which is 32 / head_dim on an A100 SM and 64 / head_dim on an H100 SM [WP]: at head_dim 64
+the exponentials take as long as the matmuls. FlashAttention-2 (Ampere, Ada, Turing, consumer
+Blackwell) hides only what warps interleaving on an SM hide; FlashAttention-3 on Hopper and the
+Blackwell kernels (FA4, cuDNN) overlap them with the GEMMs of the other warpgroup (ping-pong
+scheduling) [FA3]: ``_OVERLAP`` is the hidden share of each. A causal kernel also computes
+the diagonal tiles in full (n(n+1)/2 tiles of 128 for n = seq / 128, not n^2 / 2), and every
+query tile pays a pipeline fill of about ``_FILL_TILES`` key tiles, which short sequences
+feel.
+
+The fitted parameters (``_OVERLAP`` per family, ``_FILL_TILES``) come from a grid fit on the
+27 attention points of ``benchmarks/calibration`` (``bench_calibration.py``), never per point:
+median |ln(pred/meas)| 0.048 there (0.24 with attention costed as a plain GEMM).
+
+Sources:
+  [PG]  NVIDIA CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table: 16
+        results per clock per SM for 32-bit exp2/log2/rcp/rsqrt/sin/cos on cc 7.x-9.0.
+  [WP]  Whitepapers: V100 and Turing, 8 tensor cores x 64 FP16 FMA per clock per SM; A100,
+        4 x 256 dense FP16 FMA; GA10x and Ada, 4 x 128; H100, 4 x 512; B200, twice H100 per SM.
+  [FA3] Shah et al., "FlashAttention-3" (2024), sections 3.1-3.2: MUFU exp throughput is 256x
+        lower than matmul on H100; warp-specialized ping-pong overlaps softmax with GEMMs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.hardware.profile import HardwareProfile
+
+__all__ = ["attention_kernel"]
+
+#: dense FP16 tensor-core FLOPs per clock per SM by compute capability major.minor [WP]; other
+#: ccs of a major (GA10x 8.6, Ada 8.9, consumer Blackwell 12.x) have the GA10x rate
+_TC_FLOPS_PER_CLOCK = {(7, 0): 1024, (7, 5): 1024, (8, 0): 2048, (9, 0): 4096, (10, 0): 8192}
+_OTHER_TC_FLOPS_PER_CLOCK = 1024
+_MUFU_PER_CLOCK = 16  # [PG]
+#: kernel family by cc major (FlashAttention-2 elsewhere), and the share of the exponentials
+#: each hides behind the GEMMs
+_FAMILY = {9: "FlashAttention-3", 10: "FA4 / cuDNN"}
+_OVERLAP = {"FlashAttention-2": 0.4, "FlashAttention-3": 0.8, "FA4 / cuDNN": 0.8}
+_FILL_TILES = 1.0
+_TILE = 128
+
+
+def attention_kernel(a: NodeAnalysis, profile: HardwareProfile) -> tuple[float, str]:
+    """(fraction of the GEMM rate a fused attention reaches, the kernel family and why)."""
+    cc = profile.compute_capability or (8, 0)
+    family = _FAMILY.get(cc[0], "FlashAttention-2")
+    d = a.dims
+    head_dim = max(1, d.get("head_dim", 128))
+    tc = _TC_FLOPS_PER_CLOCK.get(cc)
+    if tc is None:  # another cc of datacenter Blackwell has B200's rate, the rest GA10x's
+        tc = _TC_FLOPS_PER_CLOCK[(10, 0)] if cc[0] == 10 else _OTHER_TC_FLOPS_PER_CLOCK
+    exp_ratio = tc / (4 * head_dim) / _MUFU_PER_CLOCK
+    exposed = (1 - _OVERLAP[family]) * exp_ratio
+    n = max(1, math.ceil(d.get("seq_kv", 1) / _TILE))
+    causal = bool(d.get("causal"))
+    # key tiles each query tile computes: all n, or the lower triangle with its diagonal
+    tiles = (n + 1) / 2 if causal else n
+    ideal = n / 2 if causal else n
+    work = (tiles + _FILL_TILES) / ideal
+    factor = 1 / ((1 + exposed) * work)
+    why = (f"{family} on sm_{cc[0]}{cc[1]}: exponentials {exp_ratio:.2f}x the matmul time "
+           f"at head_dim {head_dim}, {_OVERLAP[family]:.0%} hidden; "
+           + ("causal diagonal tiles and " if causal else "")
+           + f"pipeline fill over {n} key tiles: {factor:.2f} of the GEMM rate")
+    return factor, why
