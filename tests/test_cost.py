@@ -38,7 +38,7 @@ def test_gemm_cost_matches_hand_computation(target, peak, sms, bandwidth):
                for t, e in ((64 * 64, 1.0), (64 * 128, 0.85), (128 * 128, 0.7))
                for s in (1, 2, 4, 8, 16))
     compute = flops / (peak * 0.75 * util)
-    memory = nbytes / (bandwidth * 0.8)
+    memory = nbytes / (bandwidth * 0.85)
     assert a.flops == flops and a.bytes_total == nbytes
     assert c.compute_time_s == pytest.approx(compute, rel=1e-9)
     assert c.memory_time_s == pytest.approx(memory, rel=1e-9)
