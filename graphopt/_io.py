@@ -94,6 +94,13 @@ class OutputSet:
         self._targets.append(target)
         return target
 
+    def claim_each(self, paths: Iterable[PathLike | None], what: str = "output") -> None:
+        """:meth:`claim` every path given (None and "" skipped): a command refuses a bad path
+        among its optional outputs before the work, not after."""
+        for path in paths:
+            if path:
+                self.claim(path, what)
+
     def claimed(self, path: PathLike) -> bool:
         """Whether ``path`` (this exact path) was claimed already."""
         return Path(path) in self._targets

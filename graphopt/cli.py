@@ -27,12 +27,6 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
-def _claim_reports(outputs: OutputSet, args: argparse.Namespace) -> None:
-    for path in (args.json, args.md, args.html):
-        if path:
-            outputs.claim(path, "report")
-
-
 def _cmd_plan(args: argparse.Namespace) -> int:
     from graphopt.api import plan
     from graphopt.dynamic_spec import parse_dynamic
@@ -40,7 +34,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from graphopt.plan import PlanSet
 
     outputs = OutputSet(input_files(args.model))
-    _claim_reports(outputs, args)  # refuse a bad path before the work, not after
+    outputs.claim_each((args.json, args.md, args.html), "report")  # before the work
     dynamic = parse_dynamic(args.dynamic, is_python_spec(args.model))
     result = plan(args.model, target=args.target, devices=args.devices, strategy=args.strategy,
                   dynamic_shapes=dynamic)
@@ -109,7 +103,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if str(args.output).endswith(".pt2"):  # the torch-optimized module, graphopt.load reads it
         return _optimize_pt2(args, targets[0], options, outputs)
     claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
-    _claim_reports(outputs, args)
+    outputs.claim_each((args.json, args.md, args.html), "report")
     model: Any = args.model
     samples = None
     dynamic = parse_dynamic(args.dynamic, is_python_spec(args.model))
@@ -182,7 +176,7 @@ def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
         raise GraphoptError("--calibration feeds ONNX Runtime's quantizers",
                             "leave it out for -o OUT.pt2, or write -o OUT.onnx")
     outputs.claim(args.output, "saved model")  # refuse a bad path before the work
-    _claim_reports(outputs, args)
+    outputs.claim_each((args.json, args.md, args.html), "report")
     module, inputs, dynamic = load_python_spec(args.model)
     opt = optimize(module, inputs, target, precision=options.precision, pad=options.pad,
                    layout=options.layout, quantize=options.quantize, measure=options.measure,

@@ -22,9 +22,7 @@ def _cmd_llm(args: argparse.Namespace) -> int:
                             "write a function that returns (model, example_inputs) for a "
                             "transformers Llama-layout causal LM (inputs are not used)")
     outputs = OutputSet(input_files(args.model))
-    for path in (args.json, args.md, args.html):  # refuse a bad path before the work
-        if path:
-            outputs.claim(path, "report")
+    outputs.claim_each((args.json, args.md, args.html), "report")  # before the work
     model = load_python_spec(args.model)[0]
     low, _, high = args.batch.partition(":")
     try:

@@ -60,9 +60,10 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
             points.setdefault(n.name, {})[point] = _record(records, a, c)
         totals[point] = total
     records = {}
-    nodes = tuple(replace(n, at_points={p: points.get(n.name, {}).get(p) or
-                                        _record(records, n.analysis, n.cost) for p in POINTS})
-                  for n in plan.nodes)
+    nodes = []
+    for n in plan.nodes:  # a point equal to opt (or skipped) is the node's own record
+        own, at = _record(records, n.analysis, n.cost), points.get(n.name, {})
+        nodes.append(replace(n, at_points={p: at.get(p, own) for p in POINTS}))
     section = {**rng.to_dict(), "est_latency_s": {p: totals[p] for p in POINTS}}
     unbounded = [d.name for d in rng.dims if d.max is None]
     warnings = list(plan.warnings)
@@ -70,7 +71,7 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
         warnings.append(f"no max given for {', '.join(unbounded)}: the module accepts any "
                         "size, and the max point is costed at opt (give torch.export.Dim(..., "
                         "max=N), or min:opt:max on the CLI, for a real max)")
-    return replace(plan, nodes=nodes, warnings=tuple(warnings),
+    return replace(plan, nodes=tuple(nodes), warnings=tuple(warnings),
                    extra={**plan.extra, "shape_range": section})
 
 

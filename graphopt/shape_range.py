@@ -57,9 +57,12 @@ class DimRange:
     def contains(self, size: int) -> bool:
         return size >= self.min and (self.max is None or size <= self.max)
 
+    @property
+    def bounds(self) -> str:
+        return f"[{self.min}, {'inf' if self.max is None else self.max}]"
+
     def describe(self) -> str:
-        top = "inf" if self.max is None else str(self.max)
-        return f"{self.name} in [{self.min}, {top}]"
+        return f"{self.name} in {self.bounds}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "min": self.min, "opt": self.opt, "max": self.max,
@@ -84,9 +87,7 @@ class ShapeRange:
 
     def values(self, point: str = "opt") -> dict[str, int]:
         """Dim name (and torch symbol) -> size at ``point``."""
-        out = {d.name: d.at(point) for d in self.dims}
-        out.update({d.symbol: d.at(point) for d in self.dims if d.symbol})
-        return out
+        return self._with_symbols({d.name: d.at(point) for d in self.dims})
 
     def check(self, shapes: Mapping[str, tuple[int, ...] | None]) -> str | None:
         """None if ``shapes`` (input name -> shape) lie in the range, else what is wrong."""
@@ -106,8 +107,7 @@ class ShapeRange:
                 if r is None:
                     continue  # an expression of dims: torch checks it
                 if not r.contains(g):
-                    top = "inf" if r.max is None else r.max
-                    return f"input {name!r} dim {i} ({w}) is {g}, outside [{r.min}, {top}]"
+                    return f"input {name!r} dim {i} ({w}) is {g}, outside {r.bounds}"
                 if seen.setdefault(w, g) != g:
                     return f"dim {w} is {seen[w]} in one input and {g} in {name!r}"
         return None
@@ -132,6 +132,12 @@ class ShapeRange:
                 break
             sizes = shrunk
         return self._with_symbols(sizes)
+
+    def end_points(self) -> list[tuple[str, dict[str, int]]]:
+        """(point, the sizes to check it at) for min and max, where they differ from opt: the
+        ends every numeric check covers besides the example."""
+        opt = self.values("opt")
+        return [(p, v) for p in ("min", "max") if (v := self.check_values(p)) != opt]
 
     def _with_symbols(self, sizes: dict[str, int]) -> dict[str, int]:
         return {**sizes, **{d.symbol: sizes[d.name] for d in self.dims if d.symbol}}

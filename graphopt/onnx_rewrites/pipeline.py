@@ -113,14 +113,8 @@ def _range_feeds(feed: dict[str, np.ndarray], rng: Any) -> list[dict[str, np.nda
     every check then covers the range's ends too."""
     if not rng:
         return []
-    opt = rng.values("opt")
-    out = []
-    for point in ("min", "max"):
-        values = rng.check_values(point)
-        if values != opt:
-            sized = rng.sized_inputs(values, feed, np.tile)
-            out.append({k: np.ascontiguousarray(v) for k, v in sized.items()})
-    return out
+    return [{k: np.ascontiguousarray(v) for k, v in rng.sized_inputs(values, feed, np.tile).items()}
+            for _, values in rng.end_points()]
 
 
 def _resolve(target: str | HardwareProfile) -> HardwareProfile:

@@ -18,9 +18,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from graphopt.report.prediction import worst_nodes
 
     outputs = OutputSet(input_files(args.model))
-    for path in (args.json, args.md, args.html):  # refuse a bad path before the work
-        if path:
-            outputs.claim(path, "report")
+    outputs.claim_each((args.json, args.md, args.html), "report")  # before the work
     plan = profile(args.model, target=args.target, runs=args.runs, warmup=args.warmup,
                    threads=args.threads)
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)

@@ -66,8 +66,7 @@ class OptimizedModule(torch.nn.Module):
         #: a ``graphopt.shape_range.ShapeRange`` and the graph input name of each tensor arg
         self.shape_range = shape_range
         self._input_names = list(input_names or [])
-        self._bounds = _bounds(shape_range, input_shapes, self._input_names)
-        self._shared = _shared(shape_range, input_shapes, self._input_names)
+        self._bounds, self._shared = _call_checks(shape_range, input_shapes, self._input_names)
         self._runtime = dict(runtime or {})
         # the flags only touch CUDA kernels: decided once, not per call
         self._runtime_active = bool(self._runtime) and torch.cuda.is_available()
@@ -105,44 +104,32 @@ class OptimizedModule(torch.nn.Module):
                                 "dynamic_shapes range")
 
 
-def _bounds(shape_range: Any, shapes: list[tuple[int, ...] | None], names: list[str]
-            ) -> tuple[list[int], list[list[tuple[int, int, float]]]]:
-    """Per tensor input: its rank and (axis, min, max) of every dim, static or in the range."""
+def _call_checks(shape_range: Any, shapes: list[tuple[int, ...] | None], names: list[str]
+                 ) -> tuple[tuple[list[int], list[list[tuple[int, int, float]]]],
+                            list[list[tuple[int, int]]]]:
+    """What a call is checked against, worked out once: per tensor input its rank and
+    (axis, min, max) of every static or ranged dim; and the (input, axis) groups one range dim
+    sizes, which must agree (a batch shared by ``input_ids`` and ``attention_mask``)."""
     ranks: list[int] = []
     bounds: list[list[tuple[int, int, float]]] = []
+    where: dict[str, list[tuple[int, int]]] = {}
     if not shape_range:
-        return ranks, bounds
+        return (ranks, bounds), []
     named = iter(names)
-    for shape in shapes:
+    for i, shape in enumerate(shapes):
         if shape is None:
             ranks.append(-1)
             bounds.append([])
             continue
         want = shape_range.inputs.get(next(named, ""), shape)
-        dims = []
+        dims: list[tuple[int, int, float]] = []
         for axis, d in enumerate(want):
-            r = None if isinstance(d, int) else shape_range.dim(d)
             if isinstance(d, int):
                 dims.append((axis, d, d))
-            elif r is not None:
+                continue
+            where.setdefault(str(d), []).append((i, axis))
+            if (r := shape_range.dim(d)) is not None:
                 dims.append((axis, r.min, float("inf") if r.max is None else r.max))
         ranks.append(len(want))
         bounds.append(dims)
-    return ranks, bounds
-
-
-def _shared(shape_range: Any, shapes: list[tuple[int, ...] | None], names: list[str]
-            ) -> list[list[tuple[int, int]]]:
-    """(input, axis) groups that one range dim sizes: they must be equal (a batch shared by
-    ``input_ids`` and ``attention_mask``)."""
-    if not shape_range:
-        return []
-    where: dict[str, list[tuple[int, int]]] = {}
-    named = iter(names)
-    for i, shape in enumerate(shapes):
-        if shape is None:
-            continue
-        for axis, d in enumerate(shape_range.inputs.get(next(named, ""), ())):
-            if not isinstance(d, int):
-                where.setdefault(str(d), []).append((i, axis))
-    return [group for group in where.values() if len(group) > 1]
+    return (ranks, bounds), [group for group in where.values() if len(group) > 1]

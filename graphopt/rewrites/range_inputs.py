@@ -24,16 +24,14 @@ def range_points(args: tuple[Any, ...], names: Sequence[str], rng: ShapeRange | 
     graph input names of the tensor ``args`` in order."""
     if not rng:
         return []
-    opt = rng.values("opt")
-    tensors = dict(zip(names, (a for a in args if isinstance(a, torch.Tensor)), strict=False))
+    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    named = list(zip(names, where, strict=False))
+    tensors = {name: args[i] for name, i in named}
     out = []
-    for point in ("min", "max"):
-        values = rng.check_values(point)
-        if values == opt:
-            continue
+    for point, values in rng.end_points():
         sized = rng.sized_inputs(values, tensors, lambda t, reps: t.repeat(*reps))
-        moved = iter(sized.values())
-        inputs = tuple(next(moved).contiguous() if isinstance(a, torch.Tensor) else a
-                       for a in args)
-        out.append((point, values, inputs))
+        inputs = list(args)
+        for name, i in named:
+            inputs[i] = sized[name].contiguous()
+        out.append((point, values, tuple(inputs)))
     return out
