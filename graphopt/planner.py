@@ -86,10 +86,14 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
 
 def with_fusion(plan: Plan) -> Plan:
     """``plan`` with its fusion groups (:mod:`graphopt.cost.fusion`): the ``fusion`` section
-    and ``summary.est_latency_fused_s`` beside the unfused ``est_latency_s``."""
+    and ``summary.est_latency_fused_s`` beside the unfused ``est_latency_s``. An ONNX model is
+    grouped as ONNX Runtime fuses it for the target's execution provider, which is where it
+    runs (:mod:`graphopt.cost.ort_fusion`)."""
     from graphopt.cost.fusion import fusion_section
+    from graphopt.cost.ort_fusion import execution_provider
 
-    section = fusion_section(plan.nodes, [t["name"] for t in plan.model.get("outputs", [])])
+    ep = execution_provider(plan.target) if plan.model.get("source") == "onnx" else None
+    section = fusion_section(plan.nodes, [t["name"] for t in plan.model.get("outputs", [])], ep)
     return replace(plan, summary={**plan.summary,
                                   "est_latency_fused_s": section["est_latency_fused_s"]},
                    extra={**plan.extra, "fusion": section})

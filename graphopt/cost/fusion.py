@@ -13,6 +13,10 @@ follow the fusions all three make:
 4. Data movement (transpose copies, concat, gather) and unknown ops stay single kernels; free
    views cost nothing and join whichever group reads them.
 
+An ONNX model runs on ONNX Runtime, which fuses only what its transformers recognise for the
+target's execution provider: its groups come from :mod:`graphopt.cost.ort_fusion` instead, and
+every other node stays a kernel of its own.
+
 A group of one node costs what the node costs. A larger group costs one launch plus
 max(sum of its nodes' compute times, bytes crossing the group's boundary / the bandwidth the
 roofline used): intermediates stay in registers or shared memory.
@@ -40,20 +44,28 @@ class FusionGroup:
     """One kernel a runtime would launch: its nodes (graph order), kind and cost."""
 
     id: str
-    kind: str  # "pattern" | "epilogue" | "pointwise" | "single"
+    kind: str  # "pattern" | "epilogue" | "pointwise" | "ort" | "folded" | "single"
     nodes: list[str] = field(default_factory=list)
     est_time_s: float = 0.0
     unfused_s: float = 0.0
     external_bytes: int = 0
+    #: ORT groups: the op ORT makes and the transformers that made it, in the order they ran
+    fused_op: str | None = None
+    rules: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "nodes": list(self.nodes),
-                "est_time_s": self.est_time_s, "unfused_s": self.unfused_s,
-                "external_bytes": self.external_bytes}
+        out = {"id": self.id, "kind": self.kind, "nodes": list(self.nodes),
+               "est_time_s": self.est_time_s, "unfused_s": self.unfused_s,
+               "external_bytes": self.external_bytes}
+        if self.fused_op is not None:
+            out |= {"fused_op": self.fused_op, "rules": list(self.rules)}
+        return out
 
 
-def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = ()) -> list[FusionGroup]:
-    """Group plan nodes (``NodePlan``: name, analysis, cost, inputs, outputs) into kernels."""
+def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
+                  ep: str | None = None) -> list[FusionGroup]:
+    """Group plan nodes (``NodePlan``: name, analysis, cost, inputs, outputs) into kernels:
+    ONNX Runtime's fusions for execution provider ``ep`` when given, else cases 1-4."""
     by_name = {n.name: n for n in nodes}
     readers: dict[str, list[str]] = {}
     for n in nodes:
@@ -61,6 +73,18 @@ def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = ()) -> li
             if t is not None:
                 readers.setdefault(t.name, []).append(n.name)
     outputs = set(graph_outputs)
+    if ep is not None:
+        from graphopt.cost.ort_fusion import ort_units
+
+        groups = []
+        for i, u in enumerate(ort_units(nodes, graph_outputs, ep)):
+            kind = "folded" if u.folded else "ort" if len(u.nodes) > 1 else "single"
+            g = _costed(FusionGroup(f"k{i}", kind, u.nodes, fused_op=u.op if kind == "ort"
+                                    else None, rules=tuple(u.rules)), by_name, readers, outputs)
+            if u.folded:  # computed once when the session starts, never per run
+                g.est_time_s = 0.0
+            groups.append(g)
+        return groups
     group_of: dict[str, str] = {}
     groups: list[FusionGroup] = []
     patterns: dict[str, list[str]] = {}
@@ -135,15 +159,25 @@ def _costed(g: FusionGroup, by_name: dict[str, Any], readers: dict[str, list[str
     return g
 
 
-def fusion_section(nodes: Sequence[Any], graph_outputs: Sequence[str] = ()) -> dict[str, Any]:
-    """The report's ``fusion`` section: every multi-node group, each node's group, and the
-    fused estimate beside the unfused one."""
-    groups = fusion_groups(nodes, graph_outputs)
+def fusion_section(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
+                   ep: str | None = None) -> dict[str, Any]:
+    """The report's ``fusion`` section: whose fusions it follows, every multi-node group, each
+    node's group, and the fused estimate beside the unfused one. ``ep``: group as ONNX
+    Runtime's optimizer does for that execution provider (an ONNX model)."""
+    groups = fusion_groups(nodes, graph_outputs, ep)
     fused = sum(g.est_time_s for g in groups)
     unfused = sum(g.unfused_s for g in groups)
     kind = {n.name: n.analysis.kernel_class for n in nodes}
-    kernels = [g for g in groups if any(kind[m] is not KernelClass.VIEW for m in g.nodes)]
-    return {"est_latency_fused_s": fused, "est_latency_unfused_s": unfused,
+    kernels = [g for g in groups if g.kind != "folded" and
+               any(kind[m] is not KernelClass.VIEW for m in g.nodes)]
+    runtime = ({"name": "onnxruntime", "execution_provider": ep,
+                "rules": "ONNX Runtime's graph optimizer at ORT_ENABLE_ALL for " + ep}
+               if ep is not None else
+               {"name": "generic", "execution_provider": None,
+                "rules": "as Inductor, TensorRT and ONNX Runtime fuse: patterns, GEMM/conv "
+                         "epilogues, pointwise chains with one reduction"})
+    return {"runtime": runtime,
+            "est_latency_fused_s": fused, "est_latency_unfused_s": unfused,
             "kernels_fused": len(kernels), "nodes": len(nodes),
             "group_of": {m: g.id for g in groups for m in g.nodes},
             "groups": [g.to_dict() for g in groups if len(g.nodes) > 1]}
