@@ -107,9 +107,12 @@ class Optimized:
             self.info["onnx"] = {**onnx_info, **export}
             # the report keeps each artifact's own decisions and numerics: the torch module's
             # under "optimization", the ONNX file's here (its nodes are the ONNX graph's)
+            # its kernels are ONNX Runtime's, fused for the target's EP (cost/ort_fusion.py)
             self.plan = replace(self.plan, extra={**self.plan.extra, "onnx_optimization": {
                 **onnx_plan.extra["optimization"], **export,
-                "decisions": _rewrite_decisions(onnx_plan)}})
+                "decisions": _rewrite_decisions(onnx_plan),
+                **({"fusion": onnx_plan.extra["fusion"]} if "fusion" in onnx_plan.extra
+                   else {})}})
         session = self.info.get("onnx", self.info).get("session")
         return save_onnx(self.onnx_model, path, session, protect=self.input_files)
 

@@ -107,15 +107,16 @@ def conv_bn_mul() -> onnx.ModelProto:
                   init("mu", 8), c("var", np.ones(8)), init("cm", 8, 1, 1)])
 
 
-def erf_gelu(rows: tuple[int, ...] = (8,)) -> onnx.ModelProto:
+def erf_gelu(rows: tuple[int | str, ...] = (8,)) -> onnx.ModelProto:
     """GeluFusion after a MatMul+Add: on a static input MatMulAddFusion takes the Add first (a
-    Gemm), so BiasGeluFusion finds no Add left."""
+    Gemm), so BiasGeluFusion finds no Add left; with a dynamic batch the Add stays for
+    BiasGeluFusion."""
     nodes = [N("MatMul", ["x", "w"], ["mm"], name="mm"),
              N("Add", ["mm", "b"], ["ab"], name="bias"),
              N("Div", ["ab", "sq2"], ["d"], name="div"), N("Erf", ["d"], ["e"], name="erf"),
              N("Add", ["e", "one"], ["e1"], name="add1"),
              N("Mul", ["ab", "e1"], ["m"], name="mul"), N("Mul", ["m", "half"], ["y"], name="half")]
-    return model(nodes, {"x": [*rows, 16]}, {"y": [*rows, 32]},
+    return model(nodes, {"x": [*rows, 16]}, {"y": [*rows, 32]},  # type: ignore[list-item]
                  [init("w", 16, 32), init("b", 32), c("sq2", 2 ** 0.5), c("one", 1.0),
                   c("half", 0.5)])
 

@@ -38,6 +38,7 @@ FIRES: dict[str, tuple[Callable[[], onnx.ModelProto], str, set[str]]] = {
     "conv_bn_mul": (om.conv_bn_mul, "ORT_ENABLE_EXTENDED", {"Conv"}),
     "gelu_2d": (om.erf_gelu, "ORT_ENABLE_EXTENDED", {"Gemm", "Gelu"}),
     "gelu_3d": (lambda: om.erf_gelu((2, 4)), "ORT_ENABLE_EXTENDED", {"Gemm", "Gelu"}),
+    "bias_gelu": (lambda: om.erf_gelu(("batch", 4)), "ORT_ENABLE_EXTENDED", {"BiasGelu"}),
     "skip_layer_norm": (om.layer_norm, "ORT_ENABLE_EXTENDED", {"SkipLayerNormalization"}),
     "rms_norm": (om.rms_norm, "ORT_ENABLE_EXTENDED", {"SimplifiedLayerNormalization"}),
     "silu": (om.silu, "ORT_ENABLE_EXTENDED", {"QuickGelu"}),
@@ -137,3 +138,23 @@ def test_torch_exported_models_group_as_ort_fuses_them(cls: type, shape: tuple[i
     folded = [g for g in p.extra["fusion"]["groups"] if g["kind"] == "folded"]
     assert all(g["est_time_s"] == 0 for g in folded)
     assert p.summary["est_latency_fused_s"] < p.est_latency_s
+
+
+def test_the_onnx_artifact_reports_ort_groups_for_its_ep(tmp_path) -> None:
+    """``export_onnx``'s report section carries the file's groups as ORT fuses it on the CPU EP,
+    and they are what ORT fuses in the file written."""
+    import graphopt
+
+    opt = graphopt.optimize(RMSNormMLP().eval(), (torch.randn(2, 16, 64),), target="cpu",
+                            measure=False)
+    out = opt.export_onnx(tmp_path / "m.onnx")
+    f = opt.plan.to_dict()["onnx_optimization"]["fusion"]
+    assert f["runtime"] == {"name": "onnxruntime", "execution_provider": CPU_EP,
+                            "rules": f"ONNX Runtime's graph optimizer at ORT_ENABLE_ALL for "
+                                     f"{CPU_EP}"}
+    ours = {frozenset(g["nodes"]): g["fused_op"] for g in f["groups"] if g["kind"] == "ort"}
+    assert set(ours.values()) == {"SimplifiedLayerNormalization", "QuickGelu"}
+    fused, _ = om.ort_fused(onnx.load(str(out)))
+    assert set(ours) == fused
+    assert "fusion groups:** 6 kernels for 13 nodes (onnxruntime CPUExecutionProvider" in \
+        opt.plan.to_markdown()

@@ -52,7 +52,18 @@ def optimization_facts(opt: Mapping[str, Any]) -> list[Fact]:
         ("tolerance", _tolerance(opt.get("tolerance")), ""),
         ("outputs within", f"{within} of {len(nums)}" if nums else "—",
          "✓" if nums and within == len(nums) else "✗" if nums else ""),
+        *_fusion_fact(opt.get("fusion")),
     ]
+
+
+def _fusion_fact(f: Any) -> list[Fact]:
+    """The artifact's kernels as its runtime fuses them (an ONNX file: ONNX Runtime's EP)."""
+    if not isinstance(f, Mapping):
+        return []
+    rt = f.get("runtime") if isinstance(f.get("runtime"), Mapping) else {}
+    who = " ".join(str(x) for x in (rt.get("name"), rt.get("execution_provider")) if x)
+    return [("fusion groups", f"{fmt_count(f.get('kernels_fused'))} kernels for "
+             f"{fmt_count(f.get('nodes'))} nodes ({who or 'generic'} fusions)", "")]
 
 
 def numerics_rows(opt: Mapping[str, Any]) -> list[tuple[str, ...]]:
