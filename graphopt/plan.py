@@ -78,7 +78,9 @@ class NodePlan:
     #: profiled runs); None when not measured, and then absent from the JSON
     measured_s: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, fusion_group: str | None = None) -> dict[str, Any]:
+        """The node's JSON record; ``fusion_group``: the id of the kernel it runs in (the plan's
+        ``fusion`` section), given by :meth:`Plan.to_dict` where the plan has one."""
         a, c = self.analysis, self.cost
         return {
             "name": self.name,
@@ -94,6 +96,7 @@ class NodePlan:
             "arithmetic_intensity": round(a.arithmetic_intensity, 6),
             "params": a.param_count,
             "pattern": a.pattern,
+            **({} if fusion_group is None else {"fusion_group": fusion_group}),
             "flags": list(a.flags),
             "bottleneck": c.bottleneck,
             "est_time_s": c.est_time_s,
@@ -205,6 +208,8 @@ class Plan(_Emitters):
         return float(self.summary["est_latency_s"])
 
     def to_dict(self) -> dict[str, Any]:
+        fusion = self.extra.get("fusion")
+        group_of = fusion.get("group_of", {}) if isinstance(fusion, Mapping) else {}
         return {
             "schema_version": SCHEMA_VERSION,
             "graphopt_version": __version__,
@@ -213,7 +218,7 @@ class Plan(_Emitters):
             "summary": dict(self.summary),
             "warnings": list(self.warnings),
             **{k: v for k, v in sorted(self.extra.items())},
-            "nodes": [n.to_dict() for n in self.nodes],
+            "nodes": [n.to_dict(group_of.get(n.name)) for n in self.nodes],
         }
 
 

@@ -64,3 +64,41 @@ def test_reports_show_the_fused_estimate():
     assert "## Fusion groups" in md and "| k0 | pattern |" in md
     assert "Fusion groups" in p.to_html()
     assert p.to_dict()["summary"]["est_latency_fused_s"] > 0
+
+
+def test_each_node_carries_its_group_in_json_markdown_and_html():
+    from graphopt.report._html_data import TFIELDS
+    from tests.report_plans import embedded_data
+
+    p = graphopt.plan(LinearGelu().eval(), (torch.randn(64, 288),), target="h100")
+    d = p.to_dict()
+    group_of = d["fusion"]["group_of"]
+    assert {n["name"]: n["fusion_group"] for n in d["nodes"]} == group_of
+    assert group_of["linear"] == group_of["gelu"] == "k0"
+    md = p.to_markdown()
+    head = next(line for line in md.splitlines() if line.startswith("| node |"))
+    assert "| fusion group | decisions |" in head
+    row = next(line for line in md.splitlines() if line.startswith("| `linear` |"))
+    assert "| k0 epilogue ×2 |" in row
+    data = embedded_data(p.to_html())
+    g = TFIELDS.index("fusion_group")
+    assert {r[0]: r[-1][0][g] for r in data["rows"]} == {"linear": "k0 epilogue ×2",
+                                                         "gelu": "k0 epilogue ×2"}
+
+
+def test_a_node_alone_has_no_label_and_an_unfused_plan_no_field():
+    from graphopt.frontends.torch_frontend import trace_torch
+    from graphopt.planner import build_plan
+
+    block = graphopt.plan(TransformerBlock().eval(), (torch.randn(2, 16, 288),), "h100")
+    f = block.extra["fusion"]
+    alone = {n for n, g in f["group_of"].items()} - {n for g in f["groups"] for n in g["nodes"]}
+    assert alone
+    rows = {line.split(" | ")[0][3:-1]: line for line in block.to_markdown().splitlines()
+            if line.startswith("| `")}
+    shown = alone & set(rows)
+    assert shown and all("| — |" in rows[n] for n in shown)
+    # a plan built without decisions has no fusion section, so its nodes carry no group
+    bare = build_plan(trace_torch(LinearGelu().eval(), (torch.randn(4, 288),)), block.target,
+                      decisions=False)
+    assert all("fusion_group" not in n for n in bare.to_dict()["nodes"])

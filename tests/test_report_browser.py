@@ -313,3 +313,21 @@ def test_screenshot_is_a_real_page(chromium: str, tmp_path: Path) -> None:
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1400, 1000)
     assert len(data) > 60_000  # a blank or unstyled page compresses to a few KB
+
+
+def test_fusion_group_column(chromium: str, tmp_path: Path) -> None:
+    """A plan with fusion groups shows each node's group beside its decisions; a node alone in
+    its group shows a dash, and a report without groups has no such column (above)."""
+    import torch
+
+    import graphopt
+    from tests.test_fusion import LinearGelu
+
+    plan = graphopt.plan(LinearGelu().eval(), (torch.randn(64, 288),), target="h100")
+    dom = _load(chromium, tmp_path, plan.to_dict())
+    groups = {r["name"]: r["cells"][-2] for r in dom.rows}
+    assert groups == {"linear": "k0 epilogue ×2", "gelu": "k0 epilogue ×2"}
+    heads = [th.text for th in dom.root.all("th")]
+    assert "Fusion group" in heads
+    no_groups = _load(chromium, tmp_path, make_plan())
+    assert "Fusion group" not in [th.text for th in no_groups.root.all("th")]

@@ -17,9 +17,10 @@ The tables, every string in them an index into ``strings``:
    ``PROFILE``); ``per`` holds one ``[est, bottleneck, compute, memory, peak, cost]`` per
    target (``null`` where the target lacks the node), plus ``flops, ai`` only where they differ
    from the node's (they never do on one target).
-7. ``nodes``: ``[name, profile, [input tensor...], [output tensor...], [dset per target]]`` in
-   table order. Decisions stay out of the profile: a split plan gives every node its own
-   ``device`` decision (start and finish), which would otherwise make every profile distinct.
+7. ``nodes``: ``[name, profile, [input tensor...], [output tensor...], [dset per target],
+   [fusion group label per target]]`` in table order. Decisions stay out of the profile: a
+   split plan gives every node its own ``device`` decision (start and finish), which would
+   otherwise make every profile distinct.
 
 Decoded (``decode`` here, ``decode()`` in the page), a node is the record of ``FIELDS``, with one
 ``TFIELDS`` array per target in ``per``. Profiles, decisions and cost notes are formatted once per
@@ -54,7 +55,7 @@ FIELDS = ("name", "op", "op_type", "kernel_class", "dims", "dtype", "flops", "by
           "bytes_read", "bytes_written", "ai", "params", "pattern", "flags", "inputs", "outputs",
           "per")
 TFIELDS = ("est_time_s", "bottleneck", "compute_time_s", "memory_time_s", "peak_flops_used",
-           "flops", "ai", "decisions", "cost", "dhead")
+           "flops", "ai", "decisions", "cost", "dhead", "fusion_group")
 PROFILE = FIELDS[1:14] + ("per",)  # a profile: FIELDS without name and tensors
 
 
@@ -260,9 +261,12 @@ def _reads(x: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(x.get(k) for k in _READS)
 
 
-def encode(joined: Sequence[tuple[str, Sequence[Mapping[str, Any] | None]]]) -> Tables:
-    """Intern every joined node (one record per target, or None): profile, name, tensors and
-    decisions. Nodes of repeated layers share a profile, so it is formatted once per distinct one.
+def encode(joined: Sequence[tuple[str, Sequence[Mapping[str, Any] | None]]],
+           labels: Sequence[Mapping[str, str]] = ()) -> Tables:
+    """Intern every joined node (one record per target, or None): profile, name, tensors,
+    decisions and fusion group. Nodes of repeated layers share a profile, so it is formatted
+    once per distinct one. ``labels``: per target, fusion group id -> the label its nodes show
+    (``report.fusion.group_labels``); a node's group is its own, so it stays out of the profile.
     """
     tb = Tables()
     rows, uses = [], tb.uses
@@ -274,7 +278,10 @@ def encode(joined: Sequence[tuple[str, Sequence[Mapping[str, Any] | None]]]) -> 
         uses[pid] += 1
         n = next(x for x in records if x is not None)
         rows.append((tb.s(name), pid, tb.tensors(n.get("inputs")), tb.tensors(n.get("outputs")),
-                     tuple(None if x is None else tb.dset(x.get("decisions")) for x in records)))
+                     tuple(None if x is None else tb.dset(x.get("decisions")) for x in records),
+                     tuple(None if x is None or t >= len(labels) else
+                           tb.s(labels[t].get(str(x.get("fusion_group"))))
+                           for t, x in enumerate(records))))
     tb.tables["nodes"] = rows
     return tb
 
@@ -315,14 +322,16 @@ def decode(data: Mapping[str, Any]) -> list[list[Any]]:
     dsets = [(text(head), [decs[k] for k in ks]) for head, ks in data["dsets"]]
     costs = [pairs(c) for c in data["costs"]]
 
-    def target(q: Sequence[Any] | None, p: Mapping[str, Any], d: int | None) -> list[Any] | None:
+    def target(q: Sequence[Any] | None, p: Mapping[str, Any], d: int | None,
+               g: int | None) -> list[Any] | None:
         if q is None or d is None:
             return None
         head, decisions = dsets[d]
         flops, x = (q[6], q[7]) if len(q) > 6 else (p["flops"], p["ai"])
         t = {"est_time_s": q[0], "bottleneck": text(q[1]), "compute_time_s": q[2],
              "memory_time_s": q[3], "peak_flops_used": q[4], "flops": flops, "ai": x,
-             "decisions": decisions, "cost": costs[q[5]], "dhead": head}
+             "decisions": decisions, "cost": costs[q[5]], "dhead": head,
+             "fusion_group": text(g)}
         return [t[f] for f in data["tfields"]]
 
     profiles = []
@@ -333,11 +342,11 @@ def decode(data: Mapping[str, Any]) -> list[list[Any]]:
         p["flags"] = [text(f) for f in p["flags"]]
         profiles.append(p)
     rows = []
-    for name, pid, ins, outs, ds in data["nodes"]:
+    for name, pid, ins, outs, ds, gs in data["nodes"]:
         p = profiles[pid]
         r = {**p, "name": text(name), "inputs": [tensors[k] for k in ins],
              "outputs": [tensors[k] for k in outs],
-             "per": [target(q, p, d) for q, d in zip(p["per"], ds, strict=True)]}
+             "per": [target(q, p, d, g) for q, d, g in zip(p["per"], ds, gs, strict=True)]}
         rows.append([r[f] for f in data["fields"]])
     return rows
 

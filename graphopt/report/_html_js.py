@@ -39,19 +39,20 @@ function decode() {
     p.flags = p.flags.map(str);
     return p;
   });
-  const target = (q, p, d) => {
+  const target = (q, p, d, g) => {
     if (q === null || d === null) return null;
     const own = q.length > 6, ds = dsets[d];
     const t = {est_time_s: q[0], bottleneck: str(q[1]), compute_time_s: q[2],
                memory_time_s: q[3], peak_flops_used: q[4], flops: own ? q[6] : p.flops,
-               ai: own ? q[7] : p.ai, decisions: ds[1], cost: costs[q[5]], dhead: ds[0]};
+               ai: own ? q[7] : p.ai, decisions: ds[1], cost: costs[q[5]], dhead: ds[0],
+               fusion_group: str(g)};
     return D.tfields.map((f) => t[f]);
   };
   return D.nodes.map((a, i) => {
     const p = profiles[a[1]], r = Object.assign({i: i, name: str(a[0])}, p);
     r.inputs = a[2].map((k) => tensors[k]);
     r.outputs = a[3].map((k) => tensors[k]);
-    r.per = p.per.map((q, t) => target(q, p, a[4][t]));
+    r.per = p.per.map((q, t) => target(q, p, a[4][t], a[5][t]));
     r.hay = [r.name, r.op, r.op_type, r.kernel_class].join("\u0000").toLowerCase();
     return r;
   });
@@ -164,6 +165,12 @@ for (let t = 0; t < NT; t++) {
                            cell: (r) => shareCell(r, t)});
   COLS.push({k: "bottleneck" + x, l: "Bottleneck", t: t, v: (r) => per(r, t, "bottleneck"),
              cell: (r) => bnCell(r, t)});
+  // the kernel each node runs in; only where the plan has fusion groups (older reports lack them)
+  if (R.some((r) => per(r, t, "fusion_group"))) {
+    COLS.push({k: "fusion_group" + x, l: "Fusion group", t: t,
+               v: (r) => per(r, t, "fusion_group"), f: (r) => per(r, t, "fusion_group") || DASH,
+               c: "mono"});
+  }
   COLS.push({k: "decisions" + x, l: "Decisions", t: t, nosort: 1, cell: (r) => decCell(r, t)});
 }
 const DEF = {sort: "est_time_s", desc: true, filter: "", cls: "", bn: "", open: [], n: PAGE};
@@ -296,7 +303,8 @@ function detail(r) {
       ["compute time", sec(per(r, k, "compute_time_s"))],
       ["memory time", sec(per(r, k, "memory_time_s"))],
       ["peak used", si(per(r, k, "peak_flops_used"), "FLOP/s")],
-      ["bottleneck", per(r, k, "bottleneck") || DASH]].concat(per(r, k, "cost") || []))));
+      ["bottleneck", per(r, k, "bottleneck") || DASH],
+      ["fusion group", per(r, k, "fusion_group") || DASH]].concat(per(r, k, "cost") || []))));
     const dec = block("Decisions" + sfx, decisions(r, k));
     dec.className = "wide";
     g.appendChild(dec);

@@ -3,18 +3,41 @@ fused estimate beside the unfused one (Markdown and HTML)."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 from typing import Any
 
 from graphopt.report.format import fmt_seconds, md_table, md_text
 
-__all__ = ["fusion_html", "fusion_md", "fusion_rows"]
+__all__ = ["fusion_html", "fusion_md", "fusion_rows", "group_labels"]
 
 _SHOWN = 12  # the groups that save the most
 
 
 def _members(nodes: list[str]) -> str:
     return ", ".join(nodes[:4]) + (f" +{len(nodes) - 4}" if len(nodes) > 4 else "")
+
+
+def group_labels(plan: Mapping[str, Any]) -> dict[str, str]:
+    """Group id -> the label the node tables show for its nodes ("k3 FusedGemm ×3"), for the
+    groups of more than one node; a node alone in its group gets no label."""
+    f = plan.get("fusion")
+    if not isinstance(f, Mapping):
+        return {}
+    out = {}
+    for g in f.get("groups") or []:
+        if isinstance(g, Mapping) and g.get("id") is not None:
+            what = g.get("fused_op") or g.get("kind") or "group"
+            out[str(g["id"])] = f"{g['id']} {what} ×{len(g.get('nodes') or [])}"
+    return out
+
+
+def _rules(f: Mapping[str, Any]) -> str:
+    rt = f.get("runtime")
+    if isinstance(rt, Mapping) and rt.get("rules"):
+        return str(rt["rules"])
+    return ("as Inductor, TensorRT and ONNX Runtime fuse: patterns, GEMM/conv epilogues, "
+            "pointwise chains with one reduction")
 
 
 def fusion_rows(plan: Mapping[str, Any]) -> tuple[str, list[list[str]]]:
@@ -24,11 +47,11 @@ def fusion_rows(plan: Mapping[str, Any]) -> tuple[str, list[list[str]]]:
         return "", []
     head = (f"fused estimate {fmt_seconds(f.get('est_latency_fused_s'))} against "
             f"{fmt_seconds(f.get('est_latency_unfused_s'))} unfused: {f.get('kernels_fused')} "
-            f"kernels for {f.get('nodes')} nodes (groups as Inductor, TensorRT and ONNX Runtime "
-            "fuse: patterns, GEMM/conv epilogues, pointwise chains with one reduction)")
+            f"kernels for {f.get('nodes')} nodes (groups {_rules(f)})")
     groups = sorted((g for g in f.get("groups") or [] if isinstance(g, Mapping)),
                     key=lambda g: g.get("est_time_s", 0) - g.get("unfused_s", 0))
-    rows = [[str(g.get("id")), str(g.get("kind")), _members(list(g.get("nodes") or [])),
+    rows = [[str(g.get("id")), str(g.get("fused_op") or g.get("kind")),
+             _members(list(g.get("nodes") or [])),
              fmt_seconds(g.get("unfused_s")), fmt_seconds(g.get("est_time_s"))]
             for g in groups[:_SHOWN]]
     return head, rows
@@ -44,15 +67,19 @@ def fusion_md(plan: Mapping[str, Any], h: str) -> list[str]:
     return out
 
 
-def fusion_html(plan: Mapping[str, Any]) -> str:
-    from graphopt.report.sections_html import esc
+def _esc(value: Any) -> str:
+    # html.escape itself: sections_html (which has ``esc``) imports sections_md, which imports
+    # this module for the node tables' group labels
+    return html.escape(str(value), quote=True)
 
+
+def fusion_html(plan: Mapping[str, Any]) -> str:
     head, rows = fusion_rows(plan)
     if not head:
         return ""
-    body = "".join("<tr>" + "".join(f'<td class="{"num" if i > 2 else "mono"}">{esc(c)}</td>'
+    body = "".join("<tr>" + "".join(f'<td class="{"num" if i > 2 else "mono"}">{_esc(c)}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
     table = ("<table><thead><tr><th>group</th><th>kind</th><th>nodes</th><th>unfused</th>"
              f"<th>fused</th></tr></thead><tbody>{body}</tbody></table>" if rows else "")
     return (f'<div class="panel"><h3>Fusion groups<span class="hint">what a runtime '
-            f'launches</span></h3><p>{esc(head)}</p>{table}</div>')
+            f'launches</span></h3><p>{_esc(head)}</p>{table}</div>')

@@ -41,7 +41,7 @@ from graphopt.report.format import (
     fmt_si,
     plans_of,
 )
-from graphopt.report.fusion import fusion_html
+from graphopt.report.fusion import fusion_html, group_labels
 from graphopt.report.prediction import prediction_html
 from graphopt.report.sections_html import (
     bar,
@@ -232,7 +232,7 @@ def _render(report: Mapping[str, Any], page_size: int) -> str:
     model = first.get("model") or {}
     colors = class_colors(plans)
     joined = _join(plans)
-    tb = encode(joined)
+    tb = encode(joined, [group_labels(p) for p in plans])
     index: dict[str, int] = {}
     for i, (name, _) in enumerate(joined):
         index.setdefault(name, i)

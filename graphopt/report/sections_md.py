@@ -34,6 +34,7 @@ from graphopt.report.format import (
     ordered_kinds,
     yes_no,
 )
+from graphopt.report.fusion import group_labels
 from graphopt.report.llm_section import llm_md
 from graphopt.report.optimization import (
     artifacts_md,
@@ -325,6 +326,7 @@ def node_table(plan: Mapping[str, Any], h: str, max_nodes: int) -> list[str]:
         out += [f"_{len(nodes) - len(shown):,} more nodes not shown; "
                 f"the HTML or JSON report lists all {len(nodes):,}._", ""]
     lat = finite((plan.get("summary") or {}).get("est_latency_s"))
+    labels = group_labels(plan)
     rows = []
     for i in shown:
         n = nodes[i]
@@ -336,7 +338,9 @@ def node_table(plan: Mapping[str, Any], h: str, max_nodes: int) -> list[str]:
                      f"{finite(n.get('arithmetic_intensity')) or 0.0:.3g}",
                      md_text(n.get("bottleneck", "?")), fmt_seconds(t),
                      "—" if t is None or not lat else f"{100.0 * t / lat:.1f}%",
+                     md_text(labels.get(str(n.get("fusion_group")), "—")),
                      _decision_cell(n.get("decisions"))])
     out += md_table(["node", "op", "kernel class", "dims", "dtype", "FLOPs", "bytes", "FLOP/B",
-                     "bottleneck", "est. time", "share", "decisions"], rows, "lllllrrrlrrl")
+                     "bottleneck", "est. time", "share", "fusion group", "decisions"], rows,
+                    "lllllrrrlrrll")
     return out + _reasons([nodes[i] for i in shown[:DETAIL_NODES]], h)
