@@ -22,11 +22,13 @@ def _gemm(m: int, n: int, k: int, dtype: str = "bf16") -> NodeAnalysis:
 
 
 @pytest.mark.parametrize(
-    ("target", "peak", "sms", "bandwidth"),
-    [("h100-sxm", 989.4e12, 132, 3.35e12),  # H100 SXM5 datasheet: dense BF16, HBM3
-     ("a100-80gb", 312e12, 108, 2.039e12)],  # A100 80GB SXM datasheet
+    ("target", "peak", "sms", "bandwidth", "achievable"),
+    # datasheet dense BF16 and DRAM bandwidth; the achievable fraction is ml-engineering's
+    # measured MAMF (cost.efficiency): H100 SXM 794.5 / 989, A100 SXM 271.2 / 312
+    [("h100-sxm", 989.4e12, 132, 3.35e12, 0.803),
+     ("a100-80gb", 312e12, 108, 2.039e12, 0.869)],
 )
-def test_gemm_cost_matches_hand_computation(target, peak, sms, bandwidth):
+def test_gemm_cost_matches_hand_computation(target, peak, sms, bandwidth, achievable):
     a = _gemm(8192, 8192, 8192)
     p = get_target(target)
     c = estimate(a, p)
@@ -37,7 +39,7 @@ def test_gemm_cost_matches_hand_computation(target, peak, sms, bandwidth):
     util = max(t * s / (math.ceil(t * s / sms) * sms) * e
                for t, e in ((64 * 64, 1.0), (64 * 128, 0.85), (128 * 128, 0.7))
                for s in (1, 2, 4, 8, 16))
-    compute = flops / (peak * 0.75 * util)
+    compute = flops / (peak * achievable * util)
     memory = nbytes / (bandwidth * 0.85)
     assert a.flops == flops and a.bytes_total == nbytes
     assert c.compute_time_s == pytest.approx(compute, rel=1e-9)
@@ -56,7 +58,10 @@ def test_misaligned_dims_cost_more_on_ampere_and_lose_tensor_cores_on_volta():
     a100 = get_target("a100-80gb")
     ca, co = estimate(aligned, a100), estimate(odd, a100)
     assert co.alignment_efficiency == UNALIGNED_TC_EFFICIENCY[2]
-    assert co.unit == "tensor_core" and co.compute_time_s > 3 * ca.compute_time_s
+    # 2-byte rows: two halvings of the load width below 4 bytes' 1.46x (issue 12's H100 pair)
+    ratio = co.compute_time_s / ca.compute_time_s
+    assert ratio == pytest.approx(1 / UNALIGNED_TC_EFFICIENCY[2], rel=0.01)
+    assert co.unit == "tensor_core" and 1.6 < ratio < 2.0
     v100 = get_target("v100")
     assert estimate(aligned, v100).unit == "tensor_core"
     cv = estimate(odd, v100)
@@ -130,14 +135,15 @@ def test_skinny_gemms_pick_smaller_tiles_or_split_k():
 def test_attention_names_its_kernel_and_pays_for_softmax_and_tiles():
     """exp on 16 MUFU lanes per SM against 4 x head_dim tensor-core FLOPs per score: 64/d of
     the matmul time on an H100 SM, 80% hidden by FlashAttention-3's ping-pong; FA2 on an A100
-    (32/d, 40% hidden)."""
+    (32/d, 30% hidden); every query tile pays a pipeline fill of 1.5 key tiles. The GEMM rate
+    they scale is the H100's measured 80.3% of its BF16 peak (cost.efficiency)."""
     from graphopt.cost import estimate_op
 
     h100 = estimate_op("attention", batch=4, heads=16, seq=8192, head_dim=128, target="h100")
     assert "FlashAttention-3 on sm_90" in h100.reason
     n = 8192 // 128
-    want = 1 / ((1 + 0.2 * 64 / 128) * (n + 1) / n)
-    assert h100.compute_fraction == pytest.approx(0.75 * h100.utilization * want)
+    want = 1 / ((1 + 0.2 * 64 / 128) * (n + 1.5) / n)
+    assert h100.compute_fraction == pytest.approx(0.803 * h100.utilization * want)
     a100 = estimate_op("attention", batch=4, heads=16, seq=8192, head_dim=128, target="a100")
     assert "FlashAttention-2 on sm_80" in a100.reason
     # head_dim 64 with twice the heads: the same matmul FLOPs (+1% softmax), twice the

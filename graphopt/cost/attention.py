@@ -17,7 +17,14 @@ feel.
 
 The fitted parameters (``_OVERLAP`` per family, ``_FILL_TILES``) come from a grid fit on the
 27 attention points of ``benchmarks/calibration`` (``bench_calibration.py``), never per point:
-median |ln(pred/meas)| 0.048 there (0.24 with attention costed as a plain GEMM).
+median |ln(pred/meas)| 0.080 there (0.24 with attention costed as a plain GEMM), refitted when
+the GEMM rate they scale became the measured per-family fraction of ``cost.efficiency``.
+
+Decode (one query, or a few, against a long KV cache) has too few query tiles to fill the SMs
+(batch x heads x 1). The kernels then split the KV sequence across CTAs and combine the partial
+softmaxes (FlashDecoding; flash-attn's split-KV forward): :func:`kv_splits` is flash-attn's own
+choice of the split count [FA2-split], so such a node streams its KV cache on every SM and is
+memory-bound on that read (its K and V bytes, with the GQA group's fewer KV heads).
 
 Sources:
   [PG]  NVIDIA CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table: 16
@@ -26,6 +33,10 @@ Sources:
         4 x 256 dense FP16 FMA; GA10x and Ada, 4 x 128; H100, 4 x 512; B200, twice H100 per SM.
   [FA3] Shah et al., "FlashAttention-3" (2024), sections 3.1-3.2: MUFU exp throughput is 256x
         lower than matmul on H100; warp-specialized ping-pong overlaps softmax with GEMMs.
+  [FA2-split] Dao-AILab/flash-attention ``csrc/flash_attn/flash_api.cpp`` at
+        0251105a2fb19d2957484b7f023cd8c115286ced, ``num_splits_heuristic``: one split when the
+        query tiles fill 80% of the SMs, else the fewest splits (up to 128 and the KV blocks)
+        whose wave efficiency is within 85% of the best.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ import math
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["attention_kernel"]
+__all__ = ["attention_kernel", "kv_splits", "query_tiles"]
 
 #: dense FP16 tensor-core FLOPs per clock per SM by compute capability major.minor [WP]; other
 #: ccs of a major (GA10x 8.6, Ada 8.9, consumer Blackwell 12.x) have the GA10x rate
@@ -45,9 +56,32 @@ _MUFU_PER_CLOCK = 16  # [PG]
 #: kernel family by cc major (FlashAttention-2 elsewhere), and the share of the exponentials
 #: each hides behind the GEMMs
 _FAMILY = {9: "FlashAttention-3", 10: "FA4 / cuDNN"}
-_OVERLAP = {"FlashAttention-2": 0.4, "FlashAttention-3": 0.8, "FA4 / cuDNN": 0.8}
-_FILL_TILES = 1.0
+_OVERLAP = {"FlashAttention-2": 0.3, "FlashAttention-3": 0.8, "FA4 / cuDNN": 0.8}
+_FILL_TILES = 1.5
 _TILE = 128
+_MAX_SPLITS = 128  # [FA2-split]
+
+
+def kv_splits(query_tiles: int, sms: int, kv_blocks: int) -> int:
+    """How many slices of the KV sequence a fused attention runs in parallel [FA2-split]."""
+    if query_tiles >= 0.8 * sms:
+        return 1
+    most = min(_MAX_SPLITS, sms, kv_blocks)
+
+    def fill(n: int) -> float:
+        waves = query_tiles * n / sms
+        return waves / math.ceil(waves)
+
+    # a split count that leaves the last slice empty (same blocks per slice as n - 1) is not one
+    eligible = [n for n in range(1, most + 1)
+                if n == 1 or math.ceil(kv_blocks / n) != math.ceil(kv_blocks / (n - 1))]
+    best = max(fill(n) for n in eligible)
+    return next(n for n in eligible if fill(n) >= 0.85 * best)
+
+
+def query_tiles(d: dict[str, int]) -> int:
+    """CTAs of a fused attention before any KV split: one per head per 128 queries."""
+    return max(1, d.get("batch", 1) * d.get("heads", 1) * math.ceil(d.get("seq_q", 1) / _TILE))
 
 
 def attention_kernel(a: NodeAnalysis, profile: HardwareProfile) -> tuple[float, str]:
@@ -68,7 +102,11 @@ def attention_kernel(a: NodeAnalysis, profile: HardwareProfile) -> tuple[float, 
     ideal = n / 2 if causal else n
     work = (tiles + _FILL_TILES) / ideal
     factor = 1 / ((1 + exposed) * work)
-    why = (f"{family} on sm_{cc[0]}{cc[1]}: exponentials {exp_ratio:.2f}x the matmul time "
+    splits = kv_splits(query_tiles(d), profile.sm_count or 1, n)
+    why = (f"{family} on sm_{cc[0]}{cc[1]}: "
+           + (f"KV split in {splits} (split-KV / FlashDecoding: {query_tiles(d)} query tiles "
+              f"on {profile.sm_count} SMs); " if splits > 1 else "")
+           + f"exponentials {exp_ratio:.2f}x the matmul time "
            f"at head_dim {head_dim}, {_OVERLAP[family]:.0%} hidden; "
            + ("causal diagonal tiles and " if causal else "")
            + f"pipeline fill over {n} key tiles: {factor:.2f} of the GEMM rate")

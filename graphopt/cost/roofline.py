@@ -7,16 +7,26 @@ Which compute peak applies:
 1. GEMM-like classes (gemm, gemv, conv, attention, quantized GEMMs) run on the matrix unit for
    their dtype (tensor cores; AMX on CPUs with it) when the target has a peak for that dtype.
 2. Tensor cores want 16-byte aligned K and N (8 fp16/bf16 elements, 4 tf32, 16 int8/fp8,
-   32 fp4). Misaligned dims fall back: Volta and Turing lose the tensor cores entirely (CUDA-core
-   rate); Ampere and later keep them with narrower loads, modelled by ``UNALIGNED_TC_EFFICIENCY``.
-   Padding passes use :func:`tc_alignment` and this penalty to decide.
+   32 fp4); M does not matter (it is not a leading dimension of a row-major operand).
+   Misaligned rows are read with narrower loads, modelled by ``UNALIGNED_TC_EFFICIENCY``;
+   Volta and Turing keep the tensor cores at 8-byte alignment and lose them below (CUDA-core
+   rate). A conv's ``C_in`` is instead padded per filter tap by the conv library
+   (:mod:`graphopt.cost.conv_taps`, which also charges tiny-C first layers); its ``C_out`` is
+   aligned like N. Padding passes use :func:`tc_alignment` and this penalty to decide.
 3. fp32 convolutions on sm_80+ use TF32 (cuDNN's default, ``torch.backends.cudnn.allow_tf32``);
    fp32 matmuls do not (``torch.backends.cuda.matmul.allow_tf32`` defaults to False).
 4. Small GPU GEMMs do not fill every SM: utilization = tiles / (waves * SMs). Like cuBLAS's
    heuristics, the kernel is the best of a few CTA tiles (128x128, 128x64, 64x64; a smaller
    tile fills more SMs but reuses its operands less, ``_TILES``) and split-K (K cut into up to
    16 slices of >= 512 that run as more tiles, then summed): a skinny or deep-K GEMM
-   (M = 128, K = 7168) is not left on 17 of 132 SMs. Attention tiles its queries by 128.
+   (M = 128, K = 7168) is not left on 17 of 132 SMs. On tensor cores a tile's rows and columns
+   beyond M and N are computed anyway (tile quantization, NVIDIA's "Matrix Multiplication
+   Background" guide): a conv with 16 output channels fills a quarter of a 64-wide tile.
+   Attention tiles its queries by 128 and splits the KV sequence when those tiles are too few
+   (decode: ``attention.kv_splits``).
+   The achievable fraction of the tensor-core peak is per GPU family and dtype, measured and
+   cited in :mod:`graphopt.cost.efficiency`. An int8 GEMV with few outputs streams only on the
+   SMs its row blocks occupy (:mod:`graphopt.cost.gemv`).
 5. Everything else runs on vector units (CUDA cores, SIMD) and is usually memory-bound.
 6. Free views cost nothing (no kernel); every other node pays the target's launch overhead.
 7. A node whose outputs are all empty (``NodeAnalysis.no_work``) costs nothing either: torch and
@@ -32,6 +42,9 @@ from typing import Any, Literal
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost.conv_taps import tap_efficiency
+from graphopt.cost.efficiency import matrix_efficiency
+from graphopt.cost.gemv import memory_parallelism
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = [
@@ -47,13 +60,14 @@ __all__ = [
 
 Bottleneck = Literal["compute", "memory", "latency"]
 
-# Achievable fractions of the datasheet peaks. These are model parameters, not datasheet facts:
-# large cuBLAS/cuDNN tensor-core GEMMs sustain roughly 70-80% of dense peak, STREAM-like copies
-# 80-90% of DRAM bandwidth; CPU oneDNN GEMMs about 70% of FMA peak. Elementwise kernels rarely
-# approach compute peak (they are memory-bound anyway). The GPU memory fraction is fitted on
-# benchmarks/calibration: its stream points (gpu-benches scale/triad on V100, A100 40/80 GB,
-# H100 PCIe, H200) reach 0.78-0.92 of the datasheet bandwidth, and 0.85 gives the whole set's
-# lowest median |ln(pred/meas)| (0.086; 0.8 gave 0.110).
+# Achievable fractions of the datasheet peaks. These are model parameters, not datasheet facts.
+# GPU tensor cores take theirs per family and dtype from graphopt.cost.efficiency (measured,
+# cited); ("gpu", "matrix") is the fallback for a family without a measurement and for GEMMs on
+# CUDA cores. STREAM-like copies reach 80-90% of DRAM bandwidth; CPU oneDNN GEMMs about 70% of
+# FMA peak. Elementwise kernels rarely approach compute peak (they are memory-bound anyway). The
+# GPU memory fraction is fitted on benchmarks/calibration: its stream points (gpu-benches
+# scale/triad on V100, A100 40/80 GB, H100 PCIe, H200) reach 0.78-0.92 of the datasheet
+# bandwidth, and 0.85 gave the whole set's lowest median |ln(pred/meas)| (0.086; 0.8 gave 0.110).
 _EFFICIENCY = {
     ("gpu", "matrix"): 0.75,
     ("gpu", "vector"): 0.5,
@@ -63,11 +77,20 @@ _EFFICIENCY = {
     ("cpu", "memory"): 0.7,
 }
 
-# Efficiency of a tensor-core kernel whose K/N are aligned to only this many bytes (sm_80+).
-# Model parameters reflecting cuBLAS's narrower-vector kernels for misaligned leading dims
-# (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication Background": Tensor Core
-# requirements); they make padding worth it, as measured on real GPUs, without overstating it.
-UNALIGNED_TC_EFFICIENCY = {16: 1.0, 8: 0.5, 4: 0.35, 2: 0.25, 1: 0.25}
+# Efficiency of a tensor-core GEMM whose K/N rows are aligned to only this many bytes. A row
+# aligned to b < 16 bytes is read with b-byte loads (no 16-byte cp.async on sm_80, no TMA on
+# sm_90+, whose strides must be 16-byte multiples): each halving of the load width doubles the
+# load instructions per byte. One parameter, the cost of a halving, sqrt(1 / 1.46) = 0.83: fitted
+# on the published pair issue 12 quotes, H100 fp16 K = 10922 (4-byte rows) measured 1.46x slower
+# than K = 10944 (so 0.68 at 4 bytes; the old table said 0.35, i.e. 2.85x). DeepBench's V100 and
+# T4 cuBLAS GEMMs with 8-byte-aligned N (9124x5124, benchmarks/calibration) run at 0.84-0.92 of
+# the aligned rate, so Volta and Turing keep their tensor cores at 8 bytes (NVIDIA's "Matrix
+# Multiplication Background" guide: cuBLAS before 11.0 wants multiples of 8 for fp16; below 8
+# bytes graphopt keeps its old CUDA-core fallback there).
+_HALVING = 0.83
+UNALIGNED_TC_EFFICIENCY = {b: round(_HALVING ** math.log2(16 / b), 2) for b in (16, 8, 4, 2, 1)}
+#: Volta/Turing tensor cores need at least this row alignment (bytes)
+_PRE_AMPERE_MIN_ALIGN = 8
 
 _TC_DTYPES = frozenset({"tf32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"})
 _PEAK_KEY = {"fp64": "fp64", "fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16",
@@ -99,6 +122,13 @@ def tc_alignment(peak: str) -> int:
 def efficiency(kind: str, unit: str) -> float:
     """Achievable fraction of peak for a device kind and unit ("matrix", "vector", "memory")."""
     return _EFFICIENCY[(kind, unit)]
+
+
+def _matrix_fraction(a: NodeAnalysis, profile: HardwareProfile, key: str) -> float:
+    """Achievable fraction of the matrix-unit peak: measured per GPU family and dtype."""
+    if profile.is_gpu:
+        return matrix_efficiency(profile, key, conv=a.kernel_class is KernelClass.CONV).fraction
+    return efficiency(profile.kind, "matrix")
 
 
 def peak_key(dtype: str | None) -> str:
@@ -141,9 +171,8 @@ def _pow2_bytes(n: int, elem_bytes: float) -> int:
 
 def _aligned_dims(a: NodeAnalysis) -> list[int]:
     d = a.dims
-    if a.kernel_class is KernelClass.CONV:
-        g = max(1, d.get("groups", 1))
-        return [d.get("C_in", 1) // g, d.get("C_out", 1) // g]
+    if a.kernel_class is KernelClass.CONV:  # C_in: padded per filter tap (conv_taps)
+        return [d.get("C_out", 1) // max(1, d.get("groups", 1))]
     if a.kernel_class is KernelClass.ATTENTION:
         return [d.get("head_dim", 1)]
     return [d.get("K", 1), d.get("N", 1)]
@@ -156,28 +185,34 @@ def alignment_efficiency(a: NodeAnalysis, peak: str, profile: HardwareProfile) -
     if aligned >= 16:
         return 1.0
     cc = profile.compute_capability
-    if cc is not None and cc < (8, 0):
-        return None  # Volta/Turing: misaligned GEMMs run without tensor cores
+    if cc is not None and cc < (8, 0) and aligned < _PRE_AMPERE_MIN_ALIGN:
+        return None  # Volta/Turing: below 8-byte rows, no tensor cores
     return UNALIGNED_TC_EFFICIENCY[aligned]
 
 
-def _utilization(a: NodeAnalysis, profile: HardwareProfile) -> float:
+def _utilization(a: NodeAnalysis, profile: HardwareProfile, *, mma: bool = False) -> float:
+    """Busy fraction of the SMs (rule 4); ``mma``: tensor-core tiles, whose unused rows and
+    columns (M or N not a multiple of the tile) are computed anyway."""
     if not profile.is_gpu or not profile.sm_count or a.kernel_class not in GEMM_LIKE:
         return 1.0
     d = a.dims
-    if a.kernel_class is KernelClass.ATTENTION:
-        tiles = d.get("batch", 1) * d.get("heads", 1) * math.ceil(d.get("seq_q", 1) / _GEMM_TILE)
-        return _wave_fill(max(1, tiles), profile.sm_count)
+    if a.kernel_class is KernelClass.ATTENTION:  # split-KV when the queries are few (decode)
+        from graphopt.cost.attention import kv_splits, query_tiles
+
+        tiles = query_tiles(d)
+        splits = kv_splits(tiles, profile.sm_count, math.ceil(d.get("seq_kv", 1) / _GEMM_TILE))
+        return _wave_fill(tiles * splits, profile.sm_count)
     g = max(1, d.get("groups", 1))
     batch = 1 if a.kernel_class is KernelClass.CONV else d.get("batch", 1)  # conv M has N
     m, n, k = d.get("M", 1), max(1, d.get("N", 1) // g), max(1, d.get("K", 1) // g)
     best = 0.0
     for (tm, tn), tile_eff in _TILES.items():
         base = math.ceil(m / tm) * math.ceil(n / tn) * g * batch
+        filled = m * n / (math.ceil(m / tm) * tm * math.ceil(n / tn) * tn) if mma else 1.0
         for split in _SPLITS:
             if split > 1 and k // split < _MIN_SPLIT_K:
                 break
-            eff = tile_eff * (1.0 if split == 1 else _SPLIT_K_EFFICIENCY)
+            eff = tile_eff * filled * (1.0 if split == 1 else _SPLIT_K_EFFICIENCY)
             best = max(best, _wave_fill(base * split, profile.sm_count) * eff)
     return best
 
@@ -200,13 +235,18 @@ def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
         if profile.is_gpu and key == "int4" and "int4" not in profile.peak_flops:
             key, note = "fp16", "4-bit weights are dequantized to fp16 for the matmul"
         if key in profile.peak_flops and (key in _TC_DTYPES or not profile.is_gpu):
-            util = _utilization(a, profile)
+            mma = profile.is_gpu and a.kernel_class is not KernelClass.GEMV
+            util = _utilization(a, profile, mma=mma)
             align = alignment_efficiency(a, key, profile) if profile.is_gpu else 1.0
             if align is not None:
                 unit = "tensor_core" if profile.is_gpu else (
                     "cpu_matrix" if key in ("bf16", "int8") and profile.has("amx_bf16")
                     else "cpu_simd")
-                rate = profile.peak_flops[key] * efficiency(kind, "matrix") * align * util
+                rate = profile.peak_flops[key] * _matrix_fraction(a, profile, key) * align * util
+                taps, why = tap_efficiency(a, profile, 128 // tc_alignment(key))
+                if taps < 1.0:
+                    rate *= taps
+                    note = f"{note}; {why}" if note else why
                 if a.kernel_class is KernelClass.ATTENTION and profile.is_gpu:
                     from graphopt.cost.attention import attention_kernel
 
@@ -237,6 +277,10 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
                         peak_key(dtype or a.dtype), note="zero-size output: no kernel")
     rate, unit, key, align, util, note = _compute_rate(a, profile, dtype or a.dtype)
     bandwidth = profile.bandwidth_bytes_per_s * efficiency(profile.kind, "memory")
+    parallel, why = memory_parallelism(a, profile, key)
+    if parallel < 1.0:
+        bandwidth *= parallel
+        note = f"{note}; {why}" if note else why
     compute_t = a.flops / rate if a.flops else 0.0
     memory_t = a.bytes_total / bandwidth
     overhead = profile.launch_overhead_s

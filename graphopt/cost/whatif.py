@@ -16,7 +16,9 @@ from typing import Any
 from graphopt.analysis import annotate
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.cost.attention import attention_kernel
-from graphopt.cost.roofline import efficiency, estimate
+from graphopt.cost.conv_taps import tap_efficiency
+from graphopt.cost.efficiency import matrix_efficiency
+from graphopt.cost.roofline import efficiency, estimate, tc_alignment
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import Graph, Node, TensorInfo
@@ -158,9 +160,13 @@ def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile
     c = estimate(a, profile, peak)
     # the roofline's own factors: datasheet peak x efficiency x utilization x alignment
     eff = efficiency(profile.kind, "matrix" if a.kernel_class in GEMM_LIKE else "vector")
-    kernel_eff = 1.0  # a fused attention kernel's softmax and tile losses (cost.attention)
-    if a.kernel_class is KernelClass.ATTENTION and c.unit == "tensor_core":
-        kernel_eff = attention_kernel(a, profile)[0]
+    kernel_eff = 1.0  # attention's softmax and tile losses, a tiny-C conv's padded taps
+    if c.unit == "tensor_core":
+        eff = matrix_efficiency(profile, c.precision,
+                                conv=a.kernel_class is KernelClass.CONV).fraction
+        kernel_eff = tap_efficiency(a, profile, 128 // tc_alignment(c.precision))[0]
+        if a.kernel_class is KernelClass.ATTENTION:
+            kernel_eff = attention_kernel(a, profile)[0]
     factors = eff * c.utilization * c.alignment_efficiency * kernel_eff
     datasheet = c.peak_flops_used / factors if factors else 0.0
     compute_fraction = factors if c.unit != "none" else 0.0
