@@ -80,14 +80,14 @@ _EFFICIENCY = {
 # Efficiency of a tensor-core GEMM whose K/N rows are aligned to only this many bytes. A row
 # aligned to b < 16 bytes is read with b-byte loads (no 16-byte cp.async on sm_80, no TMA on
 # sm_90+, whose strides must be 16-byte multiples): each halving of the load width doubles the
-# load instructions per byte. One parameter, the cost of a halving, sqrt(1 / 1.46) = 0.83: fitted
-# on the published pair issue 12 quotes, H100 fp16 K = 10922 (4-byte rows) measured 1.46x slower
-# than K = 10944 (so 0.68 at 4 bytes; the old table said 0.35, i.e. 2.85x). DeepBench's V100 and
-# T4 cuBLAS GEMMs with 8-byte-aligned N (9124x5124, benchmarks/calibration) run at 0.84-0.92 of
-# the aligned rate, so Volta and Turing keep their tensor cores at 8 bytes (NVIDIA's "Matrix
-# Multiplication Background" guide: cuBLAS before 11.0 wants multiples of 8 for fp16; below 8
-# bytes graphopt keeps its old CUDA-core fallback there).
-_HALVING = 0.83
+# load instructions per byte. One parameter, the cost of a halving, sqrt(1 / 1.46) = 0.83,
+# fitted on the published pair issue 12 quotes: H100 fp16 K = 10922 (4-byte rows, two halvings)
+# measured 1.46x slower than K = 10944 (0.68 at 4 bytes; the old table said 0.35, i.e. 2.85x).
+# DeepBench's V100 and T4 cuBLAS GEMMs with 8-byte-aligned N (9124x5124, benchmarks/calibration)
+# are predicted within 1.00-1.15 with it, so Volta and Turing keep their tensor cores at 8 bytes
+# (NVIDIA's "Matrix Multiplication Background" guide: cuBLAS before 11.0 wants multiples of 8
+# for fp16; below 8 bytes graphopt keeps its old CUDA-core fallback there).
+_HALVING = (1 / 1.46) ** 0.5
 UNALIGNED_TC_EFFICIENCY = {b: round(_HALVING ** math.log2(16 / b), 2) for b in (16, 8, 4, 2, 1)}
 #: Volta/Turing tensor cores need at least this row alignment (bytes)
 _PRE_AMPERE_MIN_ALIGN = 8
