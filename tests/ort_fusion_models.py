@@ -164,11 +164,19 @@ def silu(alpha: bool = False) -> onnx.ModelProto:
     return model(nodes, {"x": [2, 16]}, {"y": [2, 16]}, [c("al", 1.702)] if alpha else [])
 
 
-def scaled_scores() -> onnx.ModelProto:
-    """MatMulScaleFusion: attention scores divided by sqrt(d)."""
-    return model([N("MatMul", ["q", "k"], ["s"], name="qk"),
-                  N("Div", ["s", "sc"], ["y"], name="scale")],
-                 {"q": [2, 4, 8, 16], "k": [2, 4, 16, 8]}, {"y": [2, 4, 8, 8]}, [c("sc", 4.0)])
+def scaled_scores(scaled_q: bool = False, q_read_twice: bool = False) -> onnx.ModelProto:
+    """MatMulScaleFusion: attention scores divided by sqrt(d), and q times a scalar in front;
+    a scaled q read elsewhere too still runs (ORT keeps that Mul)."""
+    nodes = [N("MatMul", ["qs" if scaled_q else "q", "k"], ["s"], name="qk"),
+             N("Div", ["s", "sc"], ["y"], name="scale")]
+    outs = {"y": [2, 4, 8, 8]}
+    if scaled_q:
+        nodes.insert(0, N("Mul", ["q", "qc"], ["qs"], name="qscale"))
+    if q_read_twice:
+        nodes.append(N("Neg", ["qs"], ["z"], name="neg"))
+        outs["z"] = [2, 4, 8, 16]
+    return model(nodes, {"q": [2, 4, 8, 16], "k": [2, 4, 16, 8]}, outs,
+                 [c("sc", 4.0), c("qc", 0.5)])
 
 
 def tanh_gelu(pow_form: bool = True, last_is_output: bool = False) -> onnx.ModelProto:

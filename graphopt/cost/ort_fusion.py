@@ -82,23 +82,28 @@ class OrtUnit:
 class _View:
     """The units with their edges, kept up to date as rules merge them."""
 
-    def __init__(self, units: list[OrtUnit], graph_outputs: set[str]) -> None:
+    def __init__(self, units: list[OrtUnit], graph_outputs: set[str], ep: str) -> None:
         self.units = units  # graph order; a merged unit leaves a dead entry behind
         self.graph_outputs = graph_outputs
+        self.ep = ep
         self.pos = {id(u): i for i, u in enumerate(units)}
         self.producer = {t.name: u for u in units for t in u.outputs if t is not None}
-        self.readers: dict[str, list[OrtUnit]] = {}
+        # tensor -> {id(reader): [reader, edges]}: a weight read by thousands of nodes loses a
+        # reader in O(1) when one of them is merged
+        self.readers: dict[str, dict[int, list[Any]]] = {}
         for u in units:
             self._read(u)
 
     def _read(self, u: OrtUnit) -> None:
         for t in u.inputs:
             if t is not None:
-                self.readers.setdefault(t.name, []).append(u)  # one per edge, as ORT counts
+                slot = self.readers.setdefault(t.name, {}).setdefault(id(u), [u, 0])
+                slot[1] += 1  # one per edge, as ORT counts them
 
     def edges(self, u: OrtUnit) -> list[OrtUnit]:
         """The units reading ``u``'s outputs, once per edge (ORT's GetOutputEdgesCount)."""
-        return [r for t in u.outputs if t is not None for r in self.readers.get(t.name, ())]
+        return [r for t in u.outputs if t is not None
+                for r, k in self.readers.get(t.name, {}).values() for _ in range(k)]
 
     def sole(self, u: OrtUnit | None) -> OrtUnit | None:
         """``u``'s one consumer, when ``u`` has exactly one output edge and no graph output."""
@@ -133,15 +138,15 @@ class _View:
                     ins.setdefault(t.name, t)
         outs = [t for m in members for t in m.outputs if t is not None and (
             t.name in self.graph_outputs or
-            any(id(r) not in mine for r in self.readers.get(t.name, ())))]
+            any(r not in mine for r in self.readers.get(t.name, {})))]
         fused = OrtUnit(op, [n for m in members for n in m.nodes], list(ins.values()), outs,
                         [r for m in members for r in m.rules] + [rule])
         at = self.pos[id(members[-1])]
         for m in members:
             m.alive = False
             for t in m.inputs:
-                if t is not None and t.name in self.readers:
-                    self.readers[t.name] = [r for r in self.readers[t.name] if r is not m]
+                if t is not None:
+                    self.readers.get(t.name, {}).pop(id(m), None)
             for t in m.outputs:
                 if t is not None:
                     self.producer.pop(t.name, None)
@@ -367,10 +372,13 @@ def _named(t: TensorInfo | None) -> str | None:
 def _tanh_input(v: _View, u: OrtUnit) -> tuple[list[OrtUnit], TensorInfo] | None:
     """The units before the Tanh, and x. Second formula: Pow(x, 3) -> Mul(0.044715) ->
     Add(x) -> Mul(sqrt(2/pi)). First formula: Mul(x, 0.044715) -> Mul(x) -> Add(1) ->
-    Mul(with Mul(x, sqrt(2/pi))). Each is read once and is no graph output."""
+    Mul(with Mul(x, sqrt(2/pi))). Each is read once and is no graph output; on the CPU EP
+    FastGelu is fp32 only."""
+    dtypes = ("fp32",) if v.ep == CPU_EP else _FLOAT
+
     def once(w: OrtUnit | None, op: str) -> OrtUnit | None:
         return w if _is(w, op) and w is not None and len(v.edges(w)) == 1 and \
-            not v.is_output(w) and all(t is None or t.dtype in _FLOAT for t in w.inputs) \
+            not v.is_output(w) and all(t is None or t.dtype in dtypes for t in w.inputs) \
             else None
 
     if once(u, "Pow") and _scalar(_in(u, 1)) and u.inputs[0] is not None:
@@ -483,17 +491,32 @@ def _quick_gelu(v: _View, u: OrtUnit) -> list[OrtUnit] | None:
 
 
 def _matmul_scale(v: _View, u: OrtUnit) -> list[OrtUnit] | None:
-    """MatMulScaleFusion (matmul_scale_fusion.cc, read at ORT's test model set): a Mul or Div
-    by a scalar constant on a MatMul's output (its only reader), or a Mul by one feeding it."""
-    if _is(u, "MatMul", "FusedMatMul"):
-        nxt = v.sole(u)
-        if _is(nxt, "Mul", "Div") and nxt is not None and len(nxt.inputs) == 2 and \
-                _scalar(nxt.inputs[1] if nxt.op == "Div" else v.other(nxt, u.outputs[0])):
-            return [u, nxt]
+    """MatMulScaleFusion (matmul_scale_fusion.cc @02e42faeff23): Mul or Div (divisor) by a
+    scalar constant on a MatMul's inputs and on its output (its only reader) become the
+    FusedMatMul's alpha. An input scale read elsewhere too still runs, so it stays out of the
+    group; the CPU EP takes fp32/fp64 MatMuls only."""
+    if not _is(u, "MatMul", "FusedMatMul"):
         return None
-    if _is(u, "Mul") and any(_scalar(t) for t in u.inputs):
-        nxt = v.sole(u)
-        return [u, nxt] if _is(nxt, "MatMul", "FusedMatMul") and nxt is not None else None
+    if v.ep == CPU_EP and any(t is not None and t.dtype not in ("fp32", "fp64")
+                              for t in u.inputs):
+        return None
+    pre = [p for p in (v.parent(u, 0), v.parent(u, 1))
+           if p is not None and _scale_of(p) is not None and v.sole(p) is u and
+           _rank(_scale_of(p)) not in (None, 0)]
+    nxt = v.sole(u)
+    post = [nxt] if nxt is not None and _scale_of(nxt) is not None else []
+    members = [*pre[:1], *[p for p in pre[1:] if p is not pre[0]], u, *post]
+    return members if len(members) > 1 else None
+
+
+def _scale_of(u: OrtUnit) -> TensorInfo | None:
+    """The tensor a Mul or Div by a scalar constant scales, or None if ``u`` is no such scale."""
+    if len(u.inputs) != 2:
+        return None
+    if u.op == "Div" and _scalar(u.inputs[1]):
+        return u.inputs[0]
+    if u.op == "Mul":
+        return next((u.inputs[1 - i] for i in (0, 1) if _scalar(u.inputs[i])), None)
     return None
 
 
@@ -556,19 +579,34 @@ RULES: tuple[OrtRule, ...] = (
 )
 
 
+# the ops each transformer starts its match from: any other unit is skipped without a look
+_STARTS: dict[str, frozenset[str]] = {
+    "ConvAddFusion": frozenset({"Conv"}), "ConvMulFusion": frozenset({"Conv"}),
+    "ConvBNFusion": frozenset({"Conv"}), "MatMulAddFusion": frozenset({"MatMul"}),
+    "GeluFusion": frozenset({"Div"}), "LayerNormFusion": frozenset({"ReduceMean"}),
+    "GemmActivationFusion": frozenset({"Gemm"}), "ConvActivationFusion": frozenset({"Conv"}),
+    "SimplifiedLayerNormFusion": frozenset({"Pow"}), "BiasGeluFusion": frozenset({"Add"}),
+    "SkipLayerNormFusion": frozenset({"LayerNormalization"}),
+    "FastGeluFusion": frozenset({"Pow", "Mul"}), "QuickGeluFusion": frozenset({"Mul", "Sigmoid"}),
+    "MatMulScaleFusion": frozenset({"MatMul", "FusedMatMul"}),
+    "ConvAddActivationFusion": frozenset({"Conv"}),
+}
+
+
 def ort_units(nodes: Sequence[Any], graph_outputs: Sequence[str], ep: str) -> list[OrtUnit]:
     """The kernels ORT runs for ``nodes`` (``NodePlan``: name, op, inputs, outputs) on ``ep``,
     in graph order. As ORT's GraphTransformerManager does, each level's rules are applied in
     order, over and over until none fires (at most ``_STEPS`` rounds), before the next level."""
     units = _folded([OrtUnit(n.op, [n.name], list(n.inputs), list(n.outputs)) for n in nodes])
-    view = _View(units, set(graph_outputs))
+    view = _View(units, set(graph_outputs), ep)
     for level in (1, 2, 3):
         rules = [r for r in RULES if r.level == level and (r.eps is None or ep in r.eps)]
         for _ in range(_STEPS):
             fired = False
             for rule in rules:
-                for u in list(view.units):
-                    if not u.alive:
+                starts = _STARTS[rule.name]
+                for u in [u for u in view.units if u.alive and u.op in starts]:
+                    if not u.alive:  # merged by this rule since the list was made
                         continue
                     found = rule.match(view, u)
                     if found and all(m.alive for m in found) and \
