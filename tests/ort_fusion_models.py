@@ -107,6 +107,15 @@ def conv_bn_mul() -> onnx.ModelProto:
                   init("mu", 8), c("var", np.ones(8)), init("cm", 8, 1, 1)])
 
 
+def conv_add_const() -> onnx.ModelProto:
+    """ConvAddFusion (Level 1): a per-channel constant [1,C,1,1] added to the Conv's output,
+    here a graph output, folds into its bias."""
+    return model([N("Conv", ["x", "w", "b"], ["cv"], name="conv", pads=[1, 1, 1, 1]),
+                  N("Add", ["cv", "ca"], ["y"], name="cadd")],
+                 {"x": [1, 4, 8, 8]}, {"y": [1, 8, 8, 8]},
+                 [init("w", 8, 4, 3, 3), init("b", 8), init("ca", 1, 8, 1, 1)])
+
+
 def erf_gelu(rows: tuple[int | str, ...] = (8,)) -> onnx.ModelProto:
     """GeluFusion after a MatMul+Add: on a static input MatMulAddFusion takes the Add first (a
     Gemm), so BiasGeluFusion finds no Add left; with a dynamic batch the Add stays for

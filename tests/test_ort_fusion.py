@@ -36,6 +36,7 @@ FIRES: dict[str, tuple[Callable[[], onnx.ModelProto], str, set[str]]] = {
     "conv_relu": (om.conv_relu, "ORT_ENABLE_EXTENDED", {"FusedConv"}),
     "conv_add_relu": (om.conv_add_relu, "ORT_ENABLE_ALL", {"FusedConv"}),
     "conv_bn_mul": (om.conv_bn_mul, "ORT_ENABLE_EXTENDED", {"Conv"}),
+    "conv_add_const": (om.conv_add_const, "ORT_ENABLE_EXTENDED", {"Conv"}),
     "gelu_2d": (om.erf_gelu, "ORT_ENABLE_EXTENDED", {"Gemm", "Gelu"}),
     "gelu_3d": (lambda: om.erf_gelu((2, 4)), "ORT_ENABLE_EXTENDED", {"Gemm", "Gelu"}),
     "bias_gelu": (lambda: om.erf_gelu(("batch", 4)), "ORT_ENABLE_EXTENDED", {"BiasGelu"}),

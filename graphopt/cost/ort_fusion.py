@@ -181,9 +181,10 @@ _FLOAT = ("fp32", "fp16", "bf16")
 
 
 def _conv_const_op(op: str) -> Callable[[_View, OrtUnit], list[OrtUnit] | None]:
-    """ConvAddFusion / ConvMulFusion (conv_add_fusion.cc, conv_mul_fusion.cc @1a27a799102c):
-    a Conv with constant weights whose only reader adds (multiplies) a per-channel constant;
-    ORT folds it into the Conv's weights and bias."""
+    """ConvAddFusion / ConvMulFusion (conv_add_fusion.cc @047055a5d759, an older version that
+    took only a [C,1,1] operand; ORT 1.31 also takes [1,C,1,1] and an Add that is a graph
+    output, as the tests check): a Conv with constant weights whose only reader adds
+    (multiplies) a per-channel constant; ORT folds it into the Conv's weights and bias."""
     def match(v: _View, u: OrtUnit) -> list[OrtUnit] | None:
         nxt = v.sole(u) if _is(u, "Conv") and _const(_in(u, 1)) else None
         if not _is(nxt, op) or nxt is None:
@@ -213,8 +214,9 @@ def _per_channel(c: TensorInfo | None, out: TensorInfo | None) -> bool:
 
 
 def _conv_bn(v: _View, u: OrtUnit) -> list[OrtUnit] | None:
-    """ConvBNFusion (conv_bn_fusion.cc @562bf69a1fbf): a Conv with constant weights whose only
-    reader is a BatchNormalization with constant scale, bias, mean and variance."""
+    """ConvBNFusion (conv_bn_fusion.cc, not read: the pattern is checked against ORT 1.31 in the
+    tests): a Conv with constant weights whose only reader is a BatchNormalization with
+    constant scale, bias, mean and variance."""
     nxt = v.sole(u) if _is(u, "Conv") and _const(_in(u, 1)) else None
     if nxt is None or nxt.op != "BatchNormalization" or len(nxt.outputs) != 1:
         return None
@@ -311,7 +313,8 @@ def _affine(v: _View, u: OrtUnit, prev: OrtUnit) -> bool:
 
 
 def _simplified_layer_norm(v: _View, u: OrtUnit) -> list[OrtUnit] | None:
-    """SimplifiedLayerNormFusion (layer_norm_fusion.cc @00ca16892218, RMSNorm): Pow ->
+    """SimplifiedLayerNormFusion (RMSNorm; the layer_norm_fusion.cc read, @00ca16892218,
+    predates it: the pattern is checked against ORT 1.31 in the tests): Pow ->
     ReduceMean -> Add -> Sqrt -> Div(x, .) or Div(1, .) -> Mul(x, .), then Mul(1-D scale); x
     read by the Pow and the Div (Mul). A Reciprocal in place of Div(1, .) is not fused (ORT 1.31
     leaves it)."""
