@@ -8,7 +8,7 @@ from graphopt.errors import GraphoptError
 from graphopt.plan import Decision, NodePlan, Plan
 
 __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
-           "load", "optimize", "ort_session", "plan", "plan_llm", "profile"]
+           "calibrate", "load", "optimize", "ort_session", "plan", "plan_llm", "profile"]
 
 
 def __getattr__(name: str):
@@ -29,6 +29,10 @@ def __getattr__(name: str):
         from graphopt.profiling import profile
 
         return profile
+    if name == "calibrate":  # times torch ops on this CPU: torch imported when asked for
+        from graphopt.hardware.calibrate import calibrate_host
+
+        return calibrate_host
     if name == "ort_session":  # onnxruntime is imported only when a session is asked for
         from graphopt.onnx_rewrites.session import ort_session
 

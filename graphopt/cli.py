@@ -307,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     from graphopt.profiling.command import add_parser as add_profile
 
     add_profile(sub, _add_reports)
+    from graphopt.hardware.calibrate_command import add_parser as add_calibrate
+
+    add_calibrate(sub)
     pt = sub.add_parser("targets", help="list the hardware targets")
     pt.add_argument("--json", action="store_true", help="print JSON")
     pt.set_defaults(func=_cmd_targets)

@@ -53,6 +53,7 @@ def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
             dtype=_compute_dtype(node, kc, ins, outs),
             pattern=match.id if match is not None else None,
             flags=flags,
+            op_type=node.op_type,
         )
     logger.info("annotated %d nodes (%d distinct), %d in patterns", len(out), len(seen),
                 len(patterns))

@@ -29,6 +29,9 @@ class NodeAnalysis:
     dtype: str | None
     pattern: str | None = None
     flags: tuple[str, ...] = ()
+    #: the node's canonical op type (``Node.op_type``): a calibrated CPU profile charges each
+    #: op type its own measured fixed cost
+    op_type: str | None = None
 
     @property
     def bytes_total(self) -> int:

@@ -42,6 +42,12 @@ from typing import Any, Literal
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost.calibrated import (
+    fixed_cost,
+    measured_bandwidth,
+    measured_matrix_rate,
+    view_cost,
+)
 from graphopt.cost.conv_taps import tap_efficiency
 from graphopt.cost.efficiency import matrix_efficiency
 from graphopt.cost.gemv import memory_parallelism
@@ -242,7 +248,10 @@ def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
                 unit = "tensor_core" if profile.is_gpu else (
                     "cpu_matrix" if key in ("bf16", "int8") and profile.has("amx_bf16")
                     else "cpu_simd")
-                rate = profile.peak_flops[key] * _matrix_fraction(a, profile, key) * align * util
+                measured = measured_matrix_rate(a, profile, key)
+                base = profile.peak_flops[key] * _matrix_fraction(a, profile, key) \
+                    if measured is None else measured
+                rate = base * align * util
                 taps, why = tap_efficiency(a, profile, 128 // tc_alignment(key))
                 if taps < 1.0:
                     rate *= taps
@@ -263,6 +272,9 @@ def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
     unit = "cuda_core" if profile.is_gpu else "cpu_simd"
     util = _utilization(a, profile)
     matrix = a.kernel_class in GEMM_LIKE
+    measured = measured_matrix_rate(a, profile, key) if matrix and not profile.is_gpu else None
+    if measured is not None:  # a calibrated CPU: the GEMM rate it measured at this dtype
+        return measured * util, unit, key, 1.0, util, note
     eff = efficiency(kind, "matrix" if matrix else "vector")
     return vector * eff * util, unit, key, 1.0, util, note
 
@@ -270,20 +282,23 @@ def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
 def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None) -> NodeCost:
     """Roofline time of node ``a`` on ``profile``; ``dtype`` overrides the node's own dtype."""
     if a.kernel_class is KernelClass.VIEW:
-        return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
-                        peak_key(dtype or a.dtype), note="free view: no kernel")
+        dispatch = view_cost(a, profile)
+        return NodeCost(dispatch, 0.0, 0.0, dispatch, "latency", 0.0, 0.0, "none",
+                        peak_key(dtype or a.dtype), note="view: no kernel; eager dispatch "
+                        "measured by calibrate" if dispatch else "free view: no kernel")
     if a.no_work:  # case 7
         return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
                         peak_key(dtype or a.dtype), note="zero-size output: no kernel")
     rate, unit, key, align, util, note = _compute_rate(a, profile, dtype or a.dtype)
-    bandwidth = profile.bandwidth_bytes_per_s * efficiency(profile.kind, "memory")
+    bandwidth = measured_bandwidth(profile) \
+        or profile.bandwidth_bytes_per_s * efficiency(profile.kind, "memory")
     parallel, why = memory_parallelism(a, profile, key)
     if parallel < 1.0:
         bandwidth *= parallel
         note = f"{note}; {why}" if note else why
     compute_t = a.flops / rate if a.flops else 0.0
     memory_t = a.bytes_total / bandwidth
-    overhead = profile.launch_overhead_s
+    overhead = fixed_cost(a, profile)
     bound: Bottleneck
     if overhead >= max(compute_t, memory_t):
         bound = "latency"
@@ -300,7 +315,8 @@ def estimate_all(analyses: Mapping[str, NodeAnalysis], profile: HardwareProfile
     seen: dict[tuple[Any, ...], NodeCost] = {}
     out = {}
     for name, a in analyses.items():
-        key = (a.kernel_class, tuple(a.dims.items()), a.dtype, a.flags, a.flops, a.bytes_total)
+        key = (a.kernel_class, tuple(a.dims.items()), a.dtype, a.flags, a.flops, a.bytes_total,
+               a.op_type)
         cost = seen.get(key)
         if cost is None:
             cost = seen[key] = estimate(a, profile)

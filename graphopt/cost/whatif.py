@@ -16,6 +16,7 @@ from typing import Any
 from graphopt.analysis import annotate
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.cost.attention import attention_kernel
+from graphopt.cost.calibrated import measured_matrix_rate
 from graphopt.cost.conv_taps import tap_efficiency
 from graphopt.cost.efficiency import matrix_efficiency
 from graphopt.cost.roofline import efficiency, estimate, tc_alignment
@@ -167,6 +168,11 @@ def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile
         kernel_eff = tap_efficiency(a, profile, 128 // tc_alignment(c.precision))[0]
         if a.kernel_class is KernelClass.ATTENTION:
             kernel_eff = attention_kernel(a, profile)[0]
+    measured = measured_matrix_rate(a, profile, c.precision) \
+        if not profile.is_gpu and a.kernel_class in GEMM_LIKE else None
+    if measured is not None:  # a calibrated CPU: its measured GEMM rate over the table peak
+        eff = measured / (profile.peak_flops.get(c.precision)
+                          or profile.vector_flops.get(c.precision) or measured)
     factors = eff * c.utilization * c.alignment_efficiency * kernel_eff
     datasheet = c.peak_flops_used / factors if factors else 0.0
     compute_fraction = factors if c.unit != "none" else 0.0
@@ -176,7 +182,8 @@ def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile
     reason = (f"{c.bottleneck}-bound: compute {c.compute_time_s * 1e6:.3g} us at "
               f"{c.peak_flops_used / 1e12:.4g} TFLOP/s ({compute_fraction:.0%} of the "
               f"{datasheet / 1e12:.4g} TFLOP/s {c.precision} peak of the {unit}: efficiency "
-              f"{eff:.2f} x utilization {c.utilization:.2f} x alignment "
+              f"{eff:.2f}{' measured by calibrate' if measured else ''} x utilization "
+              f"{c.utilization:.2f} x alignment "
               f"{c.alignment_efficiency:.2f}"
               + (f" x kernel {kernel_eff:.2f}" if kernel_eff != 1.0 else "")
               + f"), memory {c.memory_time_s * 1e6:.3g} us at "

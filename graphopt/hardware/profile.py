@@ -55,6 +55,12 @@ class HardwareProfile:
     peer_link: Link | None = None
     capabilities: frozenset[str] = frozenset()
     launch_overhead_s: float = 5e-6
+    #: measured on this machine by ``graphopt calibrate`` (empty for datasheet profiles): a
+    #: node's fixed cost per canonical op type (dispatch + launch; a view's too), and the
+    #: achievable rates that replace peak x efficiency: ``"memory"`` (bytes/s) and
+    #: ``"matrix:<dtype>"`` / ``"vector:<dtype>"`` (FLOP/s)
+    op_overhead_s: Mapping[str, float] = field(default_factory=dict)
+    measured_rates: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def is_gpu(self) -> bool:
@@ -85,5 +91,13 @@ class HardwareProfile:
             "peer_link": None if self.peer_link is None else self.peer_link.to_dict(),
             "capabilities": sorted(self.capabilities),
             "launch_overhead_s": self.launch_overhead_s,
+            **({"op_overhead_s": dict(sorted(self.op_overhead_s.items())),
+                "measured_rates": dict(sorted(self.measured_rates.items()))}
+               if self.op_overhead_s or self.measured_rates else {}),
             "source": self.source,
         }
+
+    @property
+    def calibrated(self) -> bool:
+        """Measured on a machine by ``graphopt calibrate``, not taken from a datasheet."""
+        return bool(self.op_overhead_s or self.measured_rates)

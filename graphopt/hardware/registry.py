@@ -2,7 +2,8 @@
 
 Names are matched case-insensitively and ignoring punctuation, so ``RTX-4090``, ``rtx_4090`` and
 ``rtx4090`` are one target. ``cpu``/``host`` is the detected host CPU; ``gpu``/``cuda`` (or
-``cuda:N``) is a CUDA device of this machine.
+``cuda:N``) is a CUDA device of this machine; a path ending in ``.json`` is a profile file
+(``graphopt calibrate`` writes one).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from graphopt.hardware.cpus import CPU_PROFILES, cpu_profiles
 from graphopt.hardware.detect import detected_gpu_profiles, host_cpu_profile
 from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.hardware.profile_file import is_profile_path, load_profile
 
 __all__ = ["ALIASES", "get_target", "is_this_machine", "list_targets", "not_a_target",
            "target_names"]
@@ -100,6 +102,8 @@ def get_target(name: str) -> HardwareProfile:
     if not isinstance(name, str):
         raise not_a_target(name)
     lowered = name.strip().lower()
+    if is_profile_path(name):
+        return load_profile(name.strip())
     if lowered in HOST_NAMES:
         return host_cpu_profile()
     m = _DETECTED_GPU.match(lowered)
@@ -117,8 +121,16 @@ def get_target(name: str) -> HardwareProfile:
 
 
 def is_this_machine(profile: HardwareProfile) -> bool:
-    """True for the detected host CPU: the one target whose kernels can be timed here."""
-    return profile.kind == "cpu" and profile.name == host_cpu_profile().name
+    """True for the detected host CPU, or a calibration of this CPU model (``graphopt
+    calibrate``): the targets whose kernels can be timed here."""
+    host = host_cpu_profile()
+    if profile.kind != "cpu" or profile.name != host.name:
+        return False
+    return _cpu_model(profile) == _cpu_model(host)
+
+
+def _cpu_model(profile: HardwareProfile) -> str:
+    return profile.display_name.split(" (host")[0]
 
 
 def list_targets() -> list[HardwareProfile]:

@@ -8,7 +8,11 @@ The numbers (``summary["prediction"]``):
 2. ``median_ratio``: the median of predicted / measured over the same nodes (1 is exact;
    below 1 the model is too fast).
 3. ``model_ratio``: the plan's estimated latency (the sum of its nodes) over the measured
-   time of one whole run, timed without the profiler.
+   time of one whole run of the planned graph, as graphopt emits it (torch: the traced
+   graph as a module; ONNX: the session), timed without the profiler.
+4. ``module_ratio`` (torch): the same estimate over the user's own module as called. The
+   difference is the Python the module runs around its graph (a framework's argument
+   handling, mask building, output classes): real time, but in no graph, so no plan sees it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class Measured:
     #: intra-op threads the runtime used (None: its default)
     threads: int | None = None
     notes: tuple[str, ...] = field(default=())
+    #: the user's own module, timed as called (torch only; ``model_s`` is the graph's)
+    module_s: float | None = None
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -70,6 +76,10 @@ def prediction_summary(pairs: Sequence[tuple[float, float]], est_latency_s: floa
         "model_ratio": est_latency_s / measured.model_s if measured.model_s > 0 else None,
         "nodes_measured": len(both),
         "measured_model_s": measured.model_s,
+        **({} if measured.module_s is None else {
+            "module_ratio": est_latency_s / measured.module_s if measured.module_s > 0
+            else None,
+            "measured_module_s": measured.module_s}),
         "measured_nodes_s": sum(m for _, m in pairs if m > 0),
         "runs": measured.runs,
         "warmup": measured.warmup,

@@ -7,8 +7,9 @@ range that carries the plan's name, so nothing has to match op names or call ord
 time is the sum of the inclusive CPU times of the ops directly under its range: the
 Interpreter's own Python work around them is not counted.
 
-The whole model is timed apart, without the profiler and the Interpreter: the module as the
-user calls it, median of ``runs`` runs.
+The whole model is timed apart, without the profiler and the Interpreter, median of ``runs``
+runs: the planned graph as graphopt emits it (what the plan's estimate describes), and the
+module as the user calls it (which adds the Python around the graph).
 
 On a GPU the same ranges are used with the profiler's CUDA activity as well: a node's time is
 then the device time of the kernels its ops launched (``device_time_total``, which counts the
@@ -17,9 +18,11 @@ kernels of nested ops too), and the whole model is timed between two synchroniza
 
 from __future__ import annotations
 
+import copy
 import logging
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -33,11 +36,12 @@ from graphopt.errors import GraphoptError, first_line
 from graphopt.ir import Graph
 from graphopt.profiling.stats import Measured
 
-__all__ = ["measure_torch", "per_node"]
+__all__ = ["NODE_RANGE", "measure_torch", "per_node"]
 
 logger = logging.getLogger(__name__)
 
-_PREFIX = "graphopt::node::"
+#: prefix of the profiler range around each measured node (``calibrate`` uses it too)
+NODE_RANGE = "graphopt::node::"
 _CALLS = ("call_function", "call_method", "call_module")
 
 
@@ -47,7 +51,7 @@ class _Named(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in _CALLS:
             return super().run_node(n)
-        with record_function(_PREFIX + n.name):
+        with record_function(NODE_RANGE + n.name):
             return super().run_node(n)
 
 
@@ -82,9 +86,9 @@ def per_node(events: Any, device: str = "cpu") -> dict[str, list[float]]:
     field = "cpu_time_total" if device == "cpu" else "device_time_total"
     out: dict[str, list[float]] = defaultdict(list)
     for e in events:
-        if e.name.startswith(_PREFIX):
+        if e.name.startswith(NODE_RANGE):
             us = sum(getattr(c, field) for c in e.cpu_children)
-            out[e.name[len(_PREFIX):]].append(us * 1e-6)
+            out[e.name[len(NODE_RANGE):]].append(us * 1e-6)
     return out
 
 
@@ -104,8 +108,9 @@ def _on(device: str, model: torch.nn.Module, args: Any) -> None:
 def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any], *, runs: int, warmup: int,
                   threads: int | None = None, device: str = "cpu") -> Measured:
-    """Per-node medians under torch.profiler and the whole model's median wall time, on
-    ``threads`` intra-op threads (torch's setting when None; restored after)."""
+    """Per-node medians under torch.profiler, and the median wall times of the planned graph
+    (as graphopt emits it) and of the user's module, on ``threads`` intra-op threads (torch's
+    setting when None; restored after)."""
     _on(device, model, (args, kwargs))
     gpu = device != "cpu"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
@@ -123,15 +128,9 @@ def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
                     _Named(gm).run(*flat)
                 sync()
             found = per_node(prof.events(), device)
-            for _ in range(warmup):
-                model(*args, **kwargs)
-            times = []
-            for _ in range(runs):
-                sync()
-                t = time.perf_counter()
-                model(*args, **kwargs)
-                sync()
-                times.append(time.perf_counter() - t)
+            emitted = _emitted(graph, gm, model)
+            graph_times = _wall_times(lambda: emitted(*args, **kwargs), runs, warmup, sync)
+            module_times = _wall_times(lambda: model(*args, **kwargs), runs, warmup, sync)
     except GraphoptError:
         raise
     except Exception as e:  # noqa: BLE001 - the model's own failure, said in one line
@@ -144,6 +143,45 @@ def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
     logger.info("profiled %d nodes over %d runs on %s", len(found), runs, device)
     what = "CPU" if device == "cpu" else f"{device} kernels"
     return Measured({k: statistics.median(v) for k, v in found.items()},
-                    statistics.median(times), runs, warmup,
+                    statistics.median(graph_times), runs, warmup,
                     f"torch.profiler ({what}), per fx node via record_function ranges; whole "
-                    "model timed without the profiler", threads or before)
+                    "graph and the user's module timed without the profiler", threads or before,
+                    module_s=statistics.median(module_times))
+
+
+def _emitted(graph: Graph, gm: fx.GraphModule, model: torch.nn.Module) -> Any:
+    """The plan's nodes as one module, called like the user's: a copy of the traced module
+    without export's shape guard and pytree wrapping (``rewrites.pipeline.strip_unused``, as
+    graphopt emits it) and without the shape/metadata asserts no plan node stands for
+    (``aten_ops.SKIP_OPS``; ~9 us each here). A make_fx fallback graph takes its state as
+    inputs, so there the user's module stands in."""
+    if not isinstance(graph.source_model, torch.export.ExportedProgram):
+        return model
+    from graphopt.frontends.aten_ops import SKIP_OPS
+    from graphopt.rewrites.pipeline import strip_unused
+
+    with warnings.catch_warnings():  # torch's own deprecation in copying a pytree spec
+        warnings.simplefilter("ignore", FutureWarning)
+        emitted = copy.deepcopy(gm)
+    strip_unused(emitted)
+    for node in list(emitted.graph.nodes):
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and not node.users \
+                and "aten." + schema.name.partition("::")[2] in SKIP_OPS:
+            emitted.graph.erase_node(node)
+    emitted.recompile()
+    return emitted
+
+
+def _wall_times(call: Any, runs: int, warmup: int, sync: Any) -> list[float]:
+    """Seconds of each of ``runs`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        sync()
+        t = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - t)
+    return times

@@ -1,0 +1,46 @@
+"""What a profile measured by ``graphopt calibrate`` changes in the roofline.
+
+1. **Fixed cost per node.** On a datasheet profile it is one number per target
+   (``launch_overhead_s``: a CUDA launch, a CPU runtime's per-op cost) and a view costs
+   nothing (no kernel). A calibrated profile knows each op type's own fixed cost in eager
+   torch, views included: dispatching ``view`` or ``transpose`` takes microseconds even
+   though no kernel runs. An op type calibration did not time gets the median of its
+   elementwise ops (``launch_overhead_s``).
+2. **Achievable rates.** Where the profile measured a rate (``measured_rates``: GEMM and
+   conv FLOP/s per dtype, DRAM bytes/s) it replaces datasheet peak x efficiency.
+"""
+
+from __future__ import annotations
+
+from graphopt.analysis.kernel_class import KernelClass
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.hardware.profile import HardwareProfile
+
+__all__ = ["fixed_cost", "measured_bandwidth", "measured_matrix_rate", "view_cost"]
+
+
+def fixed_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
+    """Seconds a kernel node pays whatever its size."""
+    measured = profile.op_overhead_s.get(a.op_type or "")
+    return profile.launch_overhead_s if measured is None else measured
+
+
+def view_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
+    """Seconds a view (no kernel) pays: its dispatch on a calibrated profile, else nothing."""
+    if not profile.op_overhead_s:
+        return 0.0
+    table = profile.op_overhead_s
+    return table.get(a.op_type or "", table.get("Reshape", 0.0))
+
+
+def measured_matrix_rate(a: NodeAnalysis, profile: HardwareProfile, key: str) -> float | None:
+    """Measured FLOP/s of a GEMM-like node at peak-table ``key`` (conv has its own), or None."""
+    rates = profile.measured_rates
+    if a.kernel_class is KernelClass.CONV and f"conv:{key}" in rates:
+        return rates[f"conv:{key}"]
+    return rates.get(f"matrix:{key}")
+
+
+def measured_bandwidth(profile: HardwareProfile) -> float | None:
+    """Measured DRAM bytes/s of an elementwise kernel, or None."""
+    return profile.measured_rates.get("memory")
