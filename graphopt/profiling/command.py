@@ -35,6 +35,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     print(f"  per node ({pred['nodes_measured']} measured): Spearman {num('spearman', '.3f')}, "
           f"median predicted/measured {num('median_ratio', '.3g')}x; whole model "
           f"{num('model_ratio', '.3g')}x")
+    if pred.get("measured_module_s") is not None:
+        print(f"  your module as called: {fmt_seconds(pred['measured_module_s'])}, predicted/"
+              f"measured {num('module_ratio', '.3g')}x (the rest is Python around the graph)")
+    if not plan.target.calibrated:
+        print("  uncalibrated host numbers: run `graphopt calibrate -o cpu.json` and profile "
+              "with --target cpu.json")
     d = plan.to_dict()
     for n, p, m in worst_nodes(d, 5):
         print(f"  {p / m:8.3g}x  {fmt_seconds(p):>10} predicted {fmt_seconds(m):>10} measured  "
@@ -53,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction,
                                        "node's measured time with its prediction")
     p.add_argument("model", help="an .onnx file, or file.py:function returning "
                                  "(module, example_inputs)")
-    p.add_argument("--target", default="cpu", help="cpu: this machine's CPU; on a CUDA "
+    p.add_argument("--target", default="cpu", help="cpu: this machine's CPU (FILE.json: as "
+                                                   "measured by graphopt calibrate); on a CUDA "
                                                    "machine gpu (a file.py:function model "
                                                    "built on the GPU)")
     p.add_argument("--runs", type=int, default=10, help="profiled runs (median per node)")

@@ -45,10 +45,15 @@ def _facts(pred: Mapping[str, Any]) -> list[tuple[str, str]]:
         v = finite(pred.get(key))
         return "—" if v is None else format(v, fmt)
 
+    module = [] if pred.get("measured_module_s") is None else [
+        ("user's module predicted / measured", num("module_ratio", ".3g") + "×"),
+        ("measured user's module (graph + its Python)",
+         fmt_seconds(pred.get("measured_module_s")))]
     return [("Spearman (per node)", num("spearman", ".3f")),
             ("median predicted / measured", num("median_ratio", ".3g") + "×"),
             ("model predicted / measured", num("model_ratio", ".3g") + "×"),
-            ("measured whole model", fmt_seconds(pred.get("measured_model_s"))),
+            ("measured whole model (the planned graph)", fmt_seconds(pred.get("measured_model_s"))),
+            *module,
             ("nodes measured", fmt_count(pred.get("nodes_measured"))),
             ("runs", f"{fmt_count(pred.get('runs'))} after {fmt_count(pred.get('warmup'))} "
                      "warm-up")]
