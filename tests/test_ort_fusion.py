@@ -155,8 +155,8 @@ def test_the_onnx_artifact_reports_ort_groups_for_its_ep(tmp_path) -> None:
     out = opt.export_onnx(tmp_path / "m.onnx")
     f = opt.plan.to_dict()["onnx_optimization"]["fusion"]
     assert f["runtime"] == {"name": "onnxruntime", "execution_provider": CPU_EP,
-                            "rules": f"ONNX Runtime's graph optimizer at ORT_ENABLE_ALL for "
-                                     f"{CPU_EP}"}
+                            "rules": f"as ONNX Runtime's graph optimizer fuses for {CPU_EP} "
+                                     "at ORT_ENABLE_ALL"}
     ours = {frozenset(g["nodes"]): g["fused_op"] for g in f["groups"] if g["kind"] == "ort"}
     assert set(ours.values()) == {"SimplifiedLayerNormalization", "QuickGelu"}
     fused, _ = om.ort_fused(onnx.load(str(out)))

@@ -171,7 +171,7 @@ def fusion_section(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
     kernels = [g for g in groups if g.kind != "folded" and
                any(kind[m] is not KernelClass.VIEW for m in g.nodes)]
     runtime = ({"name": "onnxruntime", "execution_provider": ep,
-                "rules": "ONNX Runtime's graph optimizer at ORT_ENABLE_ALL for " + ep}
+                "rules": f"as ONNX Runtime's graph optimizer fuses for {ep} at ORT_ENABLE_ALL"}
                if ep is not None else
                {"name": "generic", "execution_provider": None,
                 "rules": "as Inductor, TensorRT and ONNX Runtime fuse: patterns, GEMM/conv "
