@@ -101,7 +101,11 @@ def test_fp16_islands_keep_io_types_and_tolerance(name, tmp_path):
     _, _, exp = _exported(name)
     proto, plan, info = optimize_onnx(exp.model, "h100", Options(quantize="none"),
                                       samples=[exp.feeds])
-    assert info["passes_applied"] == ["precision"]
+    # padding pays only for tc_guide_cnn's conv2d_1 on h100: its 129 output channels padded to
+    # 136 (its 67 input channels are padded per filter tap by the conv library itself;
+    # benchmarks/RESULTS.md, issue 12's padding decisions)
+    padded = ["padding"] if name == "tc_guide_cnn" else []
+    assert info["passes_applied"] == [*padded, "precision"]
     assert info["compute_dtype"] == "fp16"
     assert [i.type.tensor_type.elem_type for i in proto.graph.input] == [T.FLOAT]
     assert all(o.type.tensor_type.elem_type == T.FLOAT for o in proto.graph.output)
