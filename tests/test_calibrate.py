@@ -180,3 +180,33 @@ def test_cli_calibrate_writes_a_profile_the_cli_plans_with(tmp_path, capsys):
     assert main(["cost", "gemm", "256", "256", "256", "--dtype", "fp32", "--target",
                  str(path)]) == 0
     assert "measured by calibrate" in capsys.readouterr().out
+
+
+class _Variants(nn.Module):
+    """A copying reshape beside a viewing one; a 3x3, a 1x1 and a depthwise conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.pointwise = nn.Conv2d(8, 16, 1)
+        self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+
+    def forward(self, x: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.transpose(1, 2).reshape(2, -1), x.reshape(4, -1),
+                self.depthwise(self.pointwise(self.conv(img))))
+
+
+def test_a_reshape_that_copies_is_a_copy_and_each_conv_variant_has_its_cost():
+    costs = {"Reshape": 1e-6, "Reshape:copy": 11e-6, "Conv": 100e-6, "Conv:1x1": 30e-6,
+             "Conv:depthwise": 60e-6}
+    plan = graphopt.plan(_Variants(), (torch.randn(2, 4, 8), torch.randn(1, 8, 8, 8)),
+                         target=_measured(op_overhead_s=costs))
+    reshapes = [n for n in plan.nodes if n.op_type == "Reshape"]
+    assert [n.analysis.kernel_class.value for n in reshapes] == ["data_movement", "view"]
+    assert reshapes[0].analysis.bytes_total == 2 * 4 * 8 * 4 * 2  # read and written once
+    assert [n.cost.overhead_s for n in reshapes] == [11e-6, 1e-6]
+    convs = [n for n in plan.nodes if n.op_type == "Conv"]
+    assert [n.cost.overhead_s for n in convs] == [100e-6, 30e-6, 60e-6]
+    # a 1x1 conv is a GEMM: the measured matrix rate, not the conv rate
+    assert convs[1].cost.compute_time_s == pytest.approx(convs[1].analysis.flops / 50e9)
+    assert convs[0].cost.compute_time_s == pytest.approx(convs[0].analysis.flops / 25e9)

@@ -37,4 +37,6 @@ def classify_op(graph: Graph, node: Node) -> KernelClass:
         return KernelClass.GEMV if vector else KernelClass.GEMM
     if op in ops.DATA_MOVEMENT:
         return KernelClass.VIEW if node.attrs.get("alias") else KernelClass.DATA_MOVEMENT
+    if op in ops.VIEW_OPS and node.attrs.get("alias") is False:  # the frontend saw it copy
+        return KernelClass.DATA_MOVEMENT
     return _OP_CLASS.get(op, KernelClass.OTHER)

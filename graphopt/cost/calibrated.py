@@ -4,8 +4,10 @@
    (``launch_overhead_s``: a CUDA launch, a CPU runtime's per-op cost) and a view costs
    nothing (no kernel). A calibrated profile knows each op type's own fixed cost in eager
    torch, views included: dispatching ``view`` or ``transpose`` takes microseconds even
-   though no kernel runs. An op type calibration did not time gets the median of its
-   elementwise ops (``launch_overhead_s``).
+   though no kernel runs. Convolutions are keyed by variant (1x1, depthwise, other), and a
+   reshape that copies apart from one that is a view. An op
+   type calibration did not time gets the median of its elementwise ops
+   (``launch_overhead_s``).
 2. **Achievable rates.** Where the profile measured a rate (``measured_rates``: GEMM and
    conv FLOP/s per dtype, DRAM bytes/s) it replaces datasheet peak x efficiency.
 """
@@ -21,8 +23,26 @@ __all__ = ["fixed_cost", "measured_bandwidth", "measured_matrix_rate", "view_cos
 
 def fixed_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
     """Seconds a kernel node pays whatever its size."""
-    measured = profile.op_overhead_s.get(a.op_type or "")
+    table = profile.op_overhead_s
+    measured = table.get(_variant(a), table.get(a.op_type or ""))
     return profile.launch_overhead_s if measured is None else measured
+
+
+def _variant(a: NodeAnalysis) -> str:
+    """The table key of the node's kernel variant: CPU convolutions take different code paths
+    (a 1x1 conv is a GEMM; a depthwise conv is one filter per channel), each timed apart as
+    ``Conv:1x1`` and ``Conv:depthwise``; a copying reshape is ``Reshape:copy``."""
+    if a.op_type == "Reshape" and a.kernel_class is KernelClass.DATA_MOVEMENT:
+        return "Reshape:copy"  # a reshape the strides do not allow as a view
+    if a.kernel_class is not KernelClass.CONV:
+        return a.op_type or ""
+    d = a.dims
+    groups, c_in = max(1, d.get("groups", 1)), d.get("C_in", 0)
+    if groups > 1 and groups == c_in:
+        return "Conv:depthwise"
+    if c_in and d.get("K", 0) == c_in // groups:
+        return "Conv:1x1"
+    return a.op_type or ""
 
 
 def view_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
@@ -36,7 +56,8 @@ def view_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
 def measured_matrix_rate(a: NodeAnalysis, profile: HardwareProfile, key: str) -> float | None:
     """Measured FLOP/s of a GEMM-like node at peak-table ``key`` (conv has its own), or None."""
     rates = profile.measured_rates
-    if a.kernel_class is KernelClass.CONV and f"conv:{key}" in rates:
+    if a.kernel_class is KernelClass.CONV and f"conv:{key}" in rates \
+            and _variant(a) != "Conv:1x1":  # a 1x1 conv runs as a GEMM
         return rates[f"conv:{key}"]
     return rates.get(f"matrix:{key}")
 

@@ -246,6 +246,8 @@ class _Converter:
             self.unmapped[source] += 1
             result = _unmapped(source, c)
         op_type, inputs, attrs = result
+        if key == "aten.reshape" and attrs.get("alias") and _copies(n):
+            attrs = {**attrs, "alias": False}  # a reshape that could not be a view: a copy
         self.nodes.append(Node(name, op_type, source, inputs, outputs, attrs))
 
     def inline(self, n: fx.Node) -> bool:
@@ -352,3 +354,18 @@ def _meta_tensor(tm: Any) -> Any:
     if hasattr(tm, "shape") and hasattr(tm, "dtype"):
         return torch.empty(tuple(tm.shape), dtype=tm.dtype, device="meta")
     return None
+
+
+def _copies(n: fx.Node) -> bool:
+    """``reshape`` returns a view when the input's strides allow one and a copy otherwise
+    (after a transpose, typically); the traced values say which: a view shares its input's
+    storage. Values without storage say nothing: a view is assumed."""
+    src = n.args[0] if n.args else None
+    before = src.meta.get("val") if isinstance(src, fx.Node) else None
+    after = n.meta.get("val")
+    if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
+        return False
+    try:
+        return before.untyped_storage()._cdata != after.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - a tensor subclass without a storage
+        return False

@@ -72,7 +72,7 @@ def _ops() -> dict[str, Bench]:
     causal = torch.ones(16, 16, dtype=torch.bool).tril()
     aten = torch.ops.aten
     norm_w = x(64)
-    conv_w = x(16, 16, 3, 3)
+    conv_w, pointwise_w, depthwise_w = x(16, 16, 3, 3), x(32, 16, 1, 1), x(16, 1, 3, 3)
     bn = (x(16), x(16).abs() + 1, x(16), x(16))
     at = a.transpose(1, 2)
     strided = x(2, 64, 16).transpose(1, 2)
@@ -87,6 +87,7 @@ def _ops() -> dict[str, Bench]:
     return {
         # views and aliases: dispatch only, no kernel
         "Reshape": lambda: lambda: a.view(2, 16, 4, 16),
+        "Reshape:copy": lambda: lambda: at.reshape(2, 1024),  # strides allow no view
         "Transpose": lambda: lambda: a.transpose(1, 2),
         "Unsqueeze": lambda: lambda: a.unsqueeze(1),
         "Squeeze": lambda: lambda: a[:1].squeeze(0),
@@ -148,6 +149,8 @@ def _ops() -> dict[str, Bench]:
         "Gemm": lambda: lambda: torch.addmm(bias, a[0], w),
         "MatMul": lambda: lambda: torch.matmul(q, q.transpose(-1, -2)),
         "Conv": lambda: lambda: F.conv2d(img, conv_w, padding=1),
+        "Conv:1x1": lambda: lambda: F.conv2d(img, pointwise_w),
+        "Conv:depthwise": lambda: lambda: F.conv2d(img, depthwise_w, padding=1, groups=16),
         "Attention": lambda: lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=causal),
         # data movement
         "Concat": lambda: lambda: torch.cat([a, b], -1),
@@ -168,23 +171,24 @@ def _rotating(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
 
 
 #: the op types calibration times (``_ops`` builds them; torch is imported only then)
-OP_BENCHES = ("Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice", "Flatten",
-              "Identity", "Dropout", "Split", "Cast", "Add", "Sub", "Mul", "Div", "Pow", "Neg",
-              "Abs", "Rsqrt", "Sqrt", "Exp", "Log", "Erf", "Sin", "Cos", "Tanh", "Sigmoid",
+OP_BENCHES = ("Reshape", "Reshape:copy", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice",
+              "Flatten", "Identity", "Dropout", "Split", "Cast", "Add", "Sub", "Mul", "Div", "Pow",
+              "Neg", "Abs", "Rsqrt", "Sqrt", "Exp", "Log", "Erf", "Sin", "Cos", "Tanh", "Sigmoid",
               "Relu", "Gelu", "Silu", "Clip", "Equal", "Less", "LessOrEqual", "Greater",
               "GreaterOrEqual", "And", "Not", "Where", "Min", "Max", "ReduceMean", "ReduceSum",
               "ReduceMax", "CumSum", "Softmax", "LogSoftmax", "LayerNormalization",
               "RMSNormalization", "BatchNormalization", "GroupNormalization", "MaxPool",
               "AveragePool", "GlobalAveragePool", "TopK", "Linear", "Gemm", "MatMul", "Conv",
-              "Attention", "Concat", "Gather", "GatherElements", "Pad", "Range",
-              "ConstantOfShape", "Copy", "Tile")
+              "Conv:1x1", "Conv:depthwise", "Attention", "Concat", "Gather", "GatherElements",
+              "Pad", "Range", "ConstantOfShape", "Copy", "Tile")
 #: op types that are views (no kernel): their in-model factor is fitted apart
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice",
                       "Flatten", "Split"})
 #: FLOPs of the GEMM-like bench calls (``_ops``), taken off their time at the measured rate
 _BENCH_FLOPS = {"Linear": 2 * 32 * 64 * 64, "Gemm": 2 * 16 * 64 * 64,
                 "MatMul": 2 * 8 * 16 * 16 * 16, "Attention": 4 * 8 * 16 * 16 * 16 // 2,
-                "Conv": 2 * 2 * 16 * 16 * 16 * 16 * 9}
+                "Conv": 2 * 2 * 16 * 16 * 16 * 16 * 9, "Conv:1x1": 2 * 2 * 16 * 16 * 32 * 16,
+                "Conv:depthwise": 2 * 2 * 16 * 16 * 16 * 9}
 #: op types whose median fixed cost stands in for an op type calibration did not time
 _KERNEL_OPS = ("Add", "Sub", "Mul", "Div", "Neg", "Exp", "Tanh", "Sigmoid", "Relu", "Where")
 
@@ -293,7 +297,7 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
     finally:
         torch.set_num_threads(before)
     for op, flops in _BENCH_FLOPS.items():  # the bench call's own work is not fixed cost
-        rate = rates["conv:fp32" if op == "Conv" else "matrix:fp32"]
+        rate = rates["conv:fp32" if op in ("Conv", "Conv:depthwise") else "matrix:fp32"]
         overhead[op] = max(overhead[op] - flops / rate, overhead[op] / 4)
     rates = {k: float(f"{v:.4g}") for k, v in rates.items()}
     launch = statistics.median(overhead[op] for op in _KERNEL_OPS)
