@@ -210,7 +210,8 @@ def _utilization(a: NodeAnalysis, profile: HardwareProfile, *, mma: bool = False
         return _wave_fill(tiles * splits, profile.sm_count)
     g = max(1, d.get("groups", 1))
     batch = 1 if a.kernel_class is KernelClass.CONV else d.get("batch", 1)  # conv M has N
-    m, n, k = d.get("M", 1), max(1, d.get("N", 1) // g), max(1, d.get("K", 1) // g)
+    # conv: N counts every group's output channels, K is one group's already
+    m, n, k = d.get("M", 1), max(1, d.get("N", 1) // g), max(1, d.get("K", 1))
     best = 0.0
     for (tm, tn), tile_eff in _TILES.items():
         base = math.ceil(m / tm) * math.ceil(n / tn) * g * batch
