@@ -31,7 +31,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     print(f"{plan.model['name']} on {plan.target.display_name}: predicted "
           f"{fmt_seconds(plan.summary['est_latency_s'])}, measured "
-          f"{fmt_seconds(pred['measured_model_s'])} (median of {pred['runs']} runs)")
+          f"{fmt_seconds(pred['measured_model_s'])} (best of {pred['runs']} runs)")
     print(f"  per node ({pred['nodes_measured']} measured): Spearman {num('spearman', '.3f')}, "
           f"median predicted/measured {num('median_ratio', '.3g')}x; whole model "
           f"{num('model_ratio', '.3g')}x")
