@@ -1,0 +1,323 @@
+"""Emit tensor parallelism for ``torch.distributed.tensor.parallel``: graphopt decides which
+blocks split, PyTorch's DTensor engine runs them.
+
+The identity (Megatron-LM, Shoeybi et al. 2019): for an MLP ``down(act(gate(x)) * up(x))``,
+splitting the columns of ``gate``/``up`` (output features) and the rows of ``down`` (input
+features) over ``t`` devices gives each device ``down_r(act(gate_r(x)) * up_r(x))``, and
+``sum_r`` of those is the unsplit output: the element-wise middle needs no communication and
+one all-reduce follows the row split. Attention is the same with the head dimension: Q/K/V are
+column-split (whole heads per device), each device attends over its own heads, and the output
+projection is row-split.
+
+Cases the emitter handles:
+
+1. Column-split Linear -> ``ColwiseParallel()``: input replicated, weight ``Shard(0)``,
+   output the local shard (``use_local_output=True``), so the module between the splits sees
+   ordinary tensors.
+2. Row-split Linear -> ``RowwiseParallel()``: input the local shard, weight ``Shard(1)``,
+   output all-reduced to a replicated tensor.
+3. Attention heads. A device holds ``heads / t`` query heads and ``kv_heads / t`` KV heads;
+   with contiguous sharding device ``r``'s query heads read exactly its KV heads, because the
+   ratio ``heads / kv_heads`` (the GQA group) is the same locally. Both must divide by ``t``
+   (:func:`check_degree`); a KV head is never split.
+4. How the attention module learns its local head count. transformers' Llama/Mistral/Qwen
+   attention (transformers >= 4.48, and 5.x here) reshapes with
+   ``view(*input_shape, -1, self.head_dim)`` and uses ``num_key_value_groups`` (unchanged
+   locally), so the local count is inferred and nothing is adjusted. Older modules keep the
+   count as an int attribute (``self.num_heads``, ``self.num_key_value_heads``, and the width
+   ``self.hidden_size = heads * head_dim`` in the output reshape); those attributes, matched by
+   name and value, are divided by ``t`` on the copy (:func:`head_attributes`). A shared
+   ``config`` object is never edited: masks and rotary tables read it for the whole model.
+
+The user's model is never changed: :func:`apply_tensor_parallel` parallelizes a deep copy
+(``parallelize_module`` replaces parameters in place).
+
+2-D (tensor parallelism in a group, pipeline stages across groups): see
+:func:`two_d_support`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from math import gcd
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torch import nn
+
+from graphopt.errors import GraphoptError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+__all__ = ["TPBlockLike", "apply_tensor_parallel", "attention_module", "check_degree",
+           "describe_plan", "head_attributes", "parallelize_plan", "plan_snippet",
+           "two_d_support"]
+
+logger = logging.getLogger(__name__)
+
+# Attribute names under which attention modules keep their head counts (case 4): Llama/Mistral
+# before transformers 4.48 (num_heads, num_key_value_heads, hidden_size), GPT-NeoX/Falcon
+# (num_attention_heads), GPT-2 (num_heads, embed_dim), Meta's llama reference (n_heads,
+# n_kv_heads), BERT (num_attention_heads, all_head_size).
+_HEAD_NAMES = ("num_heads", "num_attention_heads", "n_heads", "n_head")
+_KV_NAMES = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
+_WIDTH_NAMES = ("hidden_size", "embed_dim", "all_head_size", "inner_dim")
+
+
+class TPBlockLike(Protocol):
+    """What the emitter reads from a block (``graphopt.partition.tp_blocks.TPBlock`` has it)."""
+
+    @property
+    def kind(self) -> str: ...  # "mlp" | "attention"
+
+    @property
+    def column_modules(self) -> tuple[str, ...]: ...
+
+    @property
+    def row_modules(self) -> tuple[str, ...]: ...
+
+    @property
+    def heads(self) -> int | None: ...
+
+    @property
+    def kv_heads(self) -> int | None: ...
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+def attention_module(block: TPBlockLike) -> str:
+    """FQN of the module that owns an attention block's projections (their common parent)."""
+    parents = {name.rpartition(".")[0] for name in (*block.column_modules, *block.row_modules)}
+    if len(parents) != 1:
+        raise GraphoptError(f"attention block projections {sorted(parents)} have no single "
+                            "parent module", "list one attention module's Q/K/V/O per block")
+    return parents.pop()
+
+
+def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
+    """Legality of splitting ``blocks`` over ``degree`` devices (case 3); raises with the fix."""
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        raise GraphoptError(f"tensor-parallel degree {degree!r} is not a positive integer",
+                            "pass the number of devices in the tensor-parallel group")
+    if not blocks:
+        raise GraphoptError("no tensor-parallel blocks to split",
+                            "find them with graphopt.partition.tp_blocks.find_tp_blocks")
+    seen: set[str] = set()
+    for b in blocks:
+        if b.kind not in ("mlp", "attention"):
+            raise GraphoptError(f"unknown tensor-parallel block kind {b.kind!r}",
+                                "use 'mlp' or 'attention'")
+        if not b.column_modules or not b.row_modules:
+            raise GraphoptError(f"{b.kind} block {b.column_modules or b.row_modules} needs "
+                                "column-split and row-split Linears",
+                                "give both column_modules and row_modules")
+        for name in (*b.column_modules, *b.row_modules):
+            if name in seen:
+                raise GraphoptError(f"module {name} is in two tensor-parallel blocks",
+                                    "split each Linear once")
+            seen.add(name)
+        if b.kind != "attention":
+            continue
+        where = attention_module(b)
+        heads, kv = b.heads, b.kv_heads if b.kv_heads is not None else b.heads
+        if not heads or not kv:
+            raise GraphoptError(f"attention block {where} has no head count",
+                                "set heads (and kv_heads for GQA) on the block")
+        if heads % degree:
+            raise GraphoptError(
+                f"attention {where}: {heads} heads do not divide over {degree} devices "
+                "(a head cannot be split)",
+                f"use a tensor-parallel degree that divides {heads} (one of "
+                f"{_divisors(heads)}) or leave this block unsplit")
+        if kv % degree:
+            raise GraphoptError(
+                f"attention {where}: {kv} KV heads (GQA, {heads} query heads) do not divide "
+                f"over {degree} devices; each device needs whole KV heads for its query heads",
+                f"use a tensor-parallel degree that divides {kv} (one of "
+                f"{_divisors(gcd(heads, kv))}) or leave this block unsplit")
+
+
+def parallelize_plan(blocks: Sequence[TPBlockLike], *, degree: int | None = None
+                     ) -> dict[str, ParallelStyle]:
+    """The ``parallelize_module`` plan: module FQN -> ``ColwiseParallel`` / ``RowwiseParallel``
+    (cases 1, 2). With ``degree`` the blocks are checked first (:func:`check_degree`)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if degree is not None:
+        check_degree(blocks, degree)
+    plan: dict[str, ParallelStyle] = {}
+    for b in blocks:
+        plan.update({name: ColwiseParallel() for name in b.column_modules})
+        plan.update({name: RowwiseParallel() for name in b.row_modules})
+    return plan
+
+
+def _submodule(root: nn.Module, fqn: str) -> nn.Module:
+    try:
+        return root.get_submodule(fqn)
+    except AttributeError:
+        raise GraphoptError(f"module {fqn!r} is not in {type(root).__name__}",
+                            "give the blocks the model's own module paths "
+                            "(model.named_modules())") from None
+
+
+def head_attributes(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int
+                    ) -> dict[str, dict[str, tuple[int, int]]]:
+    """Int head-count attributes of each attention module to divide by ``degree`` (case 4):
+    ``{attention FQN: {attribute: (global, local)}}``; empty for ``view(..., -1, head_dim)``
+    modules. Matched by name and value, so ``num_key_value_groups`` is never touched."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for b in blocks:
+        if b.kind != "attention" or not b.heads:
+            continue
+        where = attention_module(b)
+        attn = _submodule(module, where)
+        q = _submodule(module, b.column_modules[0])
+        width = q.out_features if isinstance(q, nn.Linear) else None
+        kv = b.kv_heads if b.kv_heads is not None else b.heads
+        want = {**dict.fromkeys(_HEAD_NAMES, b.heads), **dict.fromkeys(_KV_NAMES, kv),
+                **dict.fromkeys(_WIDTH_NAMES, width)}
+        found = {name: (value, value // degree) for name, value in vars(attn).items()
+                 if name in want and isinstance(value, int) and not isinstance(value, bool)
+                 and value == want[name]}
+        if found:
+            out[where] = found
+    return out
+
+
+def _check_linears(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int) -> None:
+    for b in blocks:
+        for name, dim in ([(n, "out_features") for n in b.column_modules]
+                          + [(n, "in_features") for n in b.row_modules]):
+            lin = _submodule(module, name)
+            if not isinstance(lin, nn.Linear):
+                raise GraphoptError(
+                    f"{name} is a {type(lin).__name__}, not nn.Linear; ColwiseParallel and "
+                    "RowwiseParallel only split nn.Linear (and nn.Embedding)",
+                    "leave this block unsplit (e.g. GPT-2's fused Conv1D c_attn)")
+            size = getattr(lin, dim)
+            if size % degree:
+                raise GraphoptError(f"{name}: {dim}={size} does not divide over {degree} "
+                                    "devices", f"use a degree that divides {size}")
+
+
+def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[TPBlockLike]
+                          ) -> nn.Module:
+    """A tensor-parallel copy of ``module`` over the 1-D ``mesh``; ``module`` is not changed.
+
+    Every rank calls it with the same module (``parallelize_module`` scatters rank 0's
+    weights). The copy costs one model's memory per rank before sharding frees most of it.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if mesh.ndim != 1:
+        raise GraphoptError(f"tensor parallelism needs a 1-D device mesh, got {mesh.ndim}-D",
+                            "pass the tensor-parallel dimension, e.g. mesh['tp']")
+    degree = mesh.size()
+    check_degree(blocks, degree)
+    _check_linears(module, blocks, degree)
+    adjust = head_attributes(module, blocks, degree)
+    copied = copy.deepcopy(module)
+    for where, attrs in adjust.items():
+        attn = copied.get_submodule(where)
+        for name, (_, local) in attrs.items():
+            setattr(attn, name, local)
+            logger.debug("%s.%s = %d (local heads)", where, name, local)
+    plan = parallelize_plan(blocks)
+    parallelize_module(copied, mesh, plan)
+    logger.info("tensor parallel over %d devices: %d Linears split in %d blocks", degree,
+                len(plan), len(blocks))
+    return copied
+
+
+def _mesh(degree: int, pipeline_groups: int) -> tuple[list[int], list[str]]:
+    if pipeline_groups > 1:
+        return [pipeline_groups, degree], ["pp", "tp"]
+    return [degree], ["tp"]
+
+
+def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = "cuda") -> str:
+    """The code a user runs on every rank (``torchrun --nproc-per-node <degree>``)."""
+    lines = [f"    {name!r}: {type(style).__name__}(),"
+             for name, style in parallelize_plan(blocks).items()]
+    return "\n".join([
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "from torch.distributed.tensor.parallel import (",
+        "    ColwiseParallel, RowwiseParallel, parallelize_module)",
+        "",
+        f'mesh = init_device_mesh("{device_type}", ({degree},), mesh_dim_names=("tp",))',
+        "parallelize_module(model, mesh, {", *lines, "})",
+    ])
+
+
+def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Module | None = None,
+                  pipeline_groups: int = 1, device_type: str = "cuda") -> dict[str, Any]:
+    """JSON-able description for the report: the plan, mesh, per-block local heads, the
+    attributes :func:`apply_tensor_parallel` would divide (with ``module``), the code snippet
+    and what the engine allows for 2-D."""
+    check_degree(blocks, degree)
+    shape, dims = _mesh(degree, pipeline_groups)
+    rows = []
+    for b in blocks:
+        row: dict[str, Any] = {"kind": b.kind, "column": list(b.column_modules),
+                               "row": list(b.row_modules)}
+        if b.kind == "attention":
+            kv = b.kv_heads if b.kv_heads is not None else b.heads
+            row.update(module=attention_module(b), heads=b.heads, kv_heads=kv,
+                       local_heads=(b.heads or 0) // degree, local_kv_heads=(kv or 0) // degree)
+        rows.append(row)
+    out: dict[str, Any] = {
+        "engine": "torch.distributed.tensor.parallel.parallelize_module",
+        "degree": degree, "mesh_shape": shape, "mesh_dim_names": dims,
+        "plan": {name: type(style).__name__ for name, style in parallelize_plan(blocks).items()},
+        "blocks": rows, "code": plan_snippet(blocks, degree, device_type),
+        "two_d": two_d_support(),
+    }
+    if module is not None:
+        _check_linears(module, blocks, degree)
+        out["head_attributes"] = {where: {k: list(v) for k, v in attrs.items()}
+                                  for where, attrs in head_attributes(module, blocks,
+                                                                      degree).items()}
+    return out
+
+
+def two_d_support() -> dict[str, Any]:
+    """What torch's engine allows for tensor parallelism inside a group with pipeline stages
+    across groups, and why graphopt does not emit it from its pipeline stages.
+
+    torch allows it on a 2-D mesh ``init_device_mesh(dev, (pp, tp), mesh_dim_names=("pp",
+    "tp"))``: each rank keeps its stage as an ``nn.Module`` (the model with other stages'
+    layers removed, as torchtitan does), calls ``parallelize_module(stage, mesh["tp"], plan)``,
+    and wraps it in ``PipelineStage(stage, i, n, device, group=mesh["pp"].get_group())``.
+
+    graphopt's pipeline stages (:mod:`graphopt.partition.pipeline_stages`) are fx
+    ``GraphModule`` parts cut from ``torch.export``'s graph, where every Linear is an
+    ``aten.linear`` call on a parameter: no ``nn.Linear`` submodule is left for
+    ``ColwiseParallel``/``RowwiseParallel`` to take, and the parts cut at fx nodes, not at
+    module boundaries. Combining the two needs module-level stages, which graphopt does not
+    build yet.
+    """
+    return {
+        "torch_allows": True,
+        "emitted": False,
+        "statement": (
+            "2-D parallelism (tensor parallel within a group, pipeline stages across groups) "
+            "runs in torch on a 2-D DeviceMesh (pp, tp): parallelize_module(stage, "
+            "mesh['tp'], plan) on each stage's nn.Module, then PipelineStage(..., "
+            "group=mesh['pp'].get_group()). graphopt does not emit it: its pipeline stages "
+            "are fx graphs cut from torch.export, where Linear layers are aten.linear calls "
+            "on parameters, so parallelize_module finds no nn.Linear to split. Only the 1-D "
+            "tensor-parallel plan and the pipeline stages are emitted, separately."),
+        "recipe": "\n".join([
+            'mesh = init_device_mesh("cuda", (pp, tp), mesh_dim_names=("pp", "tp"))',
+            "stage = model_with_only_this_stages_layers  # nn.Module, not an fx cut",
+            'parallelize_module(stage, mesh["tp"], plan)',
+            "PipelineStage(stage, stage_index, pp, device, "
+            'group=mesh["pp"].get_group())',
+        ]),
+    }

@@ -1,0 +1,229 @@
+"""Tensor parallelism run for real: 2 gloo processes on CPU against the single-process model."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from graphopt.errors import GraphoptError
+from graphopt.partition.tp_emit import (
+    apply_tensor_parallel,
+    check_degree,
+    describe_plan,
+    head_attributes,
+    parallelize_plan,
+    two_d_support,
+)
+
+transformers = pytest.importorskip("transformers")
+
+needs_gloo = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with the gloo backend is not available in this torch build")
+
+
+@dataclass(frozen=True)
+class Block:
+    """Stands in for graphopt.partition.tp_blocks.TPBlock (same fields the emitter reads)."""
+
+    kind: str
+    column_modules: tuple[str, ...]
+    row_modules: tuple[str, ...]
+    heads: int | None = None
+    kv_heads: int | None = None
+
+
+HEADS, KV_HEADS, LAYERS = 4, 2, 2
+
+
+def tiny_llama() -> nn.Module:
+    """Random Llama-style model, the same weights in every process (seeded)."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        intermediate_size=128, num_hidden_layers=LAYERS, vocab_size=256,
+        max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def llama_blocks(heads: int = HEADS, kv_heads: int = KV_HEADS) -> list[Block]:
+    blocks = []
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        blocks.append(Block("attention", (f"{p}.self_attn.q_proj", f"{p}.self_attn.k_proj",
+                                          f"{p}.self_attn.v_proj"),
+                            (f"{p}.self_attn.o_proj",), heads, kv_heads))
+        blocks.append(Block("mlp", (f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"),
+                            (f"{p}.mlp.down_proj",)))
+    return blocks
+
+
+def _input_ids() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    if sys.platform.startswith("linux"):  # the ranks are local processes: loopback only
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        model = tiny_llama()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        tp = apply_tensor_parallel(model, mesh, llama_blocks())
+        with torch.no_grad():
+            logits = tp(_input_ids()).logits
+        q = tp.model.layers[0].self_attn.q_proj.weight
+        down = tp.model.layers[1].mlp.down_proj.weight
+        facts = {
+            "q_local": list(q.to_local().shape) if isinstance(q, DTensor) else None,
+            "down_local": list(down.to_local().shape) if isinstance(down, DTensor) else None,
+            "user_model_unchanged": all(
+                type(v) is torch.Tensor and torch.equal(v, before[k])
+                for k, v in model.state_dict().items()),
+        }
+        torch.save(logits, Path(out_dir) / f"logits_{rank}.pt")
+        (Path(out_dir) / f"facts_{rank}.json").write_text(json.dumps(facts))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, out_dir: Path, timeout_s: float = 90.0) -> None:
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                pytest.fail(f"tensor-parallel run did not finish in {timeout_s:.0f} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+@needs_gloo
+def test_two_gloo_processes_equal_the_single_process_model(tmp_path: Path) -> None:
+    _spawn(2, tmp_path)
+    with torch.no_grad():
+        want = tiny_llama()(_input_ids()).logits
+    for rank in range(2):
+        got = torch.load(tmp_path / f"logits_{rank}.pt", weights_only=True)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        facts = json.loads((tmp_path / f"facts_{rank}.json").read_text())
+        assert facts == {"q_local": [32, 64],  # 2 of 4 heads x head_dim 16, all 64 inputs
+                         "down_local": [64, 64],  # all outputs, 64 of 128 intermediate
+                         "user_model_unchanged": True}
+
+
+def test_plan_maps_every_projection_to_its_split() -> None:
+    plan = parallelize_plan(llama_blocks(), degree=2)
+    got = {name: type(style).__name__ for name, style in plan.items()}
+    assert len(got) == 7 * LAYERS
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        assert {got[f"{p}.self_attn.{m}"] for m in ("q_proj", "k_proj", "v_proj")} \
+            == {"ColwiseParallel"}
+        assert got[f"{p}.self_attn.o_proj"] == got[f"{p}.mlp.down_proj"] == "RowwiseParallel"
+        assert got[f"{p}.mlp.gate_proj"] == got[f"{p}.mlp.up_proj"] == "ColwiseParallel"
+    d = describe_plan(llama_blocks(), 2, module=tiny_llama())
+    json.dumps(d)
+    assert d["plan"] == got and d["mesh_shape"] == [2] and d["degree"] == 2
+    assert d["head_attributes"] == {}  # transformers 5 infers local heads: view(..., -1, hd)
+    attn = d["blocks"][0]
+    assert (attn["module"], attn["local_heads"], attn["local_kv_heads"]) \
+        == ("model.layers.0.self_attn", 2, 1)
+    assert "parallelize_module(model, mesh, {" in d["code"]
+    assert "'model.layers.1.mlp.down_proj': RowwiseParallel()," in d["code"]
+    assert describe_plan(llama_blocks(), 2, pipeline_groups=2)["mesh_shape"] == [2, 2]
+    assert two_d_support()["emitted"] is False
+
+
+def test_heads_that_do_not_divide_are_refused_with_the_fix() -> None:
+    with pytest.raises(GraphoptError, match=r"4 heads do not divide over 3 devices") as err:
+        describe_plan(llama_blocks(), 3)
+    assert "[2, 4]" in str(err.value.fix) and "unsplit" in str(err.value.fix)
+    with pytest.raises(GraphoptError, match=r"2 KV heads .* do not divide over 4 devices"):
+        parallelize_plan(llama_blocks(heads=8, kv_heads=2), degree=4)
+
+    class Mesh:  # refused before any process group or module work
+        ndim = 1
+
+        def size(self) -> int:
+            return 3
+
+    model = tiny_llama()
+    with pytest.raises(GraphoptError, match="do not divide"):
+        apply_tensor_parallel(model, Mesh(), llama_blocks())  # type: ignore[arg-type]
+    check_degree(llama_blocks(), 2)  # must not fire: 4 heads and 2 KV heads over 2
+    check_degree(llama_blocks(heads=8, kv_heads=2), 2)
+
+
+class OldStyleAttention(nn.Module):
+    """Head counts as attributes, as transformers < 4.48 Llama kept them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads, self.num_key_value_heads, self.head_dim = 4, 2, 16
+        self.num_key_value_groups, self.hidden_size = 2, 64
+        self.q_proj, self.o_proj = nn.Linear(64, 64), nn.Linear(64, 64)
+        self.k_proj, self.v_proj = nn.Linear(64, 32), nn.Linear(64, 32)
+
+
+def test_head_attributes_divided_by_name_and_value_only() -> None:
+    root = nn.Module()
+    root.attn = OldStyleAttention()
+    block = Block("attention", ("attn.q_proj", "attn.k_proj", "attn.v_proj"), ("attn.o_proj",),
+                  4, 2)
+    got = head_attributes(root, [block], 2)
+    # num_key_value_groups == kv_heads == 2 here, but the group ratio is the same locally
+    assert got == {"attn": {"num_heads": (4, 2), "num_key_value_heads": (2, 1),
+                            "hidden_size": (64, 32)}}
+    assert head_attributes(tiny_llama(), llama_blocks(), 2) == {}
+
+
+def test_non_linear_modules_are_refused() -> None:
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=64, n_head=4, n_layer=1, vocab_size=256, n_positions=32))
+    block = Block("attention", ("transformer.h.0.attn.c_attn",),
+                  ("transformer.h.0.attn.c_proj",), 4, 4)
+    with pytest.raises(GraphoptError, match="not nn.Linear"):
+        describe_plan([block], 2, module=gpt2)
+    with pytest.raises(GraphoptError, match="is not in"):
+        describe_plan([Block("mlp", ("nope.up",), ("nope.down",))], 2, module=gpt2)
+
+
+def test_blocks_found_on_the_plan_when_tp_blocks_exists() -> None:
+    """find_tp_blocks on the tiny Llama's plan gives the modules this test splits by hand."""
+    tp_blocks = pytest.importorskip("graphopt.partition.tp_blocks")
+    import graphopt
+
+    model = tiny_llama()
+    plan = graphopt.plan(model, (_input_ids(),), target="h100-sxm")
+    found = tp_blocks.find_tp_blocks(plan, 2)
+    assert parallelize_plan(found, degree=2).keys() == parallelize_plan(llama_blocks()).keys()
