@@ -20,6 +20,7 @@ from graphopt.partition.tp_emit import (
     apply_tensor_parallel,
     check_degree,
     describe_plan,
+    emittable,
     head_attributes,
     parallelize_plan,
     two_d_support,
@@ -41,6 +42,7 @@ class Block:
     row_modules: tuple[str, ...]
     heads: int | None = None
     kv_heads: int | None = None
+    note: str = ""
 
 
 HEADS, KV_HEADS, LAYERS = 4, 2, 2
@@ -52,7 +54,7 @@ def tiny_llama() -> nn.Module:
     config = transformers.LlamaConfig(
         hidden_size=64, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
         intermediate_size=128, num_hidden_layers=LAYERS, vocab_size=256,
-        max_position_embeddings=64)
+        max_position_embeddings=64, use_cache=False)
     return transformers.LlamaForCausalLM(config).eval()
 
 
@@ -225,5 +227,40 @@ def test_blocks_found_on_the_plan_when_tp_blocks_exists() -> None:
 
     model = tiny_llama()
     plan = graphopt.plan(model, (_input_ids(),), target="h100-sxm")
-    found = tp_blocks.find_tp_blocks(plan, 2)
-    assert parallelize_plan(found, degree=2).keys() == parallelize_plan(llama_blocks()).keys()
+    found, unsplit = tp_blocks.find_tp_blocks(plan, 2, source=model)
+    kept, why = emittable(found)
+    assert (unsplit, why) == ([], [])
+    assert parallelize_plan(kept, degree=2).keys() == parallelize_plan(llama_blocks()).keys()
+    assert describe_plan(found, 2)["plan"] == describe_plan(llama_blocks(), 2)["plan"]
+
+
+def test_blocks_an_emitter_cannot_split_are_reported_not_split() -> None:
+    fused = Block("attention", ("h.0.attn.c_attn",), ("h.0.attn.c_proj",), 4, 4,
+                  "Q, K and V are one fused GEMM")
+    no_paths = Block("mlp", (), ())
+    kept, why = emittable([*llama_blocks(), fused, no_paths])
+    assert kept == llama_blocks()
+    assert why == ["attention block h.0.attn.c_attn runs unsplit: Q, K and V are one fused GEMM",
+                   "mlp block ? runs unsplit: no torch module paths (find_tp_blocks fills "
+                   "them when given the model as source=)"]
+    d = describe_plan([*llama_blocks(), fused, no_paths], 2)
+    assert d["unsplit"] == why and len(d["plan"]) == 7 * LAYERS
+    with pytest.raises(GraphoptError, match="fused GEMM") as err:
+        parallelize_plan([fused])
+    assert "emittable" in str(err.value.fix)
+
+
+def test_two_d_statement_holds_for_graphopts_pipeline_stages() -> None:
+    """two_d_support says graphopt's stages leave no nn.Linear for parallelize_module."""
+    from graphopt.partition.emit import export_graph_module
+    from graphopt.partition.pipeline_stages import build_pipeline_stages
+
+    model, ids = tiny_llama(), _input_ids()
+    names = [n.name for n in export_graph_module(model, (ids,)).graph.nodes
+             if n.op == "call_function"]
+    stages = build_pipeline_stages(model, (ids,), [names[:len(names) // 2],
+                                                   names[len(names) // 2:]], 1)
+    assert not [m for i in range(2) for m in stages.module(i).modules()
+                if isinstance(m, nn.Linear)]
+    assert any(isinstance(m, nn.Linear) for m in model.modules())
+    assert two_d_support()["torch_allows"] is True

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = ["TPBlockLike", "apply_tensor_parallel", "attention_module", "check_degree",
-           "describe_plan", "head_attributes", "parallelize_plan", "plan_snippet",
+           "describe_plan", "emittable", "head_attributes", "parallelize_plan", "plan_snippet",
            "two_d_support"]
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,33 @@ def attention_module(block: TPBlockLike) -> str:
     return parents.pop()
 
 
+def _label(block: TPBlockLike) -> str:
+    first = (*block.column_modules, *block.row_modules, "?")[0]
+    return f"{block.kind} block {getattr(block, 'name', None) or first}"
+
+
+def _not_emittable(block: TPBlockLike) -> str:
+    if not block.column_modules or not block.row_modules:
+        return ("no torch module paths (find_tp_blocks fills them when given the model as "
+                "source=)")
+    return str(getattr(block, "note", "") or "")
+
+
+def emittable(blocks: Sequence[TPBlockLike]) -> tuple[list[TPBlockLike], list[str]]:
+    """The blocks plain ``ColwiseParallel``/``RowwiseParallel`` can split, and why each other
+    block runs unsplit (no module paths, or the block's ``note``: a fused QKV, a K x N weight).
+    """
+    kept: list[TPBlockLike] = []
+    unsplit: list[str] = []
+    for b in blocks:
+        why = _not_emittable(b)
+        if why:
+            unsplit.append(f"{_label(b)} runs unsplit: {why}")
+        else:
+            kept.append(b)
+    return kept, unsplit
+
+
 def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
     """Legality of splitting ``blocks`` over ``degree`` devices (case 3); raises with the fix."""
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
@@ -112,10 +139,10 @@ def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
         if b.kind not in ("mlp", "attention"):
             raise GraphoptError(f"unknown tensor-parallel block kind {b.kind!r}",
                                 "use 'mlp' or 'attention'")
-        if not b.column_modules or not b.row_modules:
-            raise GraphoptError(f"{b.kind} block {b.column_modules or b.row_modules} needs "
-                                "column-split and row-split Linears",
-                                "give both column_modules and row_modules")
+        why = _not_emittable(b)
+        if why:
+            raise GraphoptError(f"{_label(b)}: {why}",
+                                "leave it unsplit: pass emittable(blocks)[0]")
         for name in (*b.column_modules, *b.row_modules):
             if name in seen:
                 raise GraphoptError(f"module {name} is in two tensor-parallel blocks",
@@ -124,7 +151,7 @@ def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
         if b.kind != "attention":
             continue
         where = attention_module(b)
-        heads, kv = b.heads, b.kv_heads if b.kv_heads is not None else b.heads
+        heads, kv = b.heads, b.kv_heads or b.heads
         if not heads or not kv:
             raise GraphoptError(f"attention block {where} has no head count",
                                 "set heads (and kv_heads for GQA) on the block")
@@ -145,13 +172,18 @@ def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
 def parallelize_plan(blocks: Sequence[TPBlockLike], *, degree: int | None = None
                      ) -> dict[str, ParallelStyle]:
     """The ``parallelize_module`` plan: module FQN -> ``ColwiseParallel`` / ``RowwiseParallel``
-    (cases 1, 2). With ``degree`` the blocks are checked first (:func:`check_degree`)."""
+    (cases 1, 2). With ``degree`` the blocks are checked first (:func:`check_degree`); a
+    block that is not :func:`emittable` raises."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     if degree is not None:
         check_degree(blocks, degree)
     plan: dict[str, ParallelStyle] = {}
     for b in blocks:
+        why = _not_emittable(b)
+        if why:
+            raise GraphoptError(f"{_label(b)}: {why}", "leave it unsplit: pass "
+                                "emittable(blocks)[0]")
         plan.update({name: ColwiseParallel() for name in b.column_modules})
         plan.update({name: RowwiseParallel() for name in b.row_modules})
     return plan
@@ -179,7 +211,7 @@ def head_attributes(module: nn.Module, blocks: Sequence[TPBlockLike], degree: in
         attn = _submodule(module, where)
         q = _submodule(module, b.column_modules[0])
         width = q.out_features if isinstance(q, nn.Linear) else None
-        kv = b.kv_heads if b.kv_heads is not None else b.heads
+        kv = b.kv_heads or b.heads
         want = {**dict.fromkeys(_HEAD_NAMES, b.heads), **dict.fromkeys(_KV_NAMES, kv),
                 **dict.fromkeys(_WIDTH_NAMES, width)}
         found = {name: (value, value // degree) for name, value in vars(attn).items()
@@ -257,9 +289,11 @@ def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = 
 
 def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Module | None = None,
                   pipeline_groups: int = 1, device_type: str = "cuda") -> dict[str, Any]:
-    """JSON-able description for the report: the plan, mesh, per-block local heads, the
-    attributes :func:`apply_tensor_parallel` would divide (with ``module``), the code snippet
-    and what the engine allows for 2-D."""
+    """JSON-able description for the report: the plan over the :func:`emittable` blocks, the
+    mesh, per-block local heads, why other blocks run unsplit, the attributes
+    :func:`apply_tensor_parallel` would divide (with ``module``), the code snippet and what the
+    engine allows for 2-D. Raises like :func:`check_degree` when heads do not divide."""
+    blocks, unsplit = emittable(blocks)
     check_degree(blocks, degree)
     shape, dims = _mesh(degree, pipeline_groups)
     rows = []
@@ -267,7 +301,7 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
         row: dict[str, Any] = {"kind": b.kind, "column": list(b.column_modules),
                                "row": list(b.row_modules)}
         if b.kind == "attention":
-            kv = b.kv_heads if b.kv_heads is not None else b.heads
+            kv = b.kv_heads or b.heads
             row.update(module=attention_module(b), heads=b.heads, kv_heads=kv,
                        local_heads=(b.heads or 0) // degree, local_kv_heads=(kv or 0) // degree)
         rows.append(row)
@@ -275,7 +309,7 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
         "engine": "torch.distributed.tensor.parallel.parallelize_module",
         "degree": degree, "mesh_shape": shape, "mesh_dim_names": dims,
         "plan": {name: type(style).__name__ for name, style in parallelize_plan(blocks).items()},
-        "blocks": rows, "code": plan_snippet(blocks, degree, device_type),
+        "blocks": rows, "unsplit": unsplit, "code": plan_snippet(blocks, degree, device_type),
         "two_d": two_d_support(),
     }
     if module is not None:
@@ -299,8 +333,10 @@ def two_d_support() -> dict[str, Any]:
     ``GraphModule`` parts cut from ``torch.export``'s graph, where every Linear is an
     ``aten.linear`` call on a parameter: no ``nn.Linear`` submodule is left for
     ``ColwiseParallel``/``RowwiseParallel`` to take, and the parts cut at fx nodes, not at
-    module boundaries. Combining the two needs module-level stages, which graphopt does not
-    build yet.
+    module boundaries (``parallelize_module`` on such a part raises ``NotImplementedError``,
+    torch 2.13). The other order fails too: ``torch.export`` of a parallelized module rejects
+    the DTensor parameters (``DTensorSpec`` is not an fx-graphable type, torch 2.13).
+    Combining the two needs module-level stages, which graphopt does not build yet.
     """
     return {
         "torch_allows": True,
@@ -311,8 +347,9 @@ def two_d_support() -> dict[str, Any]:
             "mesh['tp'], plan) on each stage's nn.Module, then PipelineStage(..., "
             "group=mesh['pp'].get_group()). graphopt does not emit it: its pipeline stages "
             "are fx graphs cut from torch.export, where Linear layers are aten.linear calls "
-            "on parameters, so parallelize_module finds no nn.Linear to split. Only the 1-D "
-            "tensor-parallel plan and the pipeline stages are emitted, separately."),
+            "on parameters, so parallelize_module finds no nn.Linear to split; exporting an "
+            "already parallelized model fails on its DTensor parameters (torch 2.13). Only "
+            "the 1-D tensor-parallel plan and the pipeline stages are emitted, separately."),
         "recipe": "\n".join([
             'mesh = init_device_mesh("cuda", (pp, tp), mesh_dim_names=("pp", "tp"))',
             "stage = model_with_only_this_stages_layers  # nn.Module, not an fx cut",
