@@ -74,6 +74,44 @@ def _input_ids() -> torch.Tensor:
     return torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))
 
 
+class OldStyleAttention(nn.Module):
+    """Head counts as attributes used in forward, as transformers < 4.48 Llama kept them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads, self.num_key_value_heads, self.head_dim = 4, 2, 16
+        self.num_key_value_groups, self.hidden_size = 2, 64
+        self.q_proj, self.o_proj = nn.Linear(64, 64), nn.Linear(64, 64)
+        self.k_proj, self.v_proj = nn.Linear(64, 32), nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = (p(x).view(b, s, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+                .repeat_interleave(self.num_key_value_groups, dim=1)
+                for p in (self.k_proj, self.v_proj))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.hidden_size))
+
+
+class OldStyleModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.attn = OldStyleAttention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x)
+
+
+OLD_BLOCK = Block("attention", ("attn.q_proj", "attn.k_proj", "attn.v_proj"), ("attn.o_proj",),
+                  4, 2)
+
+
+def _hidden() -> torch.Tensor:
+    return torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(3))
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -105,6 +143,11 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
                 type(v) is torch.Tensor and torch.equal(v, before[k])
                 for k, v in model.state_dict().items()),
         }
+        old = OldStyleModel()
+        old_tp = apply_tensor_parallel(old, mesh, [OLD_BLOCK])  # divides num_heads & co.
+        with torch.no_grad():
+            torch.save(old_tp(_hidden()), Path(out_dir) / f"old_{rank}.pt")
+        facts["old_heads"] = [old_tp.attn.num_heads, old.attn.num_heads]
         torch.save(logits, Path(out_dir) / f"logits_{rank}.pt")
         (Path(out_dir) / f"facts_{rank}.json").write_text(json.dumps(facts))
         dist.barrier()
@@ -140,7 +183,12 @@ def test_two_gloo_processes_equal_the_single_process_model(tmp_path: Path) -> No
         facts = json.loads((tmp_path / f"facts_{rank}.json").read_text())
         assert facts == {"q_local": [32, 64],  # 2 of 4 heads x head_dim 16, all 64 inputs
                          "down_local": [64, 64],  # all outputs, 64 of 128 intermediate
-                         "user_model_unchanged": True}
+                         "user_model_unchanged": True,
+                         "old_heads": [2, 4]}  # the copy holds 2 local heads, the user's 4
+        with torch.no_grad():
+            old_want = OldStyleModel()(_hidden())
+        torch.testing.assert_close(torch.load(tmp_path / f"old_{rank}.pt", weights_only=True),
+                                   old_want, rtol=1e-5, atol=1e-5)
 
 
 def test_plan_maps_every_projection_to_its_split() -> None:
@@ -186,23 +234,8 @@ def test_heads_that_do_not_divide_are_refused_with_the_fix() -> None:
     check_degree(llama_blocks(heads=8, kv_heads=2), 2)
 
 
-class OldStyleAttention(nn.Module):
-    """Head counts as attributes, as transformers < 4.48 Llama kept them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.num_heads, self.num_key_value_heads, self.head_dim = 4, 2, 16
-        self.num_key_value_groups, self.hidden_size = 2, 64
-        self.q_proj, self.o_proj = nn.Linear(64, 64), nn.Linear(64, 64)
-        self.k_proj, self.v_proj = nn.Linear(64, 32), nn.Linear(64, 32)
-
-
 def test_head_attributes_divided_by_name_and_value_only() -> None:
-    root = nn.Module()
-    root.attn = OldStyleAttention()
-    block = Block("attention", ("attn.q_proj", "attn.k_proj", "attn.v_proj"), ("attn.o_proj",),
-                  4, 2)
-    got = head_attributes(root, [block], 2)
+    got = head_attributes(OldStyleModel(), [OLD_BLOCK], 2)
     # num_key_value_groups == kv_heads == 2 here, but the group ratio is the same locally
     assert got == {"attn": {"num_heads": (4, 2), "num_key_value_heads": (2, 1),
                             "hidden_size": (64, 32)}}
