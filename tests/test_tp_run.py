@@ -210,7 +210,6 @@ def test_plan_maps_every_projection_to_its_split() -> None:
         == ("model.layers.0.self_attn", 2, 1)
     assert "parallelize_module(model, mesh, {" in d["code"]
     assert "'model.layers.1.mlp.down_proj': RowwiseParallel()," in d["code"]
-    assert describe_plan(llama_blocks(), 2, pipeline_groups=2)["mesh_shape"] == [2, 2]
     assert two_d_support()["emitted"] is False
 
 
@@ -278,6 +277,8 @@ def test_blocks_an_emitter_cannot_split_are_reported_not_split() -> None:
                    "them when given the model as source=)"]
     d = describe_plan([*llama_blocks(), fused, no_paths], 2)
     assert d["unsplit"] == why and len(d["plan"]) == 7 * LAYERS
+    with pytest.raises(GraphoptError, match="no block can be split.*fused GEMM"):
+        describe_plan([fused], 2)
     with pytest.raises(GraphoptError, match="fused GEMM") as err:
         parallelize_plan([fused])
     assert "emittable" in str(err.value.fix)

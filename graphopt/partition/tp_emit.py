@@ -267,12 +267,6 @@ def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[
     return copied
 
 
-def _mesh(degree: int, pipeline_groups: int) -> tuple[list[int], list[str]]:
-    if pipeline_groups > 1:
-        return [pipeline_groups, degree], ["pp", "tp"]
-    return [degree], ["tp"]
-
-
 def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = "cuda") -> str:
     """The code a user runs on every rank (``torchrun --nproc-per-node <degree>``)."""
     lines = [f"    {name!r}: {type(style).__name__}(),"
@@ -288,14 +282,16 @@ def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = 
 
 
 def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Module | None = None,
-                  pipeline_groups: int = 1, device_type: str = "cuda") -> dict[str, Any]:
+                  device_type: str = "cuda") -> dict[str, Any]:
     """JSON-able description for the report: the plan over the :func:`emittable` blocks, the
     mesh, per-block local heads, why other blocks run unsplit, the attributes
     :func:`apply_tensor_parallel` would divide (with ``module``), the code snippet and what the
     engine allows for 2-D. Raises like :func:`check_degree` when heads do not divide."""
     blocks, unsplit = emittable(blocks)
+    if not blocks and unsplit:
+        raise GraphoptError("no block can be split by parallelize_module: "
+                            + "; ".join(unsplit[:3]), "run the model unsplit or pipelined")
     check_degree(blocks, degree)
-    shape, dims = _mesh(degree, pipeline_groups)
     rows = []
     for b in blocks:
         row: dict[str, Any] = {"kind": b.kind, "column": list(b.column_modules),
@@ -307,7 +303,7 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
         rows.append(row)
     out: dict[str, Any] = {
         "engine": "torch.distributed.tensor.parallel.parallelize_module",
-        "degree": degree, "mesh_shape": shape, "mesh_dim_names": dims,
+        "degree": degree, "mesh_shape": [degree], "mesh_dim_names": ["tp"],
         "plan": {name: type(style).__name__ for name, style in parallelize_plan(blocks).items()},
         "blocks": rows, "unsplit": unsplit, "code": plan_snippet(blocks, degree, device_type),
         "two_d": two_d_support(),
