@@ -1,0 +1,374 @@
+"""Cost a tensor-parallel split of degree t over a group of devices (Megatron-style, SPMD).
+
+Every device of the group runs every node, in plan order; what differs is how much of it.
+
+1. **Split blocks** (:mod:`.tp_blocks`, legal at ``t``): a column GEMM computes ``N / t`` of its
+   outputs from the full input (1/t of its FLOPs, weight and output bytes); a row GEMM reads
+   ``K / t`` of its input and weight and writes a full-size partial sum; the nodes between
+   (RoPE, attention over ``heads / t`` heads, SiLU, views) do 1/t of the work on 1/t of the
+   bytes. Each is re-estimated with the roofline (:func:`graphopt.cost.estimate`) on the
+   device's profile at those dims, not scaled: a GEMM with 1/t of N may run below 1/t the
+   time of the whole when it gets too small for the tensor cores.
+2. **Sharded tails**: a view, data-movement or elementwise node outside the blocks whose
+   activation inputs are all head-sharded (stacking the new K/V entries) runs sharded too.
+3. **Replicated**: every other node (embeddings, norms, residual adds, the LM head, blocks
+   that do not divide by ``t``) runs whole on every device, at the plan's cost there.
+4. **Collectives**: after each row GEMM, a ring all-reduce of its output
+   (:func:`.collectives.ring_allreduce_s`) over the group's slowest link; it is on the
+   critical path (the next norm reads the sum), so it is not overlapped with compute.
+5. **Clock**: the all-reduces cut the program into segments; a segment ends when its slowest
+   device does, then the all-reduce runs. The makespan is the sum over segments plus the
+   all-reduces: one request's latency.
+6. **Throughput** for a stream of micro-batches: every device works on every micro-batch, so
+   back to back it is ``1 / makespan``; with one micro-batch's all-reduce overlapped with
+   the next one's compute (two streams), at best ``1 / max(compute, collectives)``.
+7. **Memory per device** = split weights / t (column GEMMs' weights and biases, row GEMMs'
+   weights; a row GEMM's bias is added once after the sum and kept whole) + replicated
+   parameters + one GEMM workspace + the peak of live activations in plan order
+   (:func:`.problem.live_profile`) with head-sharded tensors and the KV cache at 1/t.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from graphopt.analysis.kernel_class import KernelClass
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost import estimate
+from graphopt.hardware.profile import Link
+from graphopt.partition.assemble import human_bytes, human_s
+from graphopt.partition.collectives import group_link, ring_allreduce_s
+from graphopt.partition.devices import DeviceSet
+from graphopt.partition.problem import build_problem, live_profile
+from graphopt.partition.result import ScheduledNode
+from graphopt.partition.tp_blocks import TPBlock, can_split, find_tp_blocks
+from graphopt.plan import NodePlan, Plan
+
+__all__ = ["BlockSplit", "Collective", "TensorParallel", "split_analysis", "tensor_parallel"]
+
+logger = logging.getLogger(__name__)
+
+#: outside the blocks, classes that keep a head-sharded input sharded (case 2)
+_TAIL = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass.ELEMENTWISE})
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSplit:
+    """How one block is split and what it costs per device."""
+
+    block: str
+    kind: str
+    degree: int
+    dims: Mapping[str, str]  # {"column": "N (heads)", "row": "K (heads)"}
+    column: tuple[str, ...]
+    row: tuple[str, ...]
+    compute_s: float  # the block's nodes on the slowest device of the group
+    unsplit_s: float  # the same nodes whole on the first device
+    allreduce_bytes: int
+    allreduce_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, "kind": self.kind, "degree": self.degree,
+                "dims": dict(self.dims), "column": list(self.column), "row": list(self.row),
+                "compute_s": self.compute_s, "unsplit_s": self.unsplit_s,
+                "allreduce_bytes": self.allreduce_bytes, "allreduce_s": self.allreduce_s}
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One all-reduce on the timeline (case 4)."""
+
+    kind: str
+    after: str  # the row GEMM whose output is summed
+    nbytes: int
+    start_s: float
+    finish_s: float
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """A tensor-parallel split of a plan over a device group: memory, time, collectives."""
+
+    degree: int
+    devices: DeviceSet
+    link: Link | None
+    makespan_s: float
+    compute_s: float  # the makespan less the collectives
+    throughput_per_s: float
+    throughput_overlapped_per_s: float
+    memory_used: dict[str, int]
+    params: dict[str, int]
+    activations: dict[str, int]
+    busy_s: dict[str, float]
+    collective_s: dict[str, float]
+    splits: tuple[BlockSplit, ...]
+    fallbacks: tuple[str, ...]
+    collectives: tuple[Collective, ...]
+    schedule: tuple[ScheduledNode, ...]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def over(self) -> dict[str, int]:
+        """Device -> bytes over its usable memory (only devices that overflow)."""
+        caps = {d.name: d.memory_bytes for d in self.devices.devices}
+        return {k: v - caps[k] for k, v in self.memory_used.items() if v > caps[k]}
+
+    @property
+    def feasible(self) -> bool:
+        return not self.over
+
+    def overflow_text(self) -> str:
+        """Which device overflows and by how much ("" when all fit)."""
+        caps = {d.name: d.memory_bytes for d in self.devices.devices}
+        return "; ".join(f"{k} needs {human_bytes(self.memory_used[k])} of "
+                         f"{human_bytes(caps[k])} usable: {human_bytes(b)} over"
+                         for k, b in self.over.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's section: per device memory, busy and collective time; the splits."""
+        return {
+            "strategy": "tensor", "degree": self.degree, "makespan_s": self.makespan_s,
+            "compute_s": self.compute_s, "throughput_per_s": self.throughput_per_s,
+            "throughput_overlapped_per_s": self.throughput_overlapped_per_s,
+            "link": None if self.link is None else self.link.to_dict(),
+            "devices": [{**d.to_dict(), "memory_used_bytes": self.memory_used[d.name],
+                         "param_bytes": self.params[d.name],
+                         "activation_bytes": self.activations[d.name],
+                         "busy_s": self.busy_s[d.name],
+                         "collective_s": self.collective_s[d.name]}
+                        for d in self.devices.devices],
+            "over": self.over, "splits": [s.to_dict() for s in self.splits],
+            "fallbacks": list(self.fallbacks),
+            "collectives": [{"kind": c.kind, "after": c.after, "bytes": c.nbytes,
+                             "start_s": c.start_s, "finish_s": c.finish_s}
+                            for c in self.collectives],
+            "notes": dict(self.notes),
+        }
+
+
+def _param_bytes(n: NodePlan) -> int:
+    return sum(t.nbytes for t in n.inputs if t is not None and t.kind in ("param", "constant"))
+
+
+def split_analysis(n: NodePlan, role: str, degree: int, sharded_in: int,
+                   block: TPBlock | None = None) -> NodeAnalysis:
+    """The analysis of ``n``'s share on one of ``degree`` devices (case 1).
+
+    ``role``: "column", "row" or "inner" (any other node of a block, or a sharded tail);
+    ``sharded_in``: bytes of ``n``'s inputs that arrive split by ``degree`` (its sharded
+    activations, and the weight of a column or row GEMM).
+    """
+    a, t = n.analysis, degree
+    dims = dict(a.dims)
+    if role == "column":
+        dims["N"] = max(1, int(dims.get("N", 1)) // t)
+    elif role == "row":
+        dims["K"] = max(1, int(dims.get("K", 1)) // t)
+    else:
+        for key in ("heads", "numel"):
+            if key in dims and dims[key] % t == 0:
+                dims[key] //= t
+        if block is not None and dims.get("cols") == block.inner and block.inner % t == 0:
+            dims["cols"] //= t
+    read = max(0, a.bytes_read - round(sharded_in * (1 - 1 / t)))
+    written = a.bytes_written if role == "row" else math.ceil(a.bytes_written / t)
+    params = a.param_count
+    if role in ("column", "inner"):
+        params = math.ceil(params / t)
+    elif role == "row":
+        w = next((x for x in n.inputs if x is not None and x.kind in ("param", "constant")
+                  and x.shape is not None and len(x.shape) == 2), None)
+        wn = w.numel if w is not None else 0
+        params = params - wn + math.ceil(wn / t)
+    return replace(a, dims=dims, flops=math.ceil(a.flops / t), bytes_read=read,
+                   bytes_written=written, param_count=params)
+
+
+def _analysis_key(a: NodeAnalysis) -> tuple[Any, ...]:
+    return (a.kernel_class, tuple(a.dims.items()), a.flops, a.bytes_read, a.bytes_written,
+            a.param_count, a.dtype, a.pattern, a.flags, a.op_type)
+
+
+def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
+                    blocks: list[TPBlock] | None = None, source: Any = None) -> TensorParallel:
+    """Cost ``plan`` split tensor-parallel over every device of ``devices`` (degree = their
+    count).
+
+    Args:
+        plan: the plan (its costs are those of the unsplit nodes on the plan's target).
+        devices: the group, a DeviceSet or a ``--devices`` string.
+        blocks: the blocks to split (default :func:`find_tp_blocks` on ``plan``); a block
+            that does not divide by the degree runs replicated, with its reason in
+            ``fallbacks``.
+        source: passed to :func:`find_tp_blocks` for the blocks' module paths.
+    """
+    if isinstance(devices, str):
+        from graphopt.partition.parse import parse_devices
+
+        devices = parse_devices(devices)
+    t = len(devices.devices)
+    fallbacks: list[str] = []
+    if blocks is None:
+        blocks, fallbacks = find_tp_blocks(plan, t, source=source)
+    else:
+        kept = []
+        for b in blocks:
+            why = can_split(b, t)
+            if why is None:
+                kept.append(b)
+            else:
+                fallbacks.append(f"{b.kind} block {b.name} runs unsplit: {why}")
+        blocks = kept
+    pb = build_problem(plan, devices)
+    names = [d.name for d in devices.devices]
+    link = group_link(devices)
+    index = {name: i for i, name in enumerate(pb.names)}
+    role: dict[int, tuple[str, TPBlock | None]] = {}
+    for b in blocks:
+        for name in b.nodes:
+            role[index[name]] = ("inner", b)
+        for name in b.column:
+            role[index[name]] = ("column", b)
+        for name in b.row:
+            role[index[name]] = ("row", b)
+    sharded = {pb.t_names.index(x) for b in blocks for x in b.kv_inputs} if any(
+        b.kv_inputs for b in blocks) else set()
+    split_params: set[int] = set()
+    whole_params: set[int] = set()
+    cost = [list(row) for row in pb.cost]  # case 3: the plan's own costs where replicated
+    memo: dict[tuple[Any, ...], float] = {}
+    tails = 0
+    for v, n in enumerate(plan.nodes):
+        r, b = role.get(v, (None, None))
+        ins = pb.node_inputs[v]
+        if r is None and ins and all(x in sharded for x in ins) \
+                and n.analysis.kernel_class in _TAIL:
+            r, tails = "inner", tails + 1  # case 2
+        if r is None:
+            whole_params.update(pb.node_params[v])
+            continue
+        sharded_in = sum(pb.t_bytes[x] for x in ins if x in sharded)
+        if r in ("column", "row"):
+            w = _weight_index(pb, n)
+            owned = [p for p in pb.node_params[v] if r == "column" or p == w]
+            split_params.update(owned)
+            whole_params.update(p for p in pb.node_params[v] if p not in owned)
+            sharded_in += sum(pb.p_bytes[p] for p in owned)
+        else:
+            split_params.update(pb.node_params[v])
+            sharded_in += sum(pb.p_bytes[p] for p in pb.node_params[v])
+        if r != "row":
+            sharded.update(pb.node_outputs[v])
+        sa = split_analysis(n, r, t, sharded_in, b)
+        key = _analysis_key(sa)
+        for d, dev in enumerate(devices.devices):
+            k = (id(dev.profile), *key)
+            if k not in memo:
+                memo[k] = estimate(sa, dev.profile).est_time_s
+            cost[d][v] = memo[k]
+        role[v] = (r, b)
+    split_params -= whole_params  # a tied weight also read whole stays whole
+
+    # case 4/5: the clock
+    rows = {index[x]: b for b in blocks for x in b.row}
+    clock = 0.0
+    seg_start = 0.0
+    seg = [0.0] * t
+    schedule: list[ScheduledNode] = []
+    collectives: list[Collective] = []
+    comm = 0.0
+    reasons = _reasons(plan, role, t)
+    for v in range(pb.n):
+        for d in range(t):
+            s = seg_start + seg[d]
+            seg[d] += cost[d][v]
+            schedule.append(ScheduledNode(pb.names[v], names[d], s, seg_start + seg[d],
+                                          reasons[v]))
+        b = rows.get(v)
+        if b is not None and t > 1:
+            clock = seg_start + max(seg)
+            nbytes = sum(pb.t_bytes[x] for x in pb.node_outputs[v])
+            ar = ring_allreduce_s(nbytes, t, link) if link is not None else 0.0
+            collectives.append(Collective("all-reduce", pb.names[v], nbytes, clock, clock + ar))
+            comm += ar
+            seg_start = clock + ar
+            seg = [0.0] * t
+    makespan = seg_start + max(seg, default=0.0)
+    compute = makespan - comm
+
+    # case 7: memory
+    scaled = tuple(math.ceil(nb / t) if x in sharded else nb
+                   for x, nb in enumerate(pb.t_bytes))
+    acts = max(live_profile(replace(pb, t_bytes=scaled)), default=0)
+    pbytes = sum(math.ceil(nb / t) if p in split_params else nb
+                 for p, nb in enumerate(pb.p_bytes))
+    gemm = any(pb.node_gemm)
+    memory = {name: pbytes + acts + (pb.workspace[d] if gemm else 0)
+              for d, name in enumerate(names)}
+    busy = {name: sum(cost[d]) for d, name in enumerate(names)}
+    splits = tuple(_block_split(b, t, index, cost, pb, link) for b in blocks)
+    result = TensorParallel(
+        degree=t, devices=devices, link=link, makespan_s=makespan, compute_s=compute,
+        throughput_per_s=1 / makespan if makespan > 0 else 0.0,
+        throughput_overlapped_per_s=(1 / max(compute, comm) if max(compute, comm) > 0
+                                     else 0.0),
+        memory_used=memory, params=dict.fromkeys(names, pbytes),
+        activations=dict.fromkeys(names, acts), busy_s=busy,
+        collective_s=dict.fromkeys(names, comm), splits=splits, fallbacks=tuple(fallbacks),
+        collectives=tuple(collectives), schedule=tuple(schedule),
+        notes={"replicated": "nodes outside the split blocks (embeddings, norms, residual adds, "
+                             "the LM head, blocks that do not divide) run whole on every device",
+               "replicated_nodes": sum(1 for v in range(pb.n) if v not in role),
+               "replicated_s": max(sum(row[v] for v in range(pb.n) if v not in role)
+                                   for row in cost),
+               "sharded_tails": tails,
+               "collective_model": "ring all-reduce after each row GEMM over the group's "
+                                   "slowest link, on the critical path",
+               "throughput_is": "back to back: 1/makespan; overlapped: 1/max(compute, "
+                                "collectives) with two micro-batches in flight"})
+    logger.info("tensor parallel x%d: %d blocks split, %d unsplit; makespan %s (%s of "
+                "all-reduce); %s per device%s", t, len(splits), len(fallbacks),
+                human_s(makespan), human_s(comm), human_bytes(max(memory.values(), default=0)),
+                f"; over: {result.overflow_text()}" if result.over else "")
+    return result
+
+
+def _weight_index(pb: Any, n: NodePlan) -> int | None:
+    for x in n.inputs:
+        if x is not None and x.kind in ("param", "constant") and x.shape is not None \
+                and len(x.shape) == 2:
+            return pb.p_names.index(x.name)
+    return None
+
+
+def _reasons(plan: Plan, role: Mapping[int, tuple[str, TPBlock | None]], t: int) -> list[str]:
+    out = []
+    for v in range(len(plan.nodes)):
+        r, b = role.get(v, (None, None))
+        if r is None:
+            out.append(f"replicated on all {t} devices (outside the split blocks)")
+        elif b is None:
+            out.append(f"1/{t} on each device: reads only head-sharded tensors")
+        elif r == "column":
+            out.append(f"column split of {b.name}: 1/{t} of {b.dims_text()['column']}")
+        elif r == "row":
+            out.append(f"row split of {b.name}: 1/{t} of {b.dims_text()['row']}, then "
+                       "all-reduce")
+        else:
+            out.append(f"inside {b.name}: 1/{t} of the work")
+    return out
+
+
+def _block_split(b: TPBlock, t: int, index: Mapping[str, int], cost: list[list[float]],
+                 pb: Any, link: Link | None) -> BlockSplit:
+    vs = [index[x] for x in b.nodes]
+    nbytes = sum(pb.t_bytes[x] for r in b.row for x in pb.node_outputs[index[r]])
+    return BlockSplit(
+        block=b.name, kind=b.kind, degree=t, dims=b.dims_text(), column=b.column, row=b.row,
+        compute_s=max(sum(row[v] for v in vs) for row in cost),
+        unsplit_s=sum(pb.cost[0][v] for v in vs), allreduce_bytes=nbytes,
+        allreduce_s=ring_allreduce_s(nbytes, t, link) if link is not None else 0.0)
