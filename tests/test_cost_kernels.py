@@ -138,3 +138,25 @@ def test_tile_quantization_charges_narrow_convs() -> None:
                        dtype="fp16", target="a100")
     assert narrow.flops * 4 == wide.flops
     assert narrow.compute_fraction == pytest.approx(wide.compute_fraction / 4, rel=0.05)
+
+
+@pytest.mark.parametrize("target, family", [("v100", "memory-efficient (CUTLASS)"),
+                                            ("a100", "FlashAttention-2"),
+                                            ("h100", "FlashAttention-3"),
+                                            ("b200", "FA4 / cuDNN")])
+def test_attention_names_the_sdpa_kernel_each_generation_runs(target: str, family: str) -> None:
+    e = estimate_op("attention", batch=4, heads=16, seq=2048, head_dim=64, dtype="fp16",
+                    target=target)
+    assert e.reason.count(family) == 1 and "math path" not in e.reason
+
+
+def test_a_head_dim_flash_cannot_take_runs_the_math_path_through_memory() -> None:
+    dims = dict(batch=4, heads=16, seq=2048, dtype="fp16", target="h100")
+    fused = estimate_op("attention", head_dim=24, **dims)
+    math_path = estimate_op("attention", head_dim=20, **dims)  # not a multiple of 8
+    assert "math path" in math_path.reason and "math path" not in fused.reason
+    scores = 4 * 4 * 16 * 2048 * 2048 * 2  # S and P, each written and read, fp16
+    bandwidth = get_target("h100").bandwidth_bytes_per_s * 0.85
+    assert math_path.bound == "memory"
+    assert math_path.time_s >= scores / bandwidth
+    assert math_path.time_s > 3 * fused.time_s  # fewer FLOPs, yet far slower

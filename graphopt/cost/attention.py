@@ -26,7 +26,18 @@ softmaxes (FlashDecoding; flash-attn's split-KV forward): :func:`kv_splits` is f
 choice of the split count [FA2-split], so such a node streams its KV cache on every SM and is
 memory-bound on that read (its K and V bytes, with the GQA group's fewer KV heads).
 
+Which kernel runs at all follows torch's SDPA backend choice [SDP]: the flash kernels need
+sm_80+ and a head_dim that is a multiple of 8 up to 256; before Ampere the memory-efficient
+(CUTLASS) kernel runs, tiled and fused like FlashAttention-2 (its numbers here are FA2's: no
+published measurement tells them apart); a head_dim that is not a multiple of 8 (or above 256)
+leaves only the math path, which writes the scores and probabilities through memory between
+separate GEMM and softmax kernels (:func:`scores_bytes`: S written and read, P written and
+read, per head; the roofline adds them to the node's bytes).
+
 Sources:
+  [SDP] pytorch ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (``use_flash_attention``
+        requires sm_80+, ``check_head_dim_size_flash``; ``use_mem_efficient_attention`` runs from
+        sm_50; the math kernel is the fallback), torch 2.x.
   [PG]  NVIDIA CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table: 16
         results per clock per SM for 32-bit exp2/log2/rcp/rsqrt/sin/cos on cc 7.x-9.0.
   [WP]  Whitepapers: V100 and Turing, 8 tensor cores x 64 FP16 FMA per clock per SM; A100,
@@ -46,7 +57,7 @@ import math
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["attention_kernel", "kv_splits", "query_tiles"]
+__all__ = ["attention_kernel", "kernel_family", "kv_splits", "query_tiles", "scores_bytes"]
 
 #: dense FP16 tensor-core FLOPs per clock per SM by compute capability major.minor [WP]; other
 #: ccs of a major (GA10x 8.6, Ada 8.9, consumer Blackwell 12.x) have the GA10x rate
@@ -56,7 +67,11 @@ _MUFU_PER_CLOCK = 16  # [PG]
 #: kernel family by cc major (FlashAttention-2 elsewhere), and the share of the exponentials
 #: each hides behind the GEMMs
 _FAMILY = {9: "FlashAttention-3", 10: "FA4 / cuDNN"}
-_OVERLAP = {"FlashAttention-2": 0.3, "FlashAttention-3": 0.8, "FA4 / cuDNN": 0.8}
+_MATH = "SDPA math path"
+_MEM_EFFICIENT = "memory-efficient (CUTLASS)"
+_OVERLAP = {"FlashAttention-2": 0.3, "FlashAttention-3": 0.8, "FA4 / cuDNN": 0.8,
+            _MEM_EFFICIENT: 0.3}
+_ELEM_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 _FILL_TILES = 1.5
 _TILE = 128
 _MAX_SPLITS = 128  # [FA2-split]
@@ -84,12 +99,36 @@ def query_tiles(d: dict[str, int]) -> int:
     return max(1, d.get("batch", 1) * d.get("heads", 1) * math.ceil(d.get("seq_q", 1) / _TILE))
 
 
+def kernel_family(a: NodeAnalysis, profile: HardwareProfile) -> str:
+    """The SDPA kernel that runs the node on ``profile`` [SDP]."""
+    head_dim = a.dims.get("head_dim", 128)
+    if head_dim % 8 or head_dim > 256:
+        return _MATH
+    cc = profile.compute_capability or (8, 0)
+    if cc < (8, 0):
+        return _MEM_EFFICIENT
+    return _FAMILY.get(cc[0], "FlashAttention-2")
+
+
+def scores_bytes(a: NodeAnalysis, profile: HardwareProfile) -> int:
+    """DRAM bytes the math path adds: scores and probabilities, each written and read once per
+    head (0 for the fused kernels, which keep them on chip)."""
+    if not profile.is_gpu or kernel_family(a, profile) != _MATH:
+        return 0
+    d = a.dims
+    scores = d.get("batch", 1) * d.get("heads", 1) * d.get("seq_q", 1) * d.get("seq_kv", 1)
+    return 4 * scores * _ELEM_BYTES.get(a.dtype or "fp16", 2)
+
+
 def attention_kernel(a: NodeAnalysis, profile: HardwareProfile) -> tuple[float, str]:
     """(fraction of the GEMM rate a fused attention reaches, the kernel family and why)."""
     cc = profile.compute_capability or (8, 0)
-    family = _FAMILY.get(cc[0], "FlashAttention-2")
+    family = kernel_family(a, profile)
     d = a.dims
     head_dim = max(1, d.get("head_dim", 128))
+    if family == _MATH:  # two batched GEMMs at the GEMM rate; softmax is a memory pass
+        return 1.0, (f"{family} on sm_{cc[0]}{cc[1]} (head_dim {head_dim} is not a multiple "
+                     "of 8 up to 256): separate GEMMs and softmax, scores through memory")
     tc = _TC_FLOPS_PER_CLOCK.get(cc)
     if tc is None:  # another cc of datacenter Blackwell has B200's rate, the rest GA10x's
         tc = _TC_FLOPS_PER_CLOCK[(10, 0)] if cc[0] == 10 else _OTHER_TC_FLOPS_PER_CLOCK

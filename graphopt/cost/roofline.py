@@ -298,7 +298,12 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
         bandwidth *= parallel
         note = f"{note}; {why}" if note else why
     compute_t = a.flops / rate if a.flops else 0.0
-    memory_t = a.bytes_total / bandwidth
+    moved = a.bytes_total
+    if a.kernel_class is KernelClass.ATTENTION and unit == "tensor_core":
+        from graphopt.cost.attention import scores_bytes
+
+        moved += scores_bytes(a, profile)  # the math path's scores through memory
+    memory_t = moved / bandwidth
     overhead = fixed_cost(a, profile)
     bound: Bottleneck
     if overhead >= max(compute_t, memory_t):
