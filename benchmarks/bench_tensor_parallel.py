@@ -1,0 +1,189 @@
+"""Tensor parallelism vs the HEFT and pipeline splits: a Llama-70B-shaped model on 4 and 8 H100s.
+
+The model is transformers' ``LlamaForCausalLM`` at Llama-3-70B's shape (hidden 8192, 80 layers,
+64 heads, 8 KV heads, intermediate 28672, vocab 128256) in bf16 on the meta device: nothing is
+allocated. Two programs are traced with graphopt's LLM wrappers (``graphopt.llm_steps``), each
+planned on the h100 profile:
+
+- prefill: one sequence of ``--prompt`` tokens (default 1024), batch 1;
+- decode: one new token per sequence for ``--decode-batch`` sequences against a cache of
+  ``--cache`` tokens (keys and values passed as two distinct tensors: torch.export merges two
+  inputs given the same tensor object).
+
+For each device count (``--gpus``, default 4 and 8; ``cuda:i=h100``, NVLink between them from
+the hardware database) it reports the tensor-parallel split
+(:func:`graphopt.partition.tensor_parallel.tensor_parallel`): per-device memory, busy and
+all-reduce time, the prefill makespan beside the HEFT and pipeline splits'
+(:func:`graphopt.partition.split`), and decode tokens/s beside the bandwidth limit
+(``batch * t * HBM bandwidth / (weight bytes + KV bytes)``: every byte read once, split
+perfectly over t devices). Planning time is tracing + ``build_plan``; split times are given
+apart.
+
+Usage: python benchmarks/bench_tensor_parallel.py [--layers 80] [--gpus 4,8] [--prompt 1024]
+       [--cache 1024] [--decode-batch 1,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from graphopt.errors import GraphoptError  # noqa: E402
+from graphopt.frontends import load_graph  # noqa: E402
+from graphopt.hardware import get_target  # noqa: E402
+from graphopt.llm_steps import DecodeStep, PrefillStep  # noqa: E402
+from graphopt.partition import parse_devices, split  # noqa: E402
+from graphopt.partition.tensor_parallel import tensor_parallel  # noqa: E402
+from graphopt.planner import build_plan  # noqa: E402
+
+GB = 1e9
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    import os
+
+    return (f"machine: {model}; {os.cpu_count()} CPUs; {torch.get_num_threads()} torch threads; "
+            f"torch {torch.__version__}; python {platform.python_version()}")
+
+
+def model_70b(layers: int) -> LlamaForCausalLM:
+    config = LlamaConfig(hidden_size=8192, num_hidden_layers=layers, num_attention_heads=64,
+                         num_key_value_heads=8, intermediate_size=28672, vocab_size=128256,
+                         max_position_embeddings=8192)
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).to(torch.bfloat16)
+
+
+def plan_phase(step: torch.nn.Module, inputs: tuple[torch.Tensor, ...]):
+    step.training = False
+    t0 = time.perf_counter()
+    graph = load_graph(step, inputs)
+    t1 = time.perf_counter()
+    plan = build_plan(graph, get_target("h100"))
+    return graph, plan, t1 - t0, time.perf_counter() - t1
+
+
+def spec(gpus: int) -> str:
+    return ",".join(f"cuda:{i}=h100" for i in range(gpus))
+
+
+def baseline(plan, devices, strategy: str) -> tuple[str, float | None]:
+    t0 = time.perf_counter()
+    try:
+        part = split(plan, devices, strategy)
+    except GraphoptError as e:
+        return f"{strategy}: infeasible ({e.problem[:120]})", None
+    took = time.perf_counter() - t0
+    mem = ", ".join(f"{d}: {b / GB:.0f} GB" for d, b in part.memory_used.items())
+    busy = ", ".join(f"{d}: {s * 1e3:.0f} ms" for d, s in part.busy_s.items())
+    extra = ""
+    if strategy == "pipeline":
+        extra = f"; bottleneck stage {part.notes['bottleneck_s'] * 1e3:.1f} ms"
+    return (f"{strategy}: makespan {part.makespan_s * 1e3:.1f} ms{extra} (split {took:.1f} s); "
+            f"memory {mem}; busy {busy}"), part.makespan_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=80)
+    ap.add_argument("--gpus", default="4,8")
+    ap.add_argument("--prompt", type=int, default=1024)
+    ap.add_argument("--cache", type=int, default=1024)
+    ap.add_argument("--decode-batch", default="1,32")
+    args = ap.parse_args()
+    print(machine())
+    model = model_70b(args.layers)
+    cfg = model.config
+    params = sum(p.numel() for p in model.parameters())
+    print(f"Llama-70B shape: {args.layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_attention_heads} heads / {cfg.num_key_value_heads} KV heads, intermediate "
+          f"{cfg.intermediate_size}, vocab {cfg.vocab_size}; {params / 1e9:.1f} B parameters "
+          f"({params * 2 / GB:.0f} GB bf16)")
+    ids = dict(dtype=torch.long, device="meta")
+    g_pre, prefill, trace_s, plan_s = plan_phase(PrefillStep(model),
+                                                 (torch.zeros(1, args.prompt, **ids),))
+    print(f"prefill plan (batch 1, {args.prompt} tokens): {len(prefill.nodes)} nodes, trace "
+          f"{trace_s:.1f} s + plan {plan_s:.1f} s; one H100 alone: "
+          f"{prefill.est_latency_s * 1e3:.1f} ms")
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    decodes = []
+    for b in (int(x) for x in args.decode_batch.split(",")):
+        shape = (args.layers, b, cfg.num_key_value_heads, args.cache, hd)
+        keys = torch.zeros(shape, dtype=torch.bfloat16, device="meta")
+        values = torch.zeros(shape, dtype=torch.bfloat16, device="meta")
+        _, dplan, dtrace, dplan_s = plan_phase(DecodeStep(model),
+                                               (torch.zeros(b, 1, **ids), keys, values))
+        kv = 2 * keys.numel() * 2
+        decodes.append((b, dplan, kv))
+        print(f"decode plan (batch {b}, cache {args.cache}): trace {dtrace:.1f} s + plan "
+              f"{dplan_s:.1f} s; KV cache {kv / GB:.1f} GB; one H100 (if it fit): step "
+              f"{dplan.est_latency_s * 1e3:.1f} ms")
+    h100 = get_target("h100")
+    for gpus in (int(x) for x in args.gpus.split(",")):
+        devices = parse_devices(spec(gpus))
+        print(f"\n== {gpus} x H100 ({devices.link('cuda:0', 'cuda:1').name}, "
+              f"{devices.link('cuda:0', 'cuda:1').bandwidth_bytes_per_s / GB:.0f} GB/s, "
+              f"{devices.link('cuda:0', 'cuda:1').latency_s * 1e6:.1f} us per step; "
+              f"{devices.devices[0].memory_bytes / GB:.1f} GB usable each) ==")
+        t0 = time.perf_counter()
+        tp = tensor_parallel(prefill, devices, source=g_pre)
+        tp_s = time.perf_counter() - t0
+        print(f"tensor x{gpus} prefill: makespan {tp.makespan_s * 1e3:.1f} ms (compute "
+              f"{tp.compute_s * 1e3:.1f} ms + {len(tp.collectives)} all-reduces "
+              f"{(tp.makespan_s - tp.compute_s) * 1e3:.1f} ms); {len(tp.splits)} blocks split, "
+              f"{len(tp.fallbacks)} unsplit, {tp.notes['replicated_nodes']} nodes replicated "
+              f"({tp.notes['replicated_s'] * 1e3:.1f} ms); "
+              f"throughput {tp.throughput_per_s:.2f} prompts/s back to back, "
+              f"{tp.throughput_overlapped_per_s:.2f} with all-reduce overlapped (split "
+              f"{tp_s:.1f} s)")
+        print("  device   memory    params  activations  busy      all-reduce  fits")
+        for d in devices.devices:
+            print(f"  {d.name:7s} {tp.memory_used[d.name] / GB:6.1f} GB "
+                  f"{tp.params[d.name] / GB:6.1f} GB {tp.activations[d.name] / GB:8.2f} GB "
+                  f"{tp.busy_s[d.name] * 1e3:7.1f} ms "
+                  f"{tp.collective_s[d.name] * 1e3:8.1f} ms  "
+                  f"{'yes' if d.name not in tp.over else 'NO'}")
+        if tp.over:
+            print(f"  overflow: {tp.overflow_text()}")
+        kinds = {s.kind: s for s in tp.splits}
+        for kind, s in sorted(kinds.items()):
+            print(f"  {kind} block ({s.block}): column {s.dims['column']}, row {s.dims['row']}; "
+                  f"{s.unsplit_s * 1e3:.3f} ms whole -> {s.compute_s * 1e3:.3f} ms per device "
+                  f"+ all-reduce of {s.allreduce_bytes / 1e6:.1f} MB {s.allreduce_s * 1e6:.1f} us")
+        best = None
+        for strategy in ("heft", "pipeline"):
+            text, mk = baseline(prefill, devices, strategy)
+            print("  " + text)
+            if mk is not None:
+                best = mk if best is None else min(best, mk)
+        if best:
+            print(f"  tensor / best of HEFT and pipeline: {tp.makespan_s / best:.2f}x")
+        for b, dplan, kv in decodes:
+            td = tensor_parallel(dplan, devices)
+            bound = b * gpus * h100.bandwidth_bytes_per_s / (params * 2 + kv)
+            print(f"  decode batch {b}: step {td.makespan_s * 1e3:.2f} ms ({td.compute_s * 1e3:.2f}"
+                  f" compute + {(td.makespan_s - td.compute_s) * 1e3:.2f} all-reduce), "
+                  f"{b / td.makespan_s:.0f} tokens/s; bandwidth limit {bound:.0f} tokens/s "
+                  f"({b / td.makespan_s / bound:.0%}); memory "
+                  f"{max(td.memory_used.values()) / GB:.1f} GB per device; replicated nodes "
+                  f"{td.notes['replicated_s'] * 1e3:.2f} ms of each step"
+                  f"{'' if td.feasible else ' OVER: ' + td.overflow_text()}")
+
+
+if __name__ == "__main__":
+    main()
