@@ -276,3 +276,51 @@ def test_decode_kv_cache_is_split_by_heads():
     kv = 2 * math.prod(cache) * 4
     assert one.activations["cuda:0"] - two.activations["cuda:0"] >= kv / 2 * 0.99
     assert can_split(attn, 2) is None and "KV heads" in can_split(attn, 4)
+
+
+# --- sequence parallelism ------------------------------------------------------------------
+
+def residual_mlps(m: int, h: int, i: int, layers: int = 2):
+    """``layers`` times: x = x + MatMul(Relu(MatMul(x, W1)), W2)."""
+    g = G()
+    x = g.input("x", (m, h))
+    for k in range(layers):
+        up = g.op("MatMul", [x, g.param(f"w1_{k}", (h, i))], (m, i), name=f"up{k}")
+        act = g.op("Relu", [up], (m, i), name=f"act{k}")
+        down = g.op("MatMul", [act, g.param(f"w2_{k}", (i, h))], (m, h), name=f"down{k}")
+        x = g.op("Add", [x, down], (m, h), name=f"res{k}")
+    return g.build([x])
+
+
+def test_sequence_parallel_against_hand_computation():
+    m, h, i, t, f = 256, 1024, 4096, 2, 4
+    plan = build_plan(residual_mlps(m, h, i), H100)
+    ds = parse_devices(TWO)
+    link = ds.link("cuda:0", "cuda:1")
+    plain = tensor_parallel(plan, ds)
+    sp = tensor_parallel(plan, ds, sequence_parallel=True)
+    # the residual adds run on m/t tokens each; every all-reduce becomes a reduce-scatter, and
+    # the next reader of the sum (the second up, then the returned output) all-gathers it
+    assert [(c.kind, c.after) for c in sp.collectives] == [
+        ("reduce-scatter", "down0"), ("all-gather", "res0"),
+        ("reduce-scatter", "down1"), ("all-gather", "res1")]
+    half = (t - 1) / t * m * h * f / link.bandwidth_bytes_per_s + (t - 1) * link.latency_s
+    assert sp.makespan_s - sp.compute_s == pytest.approx(4 * half, rel=1e-12)
+    assert [c.kind for c in plain.collectives] == ["all-reduce"] * 2
+    assert plain.makespan_s - plain.compute_s == pytest.approx(4 * half, rel=1e-12)  # same
+    res = plan.node("res0")
+    by_tokens = replace(res.analysis, dims={"numel": m * h // t},
+                        flops=res.analysis.flops // t, bytes_read=2 * m * h // t * f,
+                        bytes_written=m * h // t * f)
+    assert split_analysis(res, "tokens", t, 2 * m * h * f) == by_tokens
+    saved = 2 * (res.cost.est_time_s - estimate(by_tokens, H100).est_time_s)
+    assert plain.compute_s - sp.compute_s == pytest.approx(saved, rel=1e-9)
+    assert sp.notes["sequence_parallel"] == {"enabled": True, "nodes": 2, "reduce_scatters": 2,
+                                             "all_gathers": 2}
+
+
+def test_sequence_parallel_needs_tokens_that_divide():
+    plan = build_plan(residual_mlps(3, 64, 128), H100)  # 3 tokens over 2 devices
+    sp = tensor_parallel(plan, TWO, sequence_parallel=True)
+    assert sp.notes["sequence_parallel"]["nodes"] == 0
+    assert [c.kind for c in sp.collectives] == ["all-reduce"] * 2

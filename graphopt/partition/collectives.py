@@ -5,7 +5,11 @@ a reduce-scatter then an all-gather, each ``t - 1`` steps moving ``B / t`` bytes
 
     time = 2 (t - 1) / t * B / bandwidth + 2 (t - 1) * latency
 
-where bandwidth and latency are those of the slowest link the ring crosses. Every link in the
+A reduce-scatter or an all-gather alone is one of the two halves:
+``(t - 1) / t * B / bandwidth + (t - 1) * latency`` (``B`` the full tensor). Megatron's sequence
+parallelism replaces each all-reduce by one of each, at the same total.
+
+Bandwidth and latency are those of the slowest link the ring crosses. Every link in the
 group is taken as a candidate (a ring may be laid in any device order, and the worst pair bounds
 the step time), so the group's slowest link is used: conservative for a mixed group, exact for
 a uniform NVLink or PCIe one.
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 from graphopt.hardware.profile import Link
 from graphopt.partition.devices import DeviceSet
 
-__all__ = ["group_link", "ring_allreduce_s"]
+__all__ = ["group_link", "ring_allreduce_s", "ring_half_s"]
 
 
 def ring_allreduce_s(nbytes: float, degree: int, link: Link) -> float:
@@ -27,6 +31,14 @@ def ring_allreduce_s(nbytes: float, degree: int, link: Link) -> float:
         return 0.0
     steps = 2 * (degree - 1)
     return steps / degree * nbytes / link.bandwidth_bytes_per_s + steps * link.latency_s
+
+
+def ring_half_s(nbytes: float, degree: int, link: Link) -> float:
+    """Seconds for a ring reduce-scatter (or all-gather) of a ``nbytes`` tensor."""
+    if degree <= 1 or nbytes <= 0:
+        return 0.0
+    return (degree - 1) / degree * nbytes / link.bandwidth_bytes_per_s \
+        + (degree - 1) * link.latency_s
 
 
 def group_link(devices: DeviceSet, names: Sequence[str] | None = None) -> Link | None:

@@ -26,6 +26,14 @@ Every device of the group runs every node, in plan order; what differs is how mu
    weights; a row GEMM's bias is added once after the sum and kept whole) + replicated
    parameters + one GEMM workspace + the peak of live activations in plan order
    (:func:`.problem.live_profile`) with head-sharded tensors and the KV cache at 1/t.
+8. **Sequence parallelism** (``sequence_parallel=True``; Korthikanti et al. 2022, torch's
+   ``SequenceParallel``): a replicated norm, elementwise or view node whose every activation is
+   ``(tokens, hidden)``-shaped, with tokens divisible by t, runs on 1/t of the tokens (its
+   parameters whole). A row GEMM read only by such nodes ends in a reduce-scatter instead of an
+   all-reduce; a token-sharded tensor read by any other node (the next block's column GEMMs,
+   the LM head) or returned is all-gathered first, once. Each half costs
+   :func:`.collectives.ring_half_s`, so the traffic equals the all-reduce's while the norms and
+   residual adds shrink by t. A decode step of one sequence (one token) has nothing to split.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate
 from graphopt.hardware.profile import Link
 from graphopt.partition.assemble import human_bytes, human_s
-from graphopt.partition.collectives import group_link, ring_allreduce_s
+from graphopt.partition.collectives import group_link, ring_allreduce_s, ring_half_s
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode
@@ -54,6 +62,10 @@ logger = logging.getLogger(__name__)
 
 #: outside the blocks, classes that keep a head-sharded input sharded (case 2)
 _TAIL = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass.ELEMENTWISE})
+#: replicated classes that work per token, so split by tokens under sequence parallelism
+_SEQ = frozenset({KernelClass.RMSNORM, KernelClass.NORM, KernelClass.ELEMENTWISE,
+                  KernelClass.VIEW})
+_NORMS = frozenset({KernelClass.RMSNORM, KernelClass.NORM})
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +170,8 @@ def split_analysis(n: NodePlan, role: str, degree: int, sharded_in: int,
                    block: TPBlock | None = None) -> NodeAnalysis:
     """The analysis of ``n``'s share on one of ``degree`` devices (case 1).
 
-    ``role``: "column", "row" or "inner" (any other node of a block, or a sharded tail);
+    ``role``: "column", "row", "inner" (any other node of a block, or a sharded tail) or
+    "tokens" (case 8: 1/t of the tokens, parameters whole);
     ``sharded_in``: bytes of ``n``'s inputs that arrive split by ``degree`` (its sharded
     activations, and the weight of a column or row GEMM).
     """
@@ -168,6 +181,10 @@ def split_analysis(n: NodePlan, role: str, degree: int, sharded_in: int,
         dims["N"] = max(1, int(dims.get("N", 1)) // t)
     elif role == "row":
         dims["K"] = max(1, int(dims.get("K", 1)) // t)
+    elif role == "tokens":
+        for key in ("numel", "rows"):
+            if key in dims and dims[key] % t == 0:
+                dims[key] //= t
     else:
         for key in ("heads", "numel"):
             if key in dims and dims[key] % t == 0:
@@ -194,7 +211,8 @@ def _analysis_key(a: NodeAnalysis) -> tuple[Any, ...]:
 
 
 def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
-                    blocks: list[TPBlock] | None = None, source: Any = None) -> TensorParallel:
+                    blocks: list[TPBlock] | None = None, source: Any = None,
+                    sequence_parallel: bool = False) -> TensorParallel:
     """Cost ``plan`` split tensor-parallel over every device of ``devices`` (degree = their
     count).
 
@@ -205,6 +223,7 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
             that does not divide by the degree runs replicated, with its reason in
             ``fallbacks``.
         source: passed to :func:`find_tp_blocks` for the blocks' module paths.
+        sequence_parallel: also split the replicated per-token nodes by tokens (case 8).
     """
     if isinstance(devices, str):
         from graphopt.partition.parse import parse_devices
@@ -273,35 +292,72 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         role[v] = (r, b)
     split_params -= whole_params  # a tied weight also read whole stays whole
 
-    # case 4/5: the clock
     rows = {index[x]: b for b in blocks for x in b.row}
-    clock = 0.0
+    seq_nodes: set[int] = set()
+    seq_t: set[int] = set()  # token-sharded tensors
+    scatter: set[int] = set()  # row GEMMs that end in a reduce-scatter
+    if sequence_parallel and t > 1:
+        seq_nodes = _sequence_nodes(plan, pb, role, sharded, blocks, t)
+        for v in rows:
+            outs = pb.node_outputs[v]
+            if outs and all(c in seq_nodes for x in outs for c in pb.t_consumers[x]) \
+                    and not any(pb.t_output[x] for x in outs):
+                scatter.add(v)
+                seq_t.update(outs)
+        for v in sorted(seq_nodes):
+            n = plan.nodes[v]
+            sa = split_analysis(n, "tokens", t, sum(pb.t_bytes[x] for x in pb.node_inputs[v]))
+            key = _analysis_key(sa)
+            for d, dev in enumerate(devices.devices):
+                k = (id(dev.profile), *key)
+                if k not in memo:
+                    memo[k] = estimate(sa, dev.profile).est_time_s
+                cost[d][v] = memo[k]
+            seq_t.update(pb.node_outputs[v])
+
+    # case 4/5: the clock
     seg_start = 0.0
     seg = [0.0] * t
     schedule: list[ScheduledNode] = []
     collectives: list[Collective] = []
     comm = 0.0
     reasons = _reasons(plan, role, t)
+    for v in seq_nodes:
+        reasons[v] = f"1/{t} of the tokens on each device (sequence parallel)"
+    gathered: set[int] = set()
+
+    def flush(kind: str, after: int, nbytes: int) -> None:
+        nonlocal seg_start, seg, comm
+        start = seg_start + max(seg)
+        half = kind != "all-reduce"
+        c = 0.0 if link is None else (ring_half_s if half else ring_allreduce_s)(nbytes, t, link)
+        collectives.append(Collective(kind, pb.names[after], nbytes, start, start + c))
+        comm += c
+        seg_start, seg = start + c, [0.0] * t
+
     for v in range(pb.n):
+        if v not in seq_nodes:  # case 8: gather token-sharded inputs first
+            for x in pb.node_inputs[v]:
+                if x in seq_t and x not in gathered:
+                    gathered.add(x)
+                    flush("all-gather", pb.t_producer[x], pb.t_bytes[x])
         for d in range(t):
             s = seg_start + seg[d]
             seg[d] += cost[d][v]
             schedule.append(ScheduledNode(pb.names[v], names[d], s, seg_start + seg[d],
                                           reasons[v]))
-        b = rows.get(v)
-        if b is not None and t > 1:
-            clock = seg_start + max(seg)
-            nbytes = sum(pb.t_bytes[x] for x in pb.node_outputs[v])
-            ar = ring_allreduce_s(nbytes, t, link) if link is not None else 0.0
-            collectives.append(Collective("all-reduce", pb.names[v], nbytes, clock, clock + ar))
-            comm += ar
-            seg_start = clock + ar
-            seg = [0.0] * t
+        if v in rows and t > 1:
+            flush("reduce-scatter" if v in scatter else "all-reduce", v,
+                  sum(pb.t_bytes[x] for x in pb.node_outputs[v]))
+    for x in sorted(x for x in seq_t if pb.t_output[x] and x not in gathered):
+        gathered.add(x)  # a returned token-sharded tensor is gathered at the end
+        flush("all-gather", pb.t_producer[x], pb.t_bytes[x])
     makespan = seg_start + max(seg, default=0.0)
     compute = makespan - comm
 
     # case 7: memory
-    scaled = tuple(math.ceil(nb / t) if x in sharded else nb
+    split_t = sharded | {x for v in seq_nodes for x in pb.node_outputs[v]}
+    scaled = tuple(math.ceil(nb / t) if x in split_t and x not in gathered else nb
                    for x, nb in enumerate(pb.t_bytes))
     acts = max(live_profile(replace(pb, t_bytes=scaled)), default=0)
     pbytes = sum(math.ceil(nb / t) if p in split_params else nb
@@ -326,6 +382,9 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
                "replicated_s": max(sum(row[v] for v in range(pb.n) if v not in role)
                                    for row in cost),
                "sharded_tails": tails,
+               "sequence_parallel": {"enabled": sequence_parallel, "nodes": len(seq_nodes),
+                                     "reduce_scatters": len(scatter),
+                                     "all_gathers": len(gathered)},
                "collective_model": "ring all-reduce after each row GEMM over the group's "
                                    "slowest link, on the critical path",
                "throughput_is": "back to back: 1/makespan; overlapped: 1/max(compute, "
@@ -335,6 +394,31 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
                 human_s(makespan), human_s(comm), human_bytes(max(memory.values(), default=0)),
                 f"; over: {result.overflow_text()}" if result.over else "")
     return result
+
+
+def _sequence_nodes(plan: Plan, pb: Any, role: Mapping[int, Any], sharded: set[int],
+                    blocks: list[TPBlock], t: int) -> set[int]:
+    """Case 8: replicated per-token nodes whose every activation is (tokens, hidden) or a
+    per-token statistic (tokens, 1) inside a norm, tokens divisible by ``t``, reading no
+    head-sharded tensor."""
+    hiddens = {b.hidden for b in blocks}
+    if len(hiddens) != 1:
+        return set()
+    hidden = hiddens.pop()
+    out = set()
+    for v, n in enumerate(plan.nodes):
+        if v in role or n.analysis.kernel_class not in _SEQ \
+                or any(x in sharded for x in pb.node_inputs[v]):
+            continue
+        infos = [x for x in (*n.inputs, *n.outputs)
+                 if x is not None and x.kind not in ("param", "constant")]
+        # (tokens, hidden) activations, or per-token statistics (tokens, 1) inside a norm
+        widths = (hidden, 1) if n.analysis.kernel_class in _NORMS else (hidden,)
+        tokens = {x.numel // x.shape[-1] if x.is_static and x.shape and x.shape[-1] in widths
+                  else 0 for x in infos}
+        if infos and len(tokens) == 1 and (k := tokens.pop()) >= t and k % t == 0:
+            out.add(v)
+    return out
 
 
 def _weight_index(pb: Any, n: NodePlan) -> int | None:
