@@ -9,6 +9,7 @@ from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
 from graphopt.cost import estimate_all
+from graphopt.cost.calibrated import for_runtime
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir import Graph
 from graphopt.plan import NodePlan, Plan
@@ -41,6 +42,7 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
     A graph with a shape range is planned at its opt point and costed at min and max too
     (:mod:`graphopt.range_plan`).
     """
+    target = for_runtime(target, graph.source)  # a calibrated CPU: its runtime's fixed costs
     if graph.shape_range:
         from graphopt.decisions.decide import decide
         from graphopt.range_plan import at_opt, with_hints, with_range

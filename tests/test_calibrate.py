@@ -138,7 +138,9 @@ def calibrated(tmp_path_factory):
 
 def test_calibrate_measures_every_op_type_it_lists(calibrated):
     profile, path = calibrated
-    assert set(profile.op_overhead_s) == set(OP_BENCHES)
+    ort = {k for k in profile.op_overhead_s if k.startswith("ort:")}
+    assert set(profile.op_overhead_s) - ort == set(OP_BENCHES)
+    assert {"ort:Add", "ort:MatMul", "ort:Conv", "ort:Reshape"} <= ort
     assert all(v > 0 and math.isfinite(v) for v in profile.op_overhead_s.values())
     assert {"matrix:fp32", "conv:fp32", "memory"} <= set(profile.measured_rates)
     assert profile.bandwidth_bytes_per_s == profile.measured_rates["memory"]
@@ -210,3 +212,30 @@ def test_a_reshape_that_copies_is_a_copy_and_each_conv_variant_has_its_cost():
     # a 1x1 conv is a GEMM: the measured matrix rate, not the conv rate
     assert convs[1].cost.compute_time_s == pytest.approx(convs[1].analysis.flops / 50e9)
     assert convs[0].cost.compute_time_s == pytest.approx(convs[0].analysis.flops / 25e9)
+
+
+def test_an_onnx_plan_pays_onnx_runtimes_fixed_costs_a_torch_plan_eager_torchs(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    costs = {"Add": 5e-6, "Relu": 6e-6, "ort:Add": 1e-6, "ort:Relu": 3e-6}
+    profile = _measured(op_overhead_s=costs)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["s"], name="add"),
+                               helper.make_node("Relu", ["s"], ["y"], name="relu")],
+                              "g", [x], [y])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx_plan = graphopt.plan(str(path), target=profile)
+    assert {n.op_type: n.cost.overhead_s for n in onnx_plan.nodes} == {"Add": 1e-6,
+                                                                       "Relu": 3e-6}
+    assert onnx_plan.target.launch_overhead_s == 2e-6  # the median of ONNX Runtime's
+
+    class AddRelu(nn.Module):
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            return torch.relu(v + v)
+
+    torch_plan = graphopt.plan(AddRelu(), (torch.randn(2, 8),), target=profile)
+    assert {n.op_type: n.cost.overhead_s for n in torch_plan.nodes} == {"Add": 5e-6,
+                                                                        "Relu": 6e-6}

@@ -8,17 +8,24 @@
    reshape that copies apart from one that is a view. An op
    type calibration did not time gets the median of its elementwise ops
    (``launch_overhead_s``).
-2. **Achievable rates.** Where the profile measured a rate (``measured_rates``: GEMM and
+2. **The runtime.** The table is eager torch's; ONNX Runtime's own per-node costs sit beside
+   it under ``ort:<OpType>``, and :func:`for_runtime` makes them the table for a plan of an
+   ONNX graph.
+3. **Achievable rates.** Where the profile measured a rate (``measured_rates``: GEMM and
    conv FLOP/s per dtype, DRAM bytes/s) it replaces datasheet peak x efficiency.
 """
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import replace
+
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["fixed_cost", "measured_bandwidth", "measured_matrix_rate", "view_cost"]
+__all__ = ["fixed_cost", "for_runtime", "measured_bandwidth", "measured_matrix_rate",
+           "view_cost"]
 
 
 def fixed_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
@@ -65,3 +72,16 @@ def measured_matrix_rate(a: NodeAnalysis, profile: HardwareProfile, key: str) ->
 def measured_bandwidth(profile: HardwareProfile) -> float | None:
     """Measured DRAM bytes/s of an elementwise kernel, or None."""
     return profile.measured_rates.get("memory")
+
+
+def for_runtime(profile: HardwareProfile, source: str) -> HardwareProfile:
+    """``profile`` as the runtime that executes a ``source`` graph sees it: for ``"onnx"``,
+    ONNX Runtime's fixed costs (``ort:*``) in place of eager torch's. Profiles without them
+    are returned unchanged."""
+    from graphopt.hardware.calibrate_ort import ORT_PREFIX
+
+    ort = {k[len(ORT_PREFIX):]: v for k, v in profile.op_overhead_s.items()
+           if k.startswith(ORT_PREFIX)}
+    if source != "onnx" or not ort:
+        return profile
+    return replace(profile, op_overhead_s=ort, launch_overhead_s=statistics.median(ort.values()))

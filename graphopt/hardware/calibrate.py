@@ -16,7 +16,9 @@ Three numbers it has to guess, and they decide most of a CPU plan:
 2. **Achievable compute.** One large fp32 matmul (bf16 too where the CPU has native bf16) and
    one conv give the FLOP/s GEMM and conv nodes reach: oneDNN/MKL, the threads, the clock
    the machine really runs at.
-3. **Memory bandwidth.** ``a + b`` over arrays far larger than the last-level cache gives the
+3. **ONNX Runtime's per-node cost** per op type (``calibrate_ort``), for plans of ``.onnx``
+   models: ORT pays a few microseconds per node where eager torch pays tens.
+4. **Memory bandwidth.** ``a + b`` over arrays far larger than the last-level cache gives the
    DRAM bytes per second an elementwise kernel moves (read two, write one), replacing the
    ``6 GB/s per core`` estimate.
 
@@ -40,6 +42,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from graphopt.hardware.calibrate_ort import ort_fixed_costs
 from graphopt.hardware.calibrate_reference import in_graph_factors
 from graphopt.hardware.profile import HardwareProfile
 
@@ -312,15 +315,18 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
         kernel, view, how = in_graph_factors(benched)
     finally:
         torch.set_num_threads(before)
+    ort = ort_fixed_costs(rounds=30 if quick else 60, threads=used)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     logger.info("calibrated %d op types in %.1f s", len(overhead), time.perf_counter() - started)
     return replace(
         benched, launch_overhead_s=float(f"{launch * kernel:.4g}"),
-        op_overhead_s={k: float(f"{v * (view if k in VIEW_OPS else kernel):.4g}")
-                       for k, v in sorted(overhead.items())},
+        op_overhead_s={**{k: float(f"{v * (view if k in VIEW_OPS else kernel):.4g}")
+                          for k, v in sorted(overhead.items())}, **ort},
         source=f"measured by graphopt calibrate on {when} with torch {torch.__version__}, "
                f"{used} intra-op thread(s): each op type's fixed cost on a small input "
-               f"(torch.profiler, mixed stream) x the {how}; fp32 matmul/conv FLOP/s; add "
+               f"(torch.profiler, mixed stream) x the {how}; ONNX Runtime's per-node cost "
+               f"of each op type (ort:*, its profiler, optimizations off); fp32 matmul/conv "
+               f"FLOP/s; add "
                f"bandwidth over arrays far larger than the LLC. ISA, cores, clock: "
                f"{base.source}",
     )
