@@ -16,8 +16,9 @@ the hardware database) it reports the tensor-parallel split
 all-reduce time, the prefill makespan beside the HEFT and pipeline splits'
 (:func:`graphopt.partition.split`), and decode tokens/s beside the bandwidth limit
 (``batch * t * HBM bandwidth / (weight bytes + KV bytes)``: every byte read once, split
-perfectly over t devices). Planning time is tracing + ``build_plan``; split times are given
-apart.
+perfectly over t devices). Each is also costed with sequence parallelism (norms and residual
+adds split by tokens, reduce-scatter + all-gather in place of each all-reduce). Planning time
+is tracing + ``build_plan``; split times are given apart.
 
 Usage: python benchmarks/bench_tensor_parallel.py [--layers 80] [--gpus 4,8] [--prompt 1024]
        [--cache 1024] [--decode-batch 1,32]
@@ -165,6 +166,15 @@ def main() -> None:
             print(f"  {kind} block ({s.block}): column {s.dims['column']}, row {s.dims['row']}; "
                   f"{s.unsplit_s * 1e3:.3f} ms whole -> {s.compute_s * 1e3:.3f} ms per device "
                   f"+ all-reduce of {s.allreduce_bytes / 1e6:.1f} MB {s.allreduce_s * 1e6:.1f} us")
+        sp = tensor_parallel(prefill, devices, sequence_parallel=True)
+        spn = sp.notes["sequence_parallel"]
+        print(f"tensor x{gpus} + sequence parallel prefill: makespan {sp.makespan_s * 1e3:.1f} ms "
+              f"(compute {sp.compute_s * 1e3:.1f} ms + {spn['reduce_scatters']} reduce-scatters, "
+              f"{spn['all_gathers']} all-gathers and "
+              f"{sum(c.kind == 'all-reduce' for c in sp.collectives)} all-reduces "
+              f"{(sp.makespan_s - sp.compute_s) * 1e3:.1f} ms); {spn['nodes']} nodes split by "
+              f"tokens; {max(sp.memory_used.values()) / GB:.1f} GB per device"
+              f"{'' if sp.feasible else ' OVER: ' + sp.overflow_text()}")
         best = None
         for strategy in ("heft", "pipeline"):
             text, mk = baseline(prefill, devices, strategy)
@@ -172,16 +182,19 @@ def main() -> None:
             if mk is not None:
                 best = mk if best is None else min(best, mk)
         if best:
-            print(f"  tensor / best of HEFT and pipeline: {tp.makespan_s / best:.2f}x")
+            print(f"  tensor / best of HEFT and pipeline: {tp.makespan_s / best:.2f}x; with "
+                  f"sequence parallelism {sp.makespan_s / best:.2f}x")
         for b, dplan, kv in decodes:
             td = tensor_parallel(dplan, devices)
+            tsp = tensor_parallel(dplan, devices, sequence_parallel=True)
             bound = b * gpus * h100.bandwidth_bytes_per_s / (params * 2 + kv)
             print(f"  decode batch {b}: step {td.makespan_s * 1e3:.2f} ms ({td.compute_s * 1e3:.2f}"
                   f" compute + {(td.makespan_s - td.compute_s) * 1e3:.2f} all-reduce), "
                   f"{b / td.makespan_s:.0f} tokens/s; bandwidth limit {bound:.0f} tokens/s "
                   f"({b / td.makespan_s / bound:.0%}); memory "
                   f"{max(td.memory_used.values()) / GB:.1f} GB per device; replicated nodes "
-                  f"{td.notes['replicated_s'] * 1e3:.2f} ms of each step"
+                  f"{td.notes['replicated_s'] * 1e3:.2f} ms of each step; with sequence "
+                  f"parallelism {b / tsp.makespan_s:.0f} tokens/s"
                   f"{'' if td.feasible else ' OVER: ' + td.overflow_text()}")
 
 
