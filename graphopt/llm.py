@@ -140,13 +140,15 @@ def plan_llm(model: Any, target: str | HardwareProfile = "h100", *,
     opt = min(high, max(low, 2, opt_batch))
     dim = torch.export.Dim("batch", min=low, max=high)
     ids = dict(dtype=torch.long, device=weight.device)
-    cache = torch.zeros(layers, opt, kv_heads, cache_len, head_dim, dtype=weight.dtype,
-                        device=weight.device)
+    # two tensors: export merges one tensor passed twice into one input, so the decode graph
+    # would read the values cache for both K and V
+    keys, values = (torch.zeros(layers, opt, kv_heads, cache_len, head_dim, dtype=weight.dtype,
+                                device=weight.device) for _ in range(2))
     graphs = {}
     for phase, step, inputs, dynamic in (
             ("prefill", PrefillStep(model), (torch.zeros(opt, prompt_len, **ids),),
              {"input_ids": {0: dim}}),
-            ("decode", DecodeStep(model), (torch.zeros(opt, 1, **ids), cache, cache),
+            ("decode", DecodeStep(model), (torch.zeros(opt, 1, **ids), keys, values),
              {"input_ids": {0: dim}, "keys": {1: dim}, "values": {1: dim}})):
         step.training = False  # the wrapper only: the user's model keeps its mode
         graphs[phase] = load_graph(step, inputs, dynamic)

@@ -250,3 +250,8 @@ def test_cli_llm_plans_both_phases(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "graphopt.cli", "llm", "model.onnx"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "file.py:function" in bad.stderr
+
+
+def test_decode_reads_the_keys_and_the_values_cache(tiny_plan) -> None:
+    read = {t.name for n in tiny_plan.decode.nodes for t in n.inputs if t is not None}
+    assert {"keys", "values"} <= read  # two inputs: export merges one tensor passed twice
