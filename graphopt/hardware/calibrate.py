@@ -30,6 +30,7 @@ threads the model will run with: both change every number here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -37,7 +38,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -274,6 +275,20 @@ def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def _intra_op_threads(threads: int | None) -> Iterator[int]:
+    """torch's intra-op threads set to ``threads`` (its own when None), restored after;
+    yields the count in use."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads or before)
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
 def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
               threads: int | None = None) -> HardwareProfile:
     """The host profile with measured per-op fixed costs, compute rates and bandwidth.
@@ -289,16 +304,10 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
     from graphopt.hardware.detect import host_cpu_profile
 
     base = base or host_cpu_profile()
-    before = torch.get_num_threads()
     started = time.perf_counter()
-    try:
-        torch.set_num_threads(threads or before)
-        used = torch.get_num_threads()
-        with torch.inference_mode():
-            overhead = _fixed_costs(rounds=40 if quick else 120)
-            rates = _rates(base, quick)
-    finally:
-        torch.set_num_threads(before)
+    with _intra_op_threads(threads) as used, torch.inference_mode():
+        overhead = _fixed_costs(rounds=40 if quick else 120)
+        rates = _rates(base, quick)
     for op, flops in _BENCH_FLOPS.items():  # the bench call's own work is not fixed cost
         rate = rates["conv:fp32" if op in ("Conv", "Conv:depthwise") else "matrix:fp32"]
         overhead[op] = max(overhead[op] - flops / rate, overhead[op] / 4)
@@ -310,11 +319,8 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
         bandwidth_bytes_per_s=rates["memory"], launch_overhead_s=launch,
         host_link=replace(base.host_link, bandwidth_bytes_per_s=rates["memory"]),
         op_overhead_s=overhead, measured_rates=dict(sorted(rates.items())))
-    try:
-        torch.set_num_threads(threads or before)
+    with _intra_op_threads(threads):
         kernel, view, how = in_graph_factors(benched)
-    finally:
-        torch.set_num_threads(before)
     ort = ort_fixed_costs(rounds=30 if quick else 60, threads=used)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     logger.info("calibrated %d op types in %.1f s", len(overhead), time.perf_counter() - started)
@@ -325,10 +331,9 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
         source=f"measured by graphopt calibrate on {when} with torch {torch.__version__}, "
                f"{used} intra-op thread(s): each op type's fixed cost on a small input "
                f"(torch.profiler, mixed stream) x the {how}; ONNX Runtime's per-node cost "
-               f"of each op type (ort:*, its profiler, optimizations off); fp32 matmul/conv "
-               f"FLOP/s; add "
-               f"bandwidth over arrays far larger than the LLC. ISA, cores, clock: "
-               f"{base.source}",
+               "of each op type (ort:*, its profiler, optimizations off); fp32 matmul/conv "
+               "FLOP/s; add bandwidth over arrays far larger than the LLC. ISA, cores, "
+               f"clock: {base.source}",
     )
 
 
