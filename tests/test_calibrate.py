@@ -143,6 +143,8 @@ def test_calibrate_measures_every_op_type_it_lists(calibrated):
     assert {"ort:Add", "ort:MatMul", "ort:Conv", "ort:Reshape"} <= ort
     assert all(v > 0 and math.isfinite(v) for v in profile.op_overhead_s.values())
     assert {"matrix:fp32", "conv:fp32", "memory"} <= set(profile.measured_rates)
+    if hasattr(torch.ops.quantized, "linear_dynamic"):  # the INT8 kernel graphopt emits
+        assert profile.measured_rates["matrix:int8"] > 0
     assert profile.bandwidth_bytes_per_s == profile.measured_rates["memory"]
     assert "1 intra-op thread" in profile.source and "in-model factors" in profile.source
     assert VIEW_OPS <= set(OP_BENCHES)

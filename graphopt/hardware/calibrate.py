@@ -13,9 +13,9 @@ Three numbers it has to guess, and they decide most of a CPU plan:
    Each call is measured the way ``graphopt profile`` measures a node (torch.profiler's CPU
    time of the ATen ops it runs), so predictions and measurements share one clock; the
    profiler's own bookkeeping (about a microsecond per nested ATen call) is in both.
-2. **Achievable compute.** One large fp32 matmul (bf16 too where the CPU has native bf16) and
-   one conv give the FLOP/s GEMM and conv nodes reach: oneDNN/MKL, the threads, the clock
-   the machine really runs at.
+2. **Achievable compute.** One large fp32 matmul (bf16 too where the CPU has native bf16; the
+   dynamic INT8 linear graphopt emits) and one conv give the FLOP/s GEMM and conv nodes
+   reach: oneDNN/MKL/FBGEMM, the threads, the clock the machine really runs at.
 3. **ONNX Runtime's per-node cost** per op type (``calibrate_ort``), for plans of ``.onnx``
    models: ORT pays a few microseconds per node where eager torch pays tens.
 4. **Memory bandwidth.** ``a + b`` over arrays far larger than the last-level cache gives the
@@ -244,8 +244,9 @@ def _fixed_costs(rounds: int, warmup: int = 5) -> dict[str, float]:
 
 
 def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
-    """Achievable FLOP/s for GEMM and conv per dtype the CPU runs natively, and the DRAM
-    bytes/s of an elementwise add on arrays 8x the last-level cache (at least 64 MiB)."""
+    """Achievable FLOP/s for GEMM and conv per dtype the CPU runs natively (INT8: the dynamic
+    quantized linear graphopt's INT8 pass emits), and the DRAM bytes/s of an elementwise add
+    on arrays 8x the last-level cache (at least 64 MiB)."""
     import torch
     import torch.nn.functional as F
 
@@ -260,6 +261,13 @@ def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
         m2 = torch.randn(n, n, generator=g).to(dt)
         out[f"matrix:{key}"] = 2 * n**3 / time_call(functools.partial(torch.mm, m1, m2),
                                                      budget_s=0.1, repeats=3)
+    if hasattr(torch.ops.quantized, "linear_dynamic"):  # the kernel graphopt's INT8 pass uses
+        from graphopt.rewrites.quantize import _packed
+
+        x, packed = torch.randn(n, n, generator=g), _packed(torch.randn(n, n, generator=g), None)
+        out["matrix:int8"] = 2 * n**3 / time_call(
+            functools.partial(torch.ops.quantized.linear_dynamic, x, packed), budget_s=0.1,
+            repeats=3)
     img = torch.randn(1, 64, 56, 56, generator=g)
     kernel = torch.randn(64, 64, 3, 3, generator=g)
     conv_flops = 2 * 64 * 56 * 56 * 64 * 9
