@@ -250,9 +250,13 @@ def _add_dynamic(p: argparse.ArgumentParser) -> None:
 def _add_devices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", metavar="SPEC",
                    help="split across devices, e.g. cuda:0=h100,cuda:1=a100:40GB,cpu:8GB "
-                        "(NAME[=TARGET][:MEMORY CAP]); the report says where each op runs")
-    p.add_argument("--strategy", default="heft", choices=("heft", "pipeline"),
-                   help="heft: list scheduling over the DAG; pipeline: contiguous stages")
+                        "(NAME[=TARGET][:MEMORY CAP][@HOST], net=400Gb/s between hosts); "
+                        "the report says where each op runs")
+    p.add_argument("--strategy", default="heft", choices=("heft", "pipeline", "tensor", "auto"),
+                   help="heft: list scheduling over the DAG; pipeline: contiguous stages; "
+                        "tensor: tensor parallelism over every device; auto: compare them "
+                        "(and tensor parallel per NVLink group with pipeline stages across "
+                        "groups), pick by latency")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,12 @@ Grammar (comma-separated): ``NAME[=TARGET][:CAP]``.
    (``h100``) is a target name used as both name and target. After a bare name's ``:`` only
    a device index or a CAP may follow (``cpu:abc`` is refused, not taken as a name).
 4. A CAP must be a finite, positive size: ``0GB``, ``-5GB``, ``nanGB``, ``1e400GB`` are refused.
+5. Several machines: ``NAME[=TARGET][:CAP]@HOST`` puts a device on machine HOST (devices
+   without ``@`` share one unnamed machine), and one item ``net=BANDWIDTH`` gives the network
+   between machines (``400Gb/s`` or ``400Gbps`` in bits, ``50GB/s`` in bytes; k/M/G/T). Two
+   devices on different machines talk over that network (5 us per message, RDMA-class), not
+   NVLink or PCIe: ``cuda:0=h100@a,...,cuda:3=h100@a,cuda:4=h100@b,...,net=400Gb/s`` is 2
+   nodes x 4 H100s. Devices on two machines with no ``net=`` item are refused.
 
 Usable memory = min(cap, total - reserve) with the reserve policy of
 :func:`graphopt.decisions.memory.usable_memory`; a cap above the device's total memory is a
@@ -31,7 +37,7 @@ from graphopt.hardware import get_target, host_cpu_profile
 from graphopt.hardware.profile import HardwareProfile, Link
 from graphopt.partition.devices import Device, DeviceSet
 
-__all__ = ["detect_devices", "make_device_set", "parse_devices", "parse_size"]
+__all__ = ["detect_devices", "make_device_set", "parse_bandwidth", "parse_devices", "parse_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,10 @@ _SIZE = re.compile(r"^\s*([+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?|nan|inf(
                    r"\s*([a-z]+)\s*$", re.IGNORECASE)
 _SIZE_FIX = "write a positive size with a unit, like 40GB, 40GiB, 512MiB or 1TB"
 _EXAMPLE = "e.g. --devices cuda:0=h100,cuda:1=a100:40GB,cpu:8GB"
+_BW = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(b|B)(?:it)?(?:/s|ps)\s*$",
+                 re.IGNORECASE)
+_BW_FIX = "write net=BANDWIDTH with a unit per second, like net=400Gb/s or net=50GB/s"
+_NET_LATENCY_S = 5e-6  # one message between machines over RDMA (InfiniBand/RoCE class)
 
 
 def parse_size(text: str) -> int:
@@ -110,13 +120,27 @@ def _device(name: str, profile: HardwareProfile, cap: int | None) -> Device:
     return Device(name, profile, usable)
 
 
-def make_device_set(devices: list[Device]) -> DeviceSet:
+def parse_bandwidth(text: str) -> Link:
+    """``"400Gb/s"`` (bits) or ``"50GB/s"`` (bytes) -> the network Link between machines."""
+    m = _BW.match(text)
+    if m is None or m.group(3) not in "bB" or float(m.group(1)) <= 0:
+        raise GraphoptError(f"network bandwidth {text.strip()!r} is not a positive bandwidth",
+                            _BW_FIX)
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    bytes_per_s = float(m.group(1)) * scale / (8 if m.group(3) == "b" else 1)
+    return Link(f"net-{text.strip()}", bytes_per_s, _NET_LATENCY_S)
+
+
+def make_device_set(devices: list[Device], hosts: dict[str, str] | None = None,
+                    net: Link | None = None) -> DeviceSet:
     """A DeviceSet with the link of each ordered pair of distinct devices.
 
     Two devices of the same model share one profile object, and ``link_between`` reads an
     identical object as "the same device"; a copy of the profile gives the real link between
-    two cards (NVLink, or PCIe through the host).
+    two cards (NVLink, or PCIe through the host). ``hosts`` (device -> machine) and ``net``:
+    devices on different machines are joined by the network (case 5).
     """
+    hosts = hosts or {}
     names = [d.name for d in devices]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -124,10 +148,15 @@ def make_device_set(devices: list[Device]) -> DeviceSet:
                             f"give each device its own name, {_EXAMPLE}")
     if not devices:
         raise GraphoptError("no devices given", f"name at least one, {_EXAMPLE}")
+    if len(set(hosts.get(d.name, "") for d in devices)) > 1 and net is None:
+        raise GraphoptError("devices on several machines (@HOST) but no network between them",
+                            f"add an item net=BANDWIDTH, like net=400Gb/s ({_BW_FIX})")
     links: dict[tuple[str, str], Link] = {}
     for a in devices:
         for b in devices:
-            if a.name != b.name:
+            if a.name != b.name and hosts.get(a.name, "") != hosts.get(b.name, ""):
+                links[(a.name, b.name)] = net  # type: ignore[assignment]
+            elif a.name != b.name:
                 pb = dataclasses.replace(b.profile) if a.profile is b.profile else b.profile
                 links[(a.name, b.name)] = link_between(a.profile, pb)
     return DeviceSet(tuple(devices), links)
@@ -139,7 +168,21 @@ def parse_devices(spec: str) -> DeviceSet:
     if not items:
         raise GraphoptError("--devices is empty", f"list the devices, {_EXAMPLE}")
     devices = []
+    hosts: dict[str, str] = {}
+    net: Link | None = None
     for item in items:
+        key, eq, value = item.partition("=")
+        if eq and key.strip().lower() == "net":
+            if net is not None:
+                raise GraphoptError("net= given twice", "give the network bandwidth once")
+            net = parse_bandwidth(value)
+            continue
+        host = ""
+        if "@" in item:
+            item, _, host = item.rpartition("@")
+            if not host.strip() or not item.strip():
+                raise GraphoptError(f"device {item.strip() + '@' + host!r} has an empty name "
+                                    "or machine", f"write NAME[=TARGET][:CAP]@HOST, {_EXAMPLE}")
         name, target, cap_text = _split_item(item)
         if not name or (target is not None and not target):
             raise GraphoptError(f"device {item.strip()!r} has an empty name or target",
@@ -149,7 +192,8 @@ def parse_devices(spec: str) -> DeviceSet:
         except GraphoptError as e:
             raise GraphoptError(f"device {item.strip()!r}: {e.problem}", e.fix) from None
         devices.append(_device(name, _profile_for(name, target), cap))
-    ds = make_device_set(devices)
+        hosts[name] = host.strip()
+    ds = make_device_set(devices, hosts, net)
     logger.info("devices: %s", ", ".join(
         f"{d.name}={d.profile.name} ({d.memory_bytes / 2**30:.1f} GiB usable)" for d in devices))
     return ds

@@ -1,0 +1,402 @@
+"""2-D parallelism: tensor parallelism inside each NVLink group, pipeline stages across groups.
+
+Why: NVLink is ~10x a node-to-node network, and a tensor-parallel all-reduce after every
+block needs the fast link, while a pipeline sends one activation per stage boundary.
+
+1. **Groups** (:func:`nvlink_groups`): devices joined by their peer link (NVLink), the
+   connected components in device order; devices on different machines (``@HOST`` in
+   ``--devices``) or without a peer link are in different groups.
+2. **Stage costs**: each group's per-node time is that of :func:`.tensor_parallel.tensor_parallel`
+   over the group on the whole plan (the slowest device's share), plus the collective after
+   the node; a stage's time is the sum over its nodes, plus sending the cut's activations
+   (every tensor produced before the cut and read after it, as :func:`.pipeline_dp.cut_bytes`)
+   over the link between the two groups. Each rank of a group sends the (replicated) cut to
+   its counterpart in the next group, all in parallel: one link time.
+3. **Cuts** fall between blocks only (a stage keeps its attention and MLP blocks whole), and
+   stages take the groups in order: the first ``m`` groups for ``m`` stages, each ``m`` tried.
+   The min-max split over the allowed cuts is an exact DP (O(m M^2) with M cuts, vectorized);
+   its memory bound per stage is split parameters / t + the rest + the peak live activations
+   (unsplit: conservative) + one GEMM workspace.
+4. **Exact check**: each chosen stage is re-costed with ``tensor_parallel`` on its own nodes
+   (the cut's incoming activations are its inputs), which gives its time, collectives and
+   memory per device.
+5. **Clock**: one request's latency = sum of stage times + transfers; a stream of
+   micro-batches runs at 1 / the slowest stage (its compute + its outgoing transfer).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import Link
+from graphopt.partition.assemble import human_bytes, human_s
+from graphopt.partition.devices import DeviceSet
+from graphopt.partition.pipeline_dp import cut_bytes
+from graphopt.partition.problem import build_problem, live_profile
+from graphopt.partition.result import ScheduledNode, Transfer
+from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
+from graphopt.partition.tp_blocks import find_tp_blocks
+from graphopt.plan import Plan
+
+__all__ = ["Stage2D", "TwoD", "nvlink_groups", "sub_devices", "two_d"]
+
+logger = logging.getLogger(__name__)
+
+
+def _peer(devices: DeviceSet, a: str, b: str) -> bool:
+    pa = devices.devices[[d.name for d in devices.devices].index(a)].profile.peer_link
+    pb = devices.devices[[d.name for d in devices.devices].index(b)].profile.peer_link
+    if pa is None or pb is None:
+        return False
+    return devices.link(a, b).name in (pa.name, pb.name)
+
+
+def nvlink_groups(devices: DeviceSet) -> list[tuple[str, ...]]:
+    """Case 1: the devices joined by NVLink (peer links), as groups in device order."""
+    names = [d.name for d in devices.devices]
+    parent = {n: n for n in names}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if _peer(devices, a, b) and _peer(devices, b, a):
+                parent[root(b)] = root(a)
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(root(n), []).append(n)
+    return [tuple(g) for g in groups.values()]
+
+
+def sub_devices(devices: DeviceSet, names: tuple[str, ...]) -> DeviceSet:
+    """The DeviceSet of ``names`` only, with their links."""
+    keep = set(names)
+    return DeviceSet(tuple(d for d in devices.devices if d.name in keep),
+                     {k: v for k, v in devices.links.items() if k[0] in keep and k[1] in keep})
+
+
+def _between(devices: DeviceSet, g: tuple[str, ...], h: tuple[str, ...]) -> Link:
+    """The slowest link from a device of ``g`` to one of ``h``."""
+    links = [devices.link(a, b) for a in g for b in h]
+    slow = min(links, key=lambda lk: lk.bandwidth_bytes_per_s)
+    return Link(slow.name, slow.bandwidth_bytes_per_s, max(lk.latency_s for lk in links))
+
+
+@dataclass(frozen=True)
+class Stage2D:
+    """One pipeline stage: plan nodes ``[first, end)`` split tensor-parallel over ``group``."""
+
+    index: int
+    group: tuple[str, ...]
+    first: int
+    end: int
+    tp: TensorParallel
+    send_bytes: int
+    send_s: float
+
+    @property
+    def stage_s(self) -> float:
+        """Compute, collectives and the outgoing transfer: what bounds the stream's rate."""
+        return self.tp.makespan_s + self.send_s
+
+
+@dataclass(frozen=True)
+class TwoD:
+    """A 2-D split: stages in order, each tensor-parallel over its group."""
+
+    devices: DeviceSet
+    groups: tuple[tuple[str, ...], ...]
+    stages: tuple[Stage2D, ...]
+    node_names: tuple[str, ...]
+    latency_s: float
+    bottleneck_s: float
+    schedule: tuple[ScheduledNode, ...]
+    transfers: tuple[Transfer, ...]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def throughput_per_s(self) -> float:
+        return 1.0 / self.bottleneck_s if self.bottleneck_s > 0 else 0.0
+
+    def _per_device(self, attr: str) -> dict[str, Any]:
+        out: dict[str, Any] = {d.name: 0 for d in self.devices.devices}
+        for s in self.stages:
+            out.update(getattr(s.tp, attr))
+        return out
+
+    @property
+    def memory_used(self) -> dict[str, int]:
+        return self._per_device("memory_used")
+
+    @property
+    def busy_s(self) -> dict[str, float]:
+        return self._per_device("busy_s")
+
+    @property
+    def collective_s(self) -> dict[str, float]:
+        return self._per_device("collective_s")
+
+    @property
+    def over(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.stages:
+            out.update(s.tp.over)
+        return out
+
+    @property
+    def feasible(self) -> bool:
+        return not self.over
+
+    def overflow_text(self) -> str:
+        return "; ".join(s.tp.overflow_text() for s in self.stages if s.tp.over)
+
+    def collectives(self) -> list[dict[str, Any]]:
+        """Every stage's collectives on the request's clock, with the devices they run on."""
+        out = []
+        for s, start in zip(self.stages, self.stage_starts(), strict=True):
+            out += [{"kind": c.kind, "after": c.after, "bytes": c.nbytes,
+                     "start_s": start + c.start_s, "finish_s": start + c.finish_s,
+                     "devices": list(s.group), "stage": s.index}
+                    for c in s.tp.collectives]
+        return out
+
+    def stage_starts(self) -> list[float]:
+        out, t = [], 0.0
+        for s in self.stages:
+            out.append(t)
+            t += s.stage_s
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's ``tensor_parallel`` section for the 2-D case."""
+        caps = {d.name: d.memory_bytes for d in self.devices.devices}
+        group_of = {n: i for i, g in enumerate(self.groups) for n in g}
+        rows = []
+        for s in self.stages:
+            for d in s.tp.devices.devices:
+                rows.append({**d.to_dict(), "group": group_of[d.name], "stage": s.index,
+                             "memory_used_bytes": s.tp.memory_used[d.name],
+                             "param_bytes": s.tp.params[d.name],
+                             "activation_bytes": s.tp.activations[d.name],
+                             "busy_s": s.tp.busy_s[d.name],
+                             "collective_s": s.tp.collective_s[d.name]})
+        used = {r["name"] for r in rows}
+        rows += [{**d.to_dict(), "group": group_of[d.name], "stage": None,
+                  "memory_used_bytes": 0, "param_bytes": 0, "activation_bytes": 0,
+                  "busy_s": 0.0, "collective_s": 0.0}
+                 for d in self.devices.devices if d.name not in used]
+        return {
+            "strategy": "2d", "degree": max(s.tp.degree for s in self.stages),
+            "groups": [list(g) for g in self.groups],
+            "makespan_s": self.latency_s, "throughput_per_s": self.throughput_per_s,
+            "bottleneck_s": self.bottleneck_s,
+            "stages": [{"stage": s.index, "group": list(s.group),
+                        "first": self.node_names[s.first], "last": self.node_names[s.end - 1],
+                        "nodes": s.end - s.first, "compute_s": s.tp.makespan_s,
+                        "collective_s": s.tp.makespan_s - s.tp.compute_s,
+                        "send_bytes": s.send_bytes, "send_s": s.send_s, "stage_s": s.stage_s,
+                        "link": None if s.tp.link is None else s.tp.link.to_dict()}
+                       for s in self.stages],
+            "devices": rows,
+            "over": {k: v for k, v in self.over.items() if k in caps},
+            "splits": [{**b.to_dict(), "stage": s.index} for s in self.stages
+                       for b in s.tp.splits],
+            "fallbacks": sorted({f for s in self.stages for f in s.tp.fallbacks}),
+            "collectives": self.collectives(),
+            "notes": dict(self.notes),
+        }
+
+
+def _cut_points(plan: Plan, blocks: list[Any]) -> list[int]:
+    """Case 3: cut positions 0..n that split no block."""
+    n = len(plan.nodes)
+    index = {x.name: i for i, x in enumerate(plan.nodes)}
+    banned = np.zeros(n + 1, dtype=bool)
+    for b in blocks:
+        idx = [index[x] for x in (*b.nodes, *b.column, *b.row) if x in index]
+        if idx:
+            banned[min(idx) + 1: max(idx) + 1] = True
+    return [j for j in range(n + 1) if not banned[j]]
+
+
+def _node_times(tp: TensorParallel, names: tuple[str, ...]) -> np.ndarray:
+    """Case 2: per node, the slowest device's share plus the collective after it."""
+    pos = {x: i for i, x in enumerate(names)}
+    out = np.zeros(len(names))
+    for s in tp.schedule:
+        v = pos[s.node]
+        out[v] = max(out[v], s.finish_s - s.start_s)
+    for c in tp.collectives:
+        out[pos[c.after]] += c.finish_s - c.start_s
+    return out
+
+
+def _sub_plan(plan: Plan, i: int, j: int, pb: Any) -> Plan:
+    """Nodes [i, j) as a plan: tensors read after j (or returned) are its outputs."""
+    outs = []
+    for t, name in enumerate(pb.t_names):
+        p = pb.t_producer[t]
+        if i <= p < j and (pb.t_output[t] or any(c >= j for c in pb.t_consumers[t])):
+            outs.append({"name": name})
+    return replace(plan, nodes=plan.nodes[i:j], model={**plan.model, "outputs": outs})
+
+
+def _dp(pre: list[np.ndarray], mem: list[tuple[np.ndarray, np.ndarray, int]],
+        send: list[np.ndarray], cuts: list[int], m: int) -> tuple[float, list[int]] | None:
+    """Case 3: the min-max split of the cut positions into ``m`` stages on groups 0..m-1."""
+    P = np.asarray(cuts)
+    M = len(P)
+    best = np.full(M, np.inf)
+    best[0] = 0.0
+    back: list[np.ndarray] = []
+    for g in range(m):
+        last = g == m - 1
+        new = np.full(M, np.inf)
+        arg = np.zeros(M, dtype=np.int64)
+        params, seg, cap = mem[g]
+        for jj in range(1, M):
+            if last and jj != M - 1:
+                continue
+            ii = np.arange(jj)
+            t = pre[g][P[jj]] - pre[g][P[ii]] + (0.0 if last else send[g][P[jj]])
+            live = np.maximum.accumulate(seg[:jj][::-1])[::-1]
+            fits = params[P[jj]] - params[P[ii]] + live <= cap
+            cand = np.where(fits, np.maximum(best[:jj], t), np.inf)
+            k = int(np.argmin(cand))
+            new[jj], arg[jj] = cand[k], k
+        back.append(arg)
+        best = new
+    if not np.isfinite(best[M - 1]):
+        return None
+    ends, jj = [M - 1], M - 1
+    for g in range(m - 1, -1, -1):
+        jj = int(back[g][jj])
+        ends.append(jj)
+    return float(best[M - 1]), [int(P[k]) for k in reversed(ends)]
+
+
+def two_d(plan: Plan, devices: DeviceSet | str, *, groups: list[tuple[str, ...]] | None = None,
+          source: Any = None) -> TwoD:
+    """Split ``plan`` into pipeline stages over the NVLink groups of ``devices``, each stage
+    tensor-parallel within its group (cases 1-5)."""
+    if isinstance(devices, str):
+        from graphopt.partition.parse import parse_devices
+
+        devices = parse_devices(devices)
+    groups = [tuple(g) for g in (groups or nvlink_groups(devices))]
+    if len(groups) < 2:
+        raise GraphoptError(
+            f"2-D parallelism needs several NVLink groups; all {len(devices.devices)} devices "
+            "are one group", "use strategy 'tensor', or declare machines with @HOST and net=")
+    pb = build_problem(plan, devices)
+    cut = cut_bytes(pb)
+    live = np.asarray(live_profile(pb), dtype=np.float64)
+    tps, pre, mem, send = [], [], [], []
+    memo: dict[tuple[Any, ...], TensorParallel] = {}
+    for gi, g in enumerate(groups):
+        sub = sub_devices(devices, g)
+        key = (tuple(id(d.profile) for d in sub.devices),
+               tuple(sorted(v.bandwidth_bytes_per_s for v in sub.links.values())))
+        if key not in memo:
+            memo[key] = tensor_parallel(plan, sub, source=source)
+        tp = memo[key]
+        tps.append(tp)
+        pre.append(np.concatenate([[0.0], np.cumsum(_node_times(tp, pb.names))]))
+        blocks, _ = find_tp_blocks(plan, len(g))
+        mem.append(_memory_bound(pb, blocks, len(g), live, sub))
+        nxt = groups[(gi + 1) % len(groups)]
+        link = _between(devices, g, nxt)
+        send.append(np.where(cut > 0, link.latency_s + cut / link.bandwidth_bytes_per_s, 0.0))
+    all_blocks, _ = find_tp_blocks(plan)
+    cuts = _cut_points(plan, all_blocks)
+    best: tuple[float, list[int]] | None = None
+    tried: dict[int, float | None] = {}
+    for m in range(2, len(groups) + 1):
+        res = _dp(pre, [(p, _segments(live, cuts), c) for p, c in mem], send, cuts, m)
+        tried[m] = None if res is None else res[0]
+        if res is not None and (best is None or res[0] < best[0] * (1 - 1e-12)):
+            best = res
+    if best is None:
+        raise GraphoptError(
+            f"no 2-D split keeps every group within its memory ({len(groups)} groups of "
+            f"{', '.join(str(len(g)) for g in groups)} devices)",
+            "add devices or raise their memory caps, or quantize the weights")
+    bounds = best[1]
+    stages = []
+    for s in range(len(bounds) - 1):
+        i, j = bounds[s], bounds[s + 1]
+        g = groups[s]
+        tp = tensor_parallel(_sub_plan(plan, i, j, pb), sub_devices(devices, g), source=source)
+        last = s == len(bounds) - 2
+        nbytes = 0 if last else int(cut[j])
+        secs = 0.0 if last or nbytes == 0 else float(send[s][j])
+        stages.append(Stage2D(s, g, i, j, tp, nbytes, secs))
+    return _assemble(devices, groups, stages, pb, tried)
+
+
+def _segments(live: np.ndarray, cuts: list[int]) -> np.ndarray:
+    """seg[k] = the peak live activations over nodes [cuts[k], cuts[k+1])."""
+    return np.asarray([live[a:b].max() if b > a else 0.0
+                       for a, b in zip(cuts, cuts[1:], strict=False)] + [0.0])
+
+
+def _memory_bound(pb: Any, blocks: list[Any], t: int, live: np.ndarray, sub: DeviceSet
+                  ) -> tuple[np.ndarray, int]:
+    """Case 3's memory bound for one group: prefix sums of parameter bytes (each parameter at
+    its first reader, 1/t inside a split block) and the group's smallest usable memory less a
+    GEMM workspace."""
+    inside = {x for b in blocks for x in (*b.nodes, *b.column, *b.row)}
+    seen: set[int] = set()
+    per = np.zeros(pb.n)
+    for v in range(pb.n):
+        for p in pb.node_params[v]:
+            if p not in seen:
+                seen.add(p)
+                per[v] += pb.p_bytes[p] / (t if pb.names[v] in inside else 1)
+    ws = max(pb.workspace) if any(pb.node_gemm) else 0
+    cap = min(d.memory_bytes for d in sub.devices) - ws
+    return np.concatenate([[0.0], np.cumsum(per)]), cap
+
+
+def _assemble(devices: DeviceSet, groups: list[tuple[str, ...]], stages: list[Stage2D],
+              pb: Any, tried: dict[int, float | None]) -> TwoD:
+    """Case 5: the request's clock, the schedule and the stage-boundary transfers."""
+    schedule, transfers, t = [], [], 0.0
+    for s in stages:
+        schedule += [replace(x, start_s=t + x.start_s, finish_s=t + x.finish_s,
+                             reason=f"stage {s.index + 1}/{len(stages)} on "
+                                    f"{'+'.join(s.group)}: {x.reason}")
+                     for x in s.tp.schedule]
+        t += s.tp.makespan_s
+        if s.send_bytes:
+            nxt = stages[s.index + 1].group
+            transfers += [Transfer(f"cut after {pb.names[s.end - 1]}", a, b, s.send_bytes, t,
+                                   t + s.send_s) for a, b in zip(s.group, nxt, strict=False)]
+        t += s.send_s
+    bottleneck = max(s.stage_s for s in stages)
+    notes = {
+        "stage_times_s": [s.stage_s for s in stages],
+        "bottleneck_s": bottleneck,
+        "throughput_per_s": 1.0 / bottleneck if bottleneck > 0 else None,
+        "latency_is": "sum of stage times (compute + collectives) + transfers between stages",
+        "throughput_is": "1 / the slowest stage (compute + collectives + its outgoing transfer)",
+        "transfer_model": "each rank sends the replicated cut to its counterpart in the next "
+                          "group, in parallel, over the link between the groups",
+        "stage_counts_tried": {str(m): v for m, v in tried.items()},
+    }
+    logger.info("2-D split: %d stages over %s; latency %s, slowest stage %s", len(stages),
+                ", ".join("+".join(g) for g in groups), human_s(t), human_s(bottleneck))
+    out = TwoD(devices, tuple(groups), tuple(stages), pb.names, t, bottleneck,
+               tuple(schedule), tuple(transfers), notes)
+    if out.over:
+        logger.info("2-D split overflows: %s (%s)", out.overflow_text(),
+                    human_bytes(sum(out.over.values())))
+    return out
