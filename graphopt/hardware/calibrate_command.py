@@ -27,17 +27,28 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
           f"estimate: {guessed.bandwidth_bytes_per_s / 1e9:.1f} GB/s)")
     for key in sorted(k for k in rates if k != "memory"):
         unit, _, dtype = key.partition(":")
+        ops = "GOP/s" if dtype.startswith("int") else "GFLOP/s"
         peak = profile.peak_flops.get(dtype)
-        share = f" ({rates[key] / peak:.0%} of the {peak / 1e9:.0f} GFLOP/s table peak)" \
+        share = f" ({rates[key] / peak:.0%} of the {peak / 1e9:.0f} {ops} table peak)" \
             if peak else ""
-        print(f"  {unit:6} {dtype:10} {rates[key] / 1e9:8.1f} GFLOP/s{share}")
-    costs = profile.op_overhead_s
-    slowest = sorted(costs, key=costs.__getitem__, reverse=True)[:5]
-    print(f"  fixed cost per op: median {fmt_seconds(statistics.median(costs.values()))} over "
-          f"{len(costs)} op types; highest " +
-          ", ".join(f"{op} {fmt_seconds(costs[op])}" for op in slowest))
+        print(f"  {unit:6} {dtype:10} {rates[key] / 1e9:8.1f} {ops}{share}")
+    for runtime, costs in _by_runtime(profile.op_overhead_s).items():
+        slowest = sorted(costs, key=costs.__getitem__, reverse=True)[:4]
+        print(f"  fixed cost per node, {runtime}: median "
+              f"{fmt_seconds(statistics.median(costs.values()))} over {len(costs)} op types; "
+              "highest " + ", ".join(f"{op} {fmt_seconds(costs[op])}" for op in slowest))
     print(f"wrote {args.output}: use it as --target {args.output}")
     return 0
+
+
+def _by_runtime(costs: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Eager torch's table and ONNX Runtime's (``ort:*``), apart."""
+    from graphopt.hardware.calibrate_ort import ORT_PREFIX
+
+    ort = {k[len(ORT_PREFIX):]: v for k, v in costs.items() if k.startswith(ORT_PREFIX)}
+    torch = {k: v for k, v in costs.items() if not k.startswith(ORT_PREFIX)}
+    return {name: table for name, table in (("eager torch", torch), ("ONNX Runtime", ort))
+            if table}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
