@@ -59,6 +59,7 @@ white-space:nowrap}
 th{font-size:11.5px;font-weight:600;color:var(--muted);background:var(--panel)}
 .num{text-align:right;font-variant-numeric:tabular-nums}
 .mono{font-family:var(--mono);font-size:12px}
+.tpcode{font-family:var(--mono);font-size:12px;white-space:pre;overflow-x:auto;margin:4px 0}
 .faint{color:var(--faint)}
 .jump{cursor:pointer}.jump:hover{color:var(--accent);text-decoration:underline}
 .trunc{max-width:360px;overflow:hidden;text-overflow:ellipsis}
@@ -172,11 +173,11 @@ svg.gantt{width:100%;min-width:640px;height:auto;display:block;font-family:var(-
 .gantt .gt{stroke:var(--line);stroke-width:1}
 .gantt .ax{fill:var(--muted);font-size:10.5px}
 .gantt [data-node]{cursor:pointer}
-.gantt .gb:hover,.gantt .gx:hover{stroke:var(--fg);stroke-width:1}
+.gantt .gb:hover,.gantt .gx:hover,.gantt .gc:hover{stroke:var(--fg);stroke-width:1}
 .gkeys{margin:8px 0 0}
 .panel h4 .hint{text-transform:none;letter-spacing:0;font-weight:400;color:var(--faint);
 margin-left:6px}
-.gantt .gb,.gantt .gx{stroke:var(--panel);stroke-width:.6}.gantt .m{stroke:none}
+.gantt .gb,.gantt .gx,.gantt .gc{stroke:var(--panel);stroke-width:.6}.gantt .m{stroke:none}
 .gantt .gx,.sw.cp{fill:var(--fg);background:var(--fg)}
 footer{color:var(--faint);font-size:11.5px;text-align:center;padding:10px 0 24px}
 """

@@ -2,12 +2,15 @@
 and a timeline (Gantt chart) drawn as inline SVG.
 
 The chart has one lane per device, with a bar per node from its start to its finish coloured by
-its kernel class, and one thin lane per link direction with a bar per copy. Every bar carries a
-``<title>`` tooltip; a node's bar also carries its name in ``data-node``, which the page script
-turns into a jump to the node table. Large graphs: above ``DETAIL_BARS`` rows the bars narrower
-than one pixel are merged per pixel column and lane (the column's dominant class, opacity = how
-busy it is), so a 50k-node schedule draws at most a few elements per pixel column. Every text is
-escaped; all numbers are formatted with fixed precision, so the same report gives the same bytes.
+its kernel class, and one thin lane per link direction with a bar per copy. Under tensor
+parallelism the collectives (all-reduces, reduce-scatters, all-gathers) are bars of their own
+colour on the lane of each device of their group, between the nodes they wait for and those
+that read them. Every bar carries a ``<title>`` tooltip; a node's bar also carries its name
+in ``data-node``, which the page script turns into a jump to the node table. Large graphs:
+above ``DETAIL_BARS`` rows the bars narrower than one pixel are merged per pixel column and lane
+(the column's dominant class, opacity = how busy it is), so a 50k-node schedule draws at most
+a few elements per pixel column. Every text is escaped; all numbers are formatted with fixed
+precision, so the same report gives the same bytes.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ _MIN_W = 0.8  # a bar is drawn at least this wide, so a 1 ns node still shows
 _LABEL = 17  # lane labels longer than this are cut (the full name is in the tooltip)
 _NO_CLASS = "#9aa3ad"
 _COPY = "#2b2f36"  # copies: near-black (the CSS follows the theme), apart from every class
+_COLL = "#e4572e"  # collectives: a red no kernel class uses
 
 
 def _esc(value: Any) -> str:
@@ -103,7 +107,7 @@ def _lane(rows: list[Row], y: float, h: float, scale: float, merge: bool, cls: s
         else:
             runs.append([c, c, fill, opacity, n, busy, first, last])
     for c0, c1, fill, opacity, n, busy, first, last in runs:
-        what = "copies" if cls == "gx" else "nodes"
+        what = {"gx": "copies", "gc": "collectives"}.get(cls, "nodes")
         tip = (f"{n:,} short {what} on {lane}, {fmt_seconds(busy)} busy\nfirst: {first}"
                + (f"\nlast: {last}" if n > 1 else ""))
         out.append(f'<rect class="{cls} m" x="{_PL + c0}" y="{y:.1f}" width="{c1 - c0 + 1}" '
@@ -131,7 +135,8 @@ def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, 
     links = [(r.src, r.dst) for r in link_rows(part)]
     pw = _W - _PL - _PR
     scale = pw / span
-    merge = len(sched) + len(xfers) > DETAIL_BARS
+    colls = items(part, "collectives")
+    merge = len(sched) + len(xfers) + len(colls) > DETAIL_BARS
     lanes: dict[str, list[Row]] = {d: [] for d in devices}
     by_class: dict[str, float] = {}
     for s in sched:
@@ -150,6 +155,17 @@ def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, 
             continue
         copies[key].append((a, max(b, a), _COPY, str(t.get("tensor", "?")),
                             f"{key[0]} → {key[1]}, {fmt_bytes(t.get('bytes'))}"))
+    on_dev: dict[str, list[Row]] = {d: [] for d in devices}
+    for c in colls:
+        a, b = _num(c.get("start_s")), _num(c.get("finish_s"))
+        group = [str(d) for d in c.get("devices") or [] if str(d) in on_dev]
+        if a is None or b is None:
+            continue
+        kind = str(c.get("kind", "collective"))
+        for dev in group:
+            on_dev[dev].append((a, max(b, a), _COLL, f"{kind} after {c.get('after', '?')}",
+                                f"{kind} of {fmt_bytes(c.get('bytes'))} over "
+                                f"{len(group)} devices"))
     # lane backgrounds, then the time grid, then the bars on top of both
     back, bars, y = [], [], float(_PT)
     rows = [(dev, lanes[dev], _LANE, "gb", "dev", f"{dev} · {targets.get(dev, '?')}")
@@ -162,6 +178,8 @@ def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, 
                     f'y="{y + h / 2 + (4 if kind == "dev" else 3):.1f}" text-anchor="end">'
                     f"{_esc(_cut(label))}<title>{_esc(tip)}</title></text>")
         bars += _lane(lane, y, h, scale, merge, cls, label)
+        if kind == "dev" and on_dev.get(label):
+            bars += _lane(on_dev[label], y, h, scale, merge, "gc", label)
         y += h + _GAP
     bottom = y - _GAP
     for tick in _ticks(span):
@@ -180,11 +198,15 @@ def gantt(plan: Mapping[str, Any], colors: Mapping[str, str] | None = None) -> s
     return _timeline(plan, _colors(plan) if colors is None else colors)[0]
 
 
-def _legend(by_class: Mapping[str, float], colors: Mapping[str, str], copies: bool) -> str:
+def _legend(by_class: Mapping[str, float], colors: Mapping[str, str], copies: bool,
+            collectives: bool = False) -> str:
     keys = [f'<span><i class="sw" style="background:{colors.get(c, _NO_CLASS)}"></i>{_esc(c)}'
             f"</span>" for c in sorted(by_class, key=lambda c: (-by_class[c], c))]
     if copies:
         keys.append('<span><i class="sw cp"></i>copy between devices</span>')
+    if collectives:
+        keys.append(f'<span><i class="sw" style="background:{_COLL}"></i>collective '
+                    "(all-reduce) on every device of the group</span>")
     return f'<div class="keys gkeys">{"".join(keys)}</div>'
 
 
@@ -221,7 +243,8 @@ def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = 
     right = _table(["device", "target", "memory used", "usable", "used", "busy", "utilization",
                     "nodes"], "llrrrrrr", devs, "part-dev") if devs else ""
     chart, by_class = _timeline(plan, colors)
-    legend = _legend(by_class, colors, bool(items(part, "transfers")))
+    legend = _legend(by_class, colors, bool(items(part, "transfers")),
+                     bool(items(part, "collectives")))
     timeline = (f'<h4>Timeline<span class="hint">hover a bar for the node; click it to open the '
                 f'node below</span></h4><div class="gwrap">{chart}</div>{legend}'
                 if chart else "")

@@ -195,6 +195,11 @@ def partition_facts(part: Mapping[str, Any]) -> list[Fact]:
             f", then {int(moves):,} refinement moves" if moves else "")
     elif strategy == "pipeline":
         detail = f"{len(stage_rows(part))} contiguous stages in execution order"
+    elif strategy == "tensor":
+        detail = "tensor parallel: every node on every device, split blocks 1/t, the rest whole"
+    elif strategy == "2d":
+        detail = (f"{len(stage_rows(part))} pipeline stages, each tensor parallel within its "
+                  "NVLink group")
     devices = items(part, "devices")
     out: list[Fact] = [
         ("strategy", strategy, detail),
@@ -204,7 +209,7 @@ def partition_facts(part: Mapping[str, Any]) -> list[Fact]:
     single = finite(notes.get("best_single_device_s"))
     vs = f"{single / makespan:.2f}× faster than the best single device ({fmt_seconds(single)})" \
         if single and makespan else ""
-    if strategy == "pipeline" and notes.get("makespan_is"):
+    if strategy in ("pipeline", "tensor", "2d") and notes.get("makespan_is"):
         vs = str(notes["makespan_is"])
     out.append(("makespan", fmt_seconds(makespan), vs))
     if finite(notes.get("bottleneck_s")) is not None:
@@ -216,6 +221,11 @@ def partition_facts(part: Mapping[str, Any]) -> list[Fact]:
     out.append(("transfers", f"{len(xfers):,} cop{'y' if len(xfers) == 1 else 'ies'}",
                 f"{fmt_bytes(total)} in {fmt_seconds(sum(_duration(t) for t in xfers))} "
                 f"on links" if xfers else ""))
+    colls = items(part, "collectives")
+    if colls:
+        out.append(("collectives", f"{len(colls):,}",
+                    f"{fmt_seconds(sum(_duration(c) for c in colls))} on the critical path, "
+                    "drawn on every device of their group"))
     if _candidates(notes):
         out.append(("schedules tried", _candidates(notes), ""))
     if notes.get("link_model"):

@@ -35,6 +35,7 @@ from graphopt.report.optimization import (
 from graphopt.report.partition_html import partition_panel
 from graphopt.report.partition_md import partition_facts
 from graphopt.report.sections_md import deployment_rows, memory_facts, quant_facts, settings_of
+from graphopt.report.tp_html import tp_panel
 
 __all__ = ["bar", "cards", "comparison", "deployment", "esc", "issues", "share", "target_name"]
 
@@ -270,7 +271,7 @@ def deployment(plan: Mapping[str, Any], collapsed: bool = False,
     right = "".join(_optimization(opt, title) for key, title in ARTIFACTS
                     if (opt := _section(plan, key))) + (_quantization(q) if q else "")
     llm = _section(plan, "llm")
-    split = partition_panel(plan, colors)
+    split = partition_panel(plan, colors) + tp_panel(plan)
     part = split + (llm_html(llm) if llm else "")
     if not left and not right and not part:
         return ""

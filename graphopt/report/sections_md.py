@@ -43,6 +43,7 @@ from graphopt.report.optimization import (
     optimization_facts,
 )
 from graphopt.report.partition_md import partition_md
+from graphopt.report.tp_md import tp_md
 
 __all__ = [
     "batch_facts",
@@ -267,7 +268,7 @@ def deployment_md(plan: Mapping[str, Any], h: str) -> list[str]:
         section = plan.get(key)
         if isinstance(section, Mapping) and section:
             out += render(section, h)
-    return out + partition_md(plan, h)
+    return out + partition_md(plan, h) + tp_md(plan, h)
 
 
 def deployment_table(plans: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -1,0 +1,80 @@
+"""The ``strategy`` and ``tensor_parallel`` panel of the HTML report: the winner and the
+losers' numbers, per device memory / busy / collective time, the stages of a 2-D split, each
+block's split and the ``parallelize_module`` code. Rows come from :mod:`.tp_md`, so both
+renderers print the same values; every text is escaped. The timeline (with the collectives)
+is the partition panel's Gantt chart."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+from graphopt.report.format import fmt_seconds
+from graphopt.report.tp_md import (
+    candidate_rows,
+    split_rows,
+    stage2d_rows,
+    strategy_of,
+    tp_device_rows,
+    tp_of,
+)
+
+__all__ = ["tp_panel"]
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _table(head: list[str], align: str, rows: list[list[str]], cls: str,
+           mono: int = 1) -> str:
+    ths = "".join(f'<th{" class=num" if a == "r" else ""}>{_esc(h)}</th>'
+                  for h, a in zip(head, align, strict=True))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"num" if a == "r" else "mono" if i < mono else ""}">'
+                         f"{_esc(c)}</td>" for i, (c, a) in enumerate(zip(r, align,
+                                                                          strict=True)))
+        + "</tr>" for r in rows)
+    return (f'<div class="scroll"><table class="{cls}"><thead><tr>{ths}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def tp_panel(plan: Mapping[str, Any]) -> str:
+    """The full-width panel, or "" when the plan has neither section."""
+    st, tp = strategy_of(plan), tp_of(plan)
+    if not st and not tp:
+        return ""
+    out = []
+    if st:
+        out.append(f'<p><b>picked {_esc(st.get("winner", "?"))}</b> by '
+                   f'{_esc(st.get("picked_by", "?"))}: {_esc(st.get("why", ""))}</p>')
+        out.append(_table(["strategy", "latency (one request)", "throughput (stream)",
+                           "fits memory", "note"], "lrrll", candidate_rows(st), "tp-cands"))
+    if tp:
+        out.append(f"<h4>Tensor parallelism<span class=\"hint\">{_esc(tp.get('strategy'))} · "
+                   f"degree {_esc(tp.get('degree'))} · latency "
+                   f"{_esc(fmt_seconds(tp.get('makespan_s')))}</span></h4>")
+        out.append(_table(["device", "group", "memory used", "usable", "parameters",
+                           "activations", "busy", "collectives"], "lrrrrrrr",
+                          [list(r[:8]) for r in tp_device_rows(tp)], "tp-dev"))
+        stages = stage2d_rows(tp)
+        if stages:
+            out.append("<h4>Stages (pipeline across groups)</h4>" + _table(
+                ["stage", "group", "nodes", "nodes from … to", "compute", "collectives",
+                 "transfer out", "stage time"], "rlrlrrrr", stages, "tp-stages", 0))
+        splits = split_rows(tp)
+        if splits:
+            out.append("<h4>Block splits</h4>" + _table(
+                ["block", "kind", "degree", "column split", "row split", "stage",
+                 "compute split / whole", "all-reduce"], "llrllrrr", splits, "tp-splits"))
+        pm = tp.get("parallelize_module")
+        pm = pm if isinstance(pm, Mapping) else {}
+        if pm.get("code"):
+            out.append(f'<h4>parallelize_module plan</h4><pre class="tpcode">'
+                       f"{_esc(pm['code'])}</pre>")
+        elif pm.get("unavailable"):
+            out.append(f'<p class="faint">No parallelize_module plan: '
+                       f"{_esc(pm['unavailable'])}</p>")
+    return ('<section class="panel tp"><h3>Strategy and tensor parallelism</h3>'
+            + "".join(out) + "</section>")
