@@ -20,8 +20,15 @@ perfectly over t devices). Each is also costed with sequence parallelism (norms 
 adds split by tokens, reduce-scatter + all-gather in place of each all-reduce). Planning time
 is tracing + ``build_plan``; split times are given apart.
 
+Then 2 nodes x 4 H100s (``--nodes 2x4``: NVLink within a node, ``net=400Gb/s`` between, from
+``--devices``' ``@HOST`` syntax): tensor parallelism over all 8 (its all-reduces cross the
+network), the 2-D split (tensor parallel per node, pipeline stages across nodes:
+:func:`graphopt.partition.two_d.two_d`) with its stages, decode on the 2-D split, and for every
+device set the ``auto`` strategy's pick (:func:`graphopt.partition.strategies.run_strategy`)
+with every candidate's latency and throughput.
+
 Usage: python benchmarks/bench_tensor_parallel.py [--layers 80] [--gpus 4,8] [--prompt 1024]
-       [--cache 1024] [--decode-batch 1,32]
+       [--cache 1024] [--decode-batch 1,32] [--nodes 2x4]
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ from graphopt.frontends import load_graph  # noqa: E402
 from graphopt.hardware import get_target  # noqa: E402
 from graphopt.llm_steps import DecodeStep, PrefillStep  # noqa: E402
 from graphopt.partition import parse_devices, split  # noqa: E402
+from graphopt.partition.strategies import run_strategy  # noqa: E402
 from graphopt.partition.tensor_parallel import tensor_parallel  # noqa: E402
+from graphopt.partition.two_d import two_d  # noqa: E402
 from graphopt.planner import build_plan  # noqa: E402
 
 GB = 1e9
@@ -83,6 +92,63 @@ def spec(gpus: int) -> str:
     return ",".join(f"cuda:{i}=h100" for i in range(gpus))
 
 
+def nodes_spec(shape: str) -> str:
+    """``"2x4"`` -> 2 machines of 4 H100s each, 400 Gb/s between machines."""
+    n, per = (int(x) for x in shape.lower().split("x"))
+    return ",".join(f"cuda:{m * per + i}=h100@node{m}" for m in range(n)
+                    for i in range(per)) + ",net=400Gb/s"
+
+
+def auto_choice(plan, devices, source) -> None:
+    """``--strategy auto``: every candidate's latency and throughput, and the pick."""
+    t0 = time.perf_counter()
+    win, section = run_strategy(plan, devices, "auto", source=source)
+    print(f"  auto ({time.perf_counter() - t0:.1f} s): picked {win.name}: {section['why']}")
+    for c in section["candidates"]:
+        if c["feasible"]:
+            print(f"    {c['strategy']:8s} latency {c['latency_s'] * 1e3:7.1f} ms, throughput "
+                  f"{c['throughput_per_s']:6.2f} prompts/s ({c['detail']})")
+        else:
+            print(f"    {c['strategy']:8s} could not run: {c['why_not'][:160]}")
+
+
+def multi_node(prefill, g_pre, decodes, shape: str, params: int) -> None:
+    """2 nodes x 4 H100s: tensor over all 8, the 2-D split, decode on it, and auto."""
+    devices = parse_devices(nodes_spec(shape))
+    net = devices.link("cuda:0", devices.devices[-1].name)
+    print(f"\n== {shape} H100 (NVLink within a node; {net.name}, "
+          f"{net.bandwidth_bytes_per_s / GB:.0f} GB/s, {net.latency_s * 1e6:.0f} us between "
+          "nodes) ==")
+    tp = tensor_parallel(prefill, devices, source=g_pre)
+    print(f"tensor x{len(devices.devices)} over both nodes prefill: makespan "
+          f"{tp.makespan_s * 1e3:.1f} ms ({(tp.makespan_s - tp.compute_s) * 1e3:.1f} ms of "
+          f"all-reduce on {tp.link.name}); {max(tp.memory_used.values()) / GB:.1f} GB per device")
+    t0 = time.perf_counter()
+    res = two_d(prefill, devices, source=g_pre)
+    took = time.perf_counter() - t0
+    print(f"2-D prefill: latency {res.latency_s * 1e3:.1f} ms, slowest stage "
+          f"{res.bottleneck_s * 1e3:.1f} ms -> {res.throughput_per_s:.2f} prompts/s with "
+          f"micro-batches in flight (split {took:.1f} s); every device within memory: "
+          f"{'yes' if res.feasible else 'NO: ' + res.overflow_text()}")
+    for st in res.stages:
+        print(f"  stage {st.index + 1} on {'+'.join(st.group)}: nodes {st.first}..{st.end - 1}, "
+              f"{len(st.tp.splits)} blocks split x{st.tp.degree}, compute+all-reduce "
+              f"{st.tp.makespan_s * 1e3:.1f} ms (all-reduce "
+              f"{(st.tp.makespan_s - st.tp.compute_s) * 1e3:.1f} ms), send "
+              f"{st.send_bytes / 1e6:.1f} MB in {st.send_s * 1e6:.0f} us; "
+              f"{max(st.tp.memory_used.values()) / GB:.1f} GB per device")
+    h100 = get_target("h100")
+    for b, dplan, kv in decodes:
+        dd = two_d(dplan, devices)
+        bound = b * len(devices.devices) * h100.bandwidth_bytes_per_s / (params * 2 + kv)
+        print(f"  decode batch {b} on 2-D: one token {dd.latency_s * 1e3:.2f} ms -> "
+              f"{b / dd.latency_s:.0f} tokens/s for one stream, {b * dd.throughput_per_s:.0f} "
+              f"tokens/s with {len(dd.stages)} micro-batches in flight; bandwidth limit "
+              f"{bound:.0f} tokens/s; {max(dd.memory_used.values()) / GB:.1f} GB per device"
+              f"{'' if dd.feasible else ' OVER: ' + dd.overflow_text()}")
+    auto_choice(prefill, devices, g_pre)
+
+
 def baseline(plan, devices, strategy: str) -> tuple[str, float | None]:
     t0 = time.perf_counter()
     try:
@@ -106,6 +172,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--cache", type=int, default=1024)
     ap.add_argument("--decode-batch", default="1,32")
+    ap.add_argument("--nodes", default="2x4", help="machines x GPUs each ('' to skip)")
     args = ap.parse_args()
     print(machine())
     model = model_70b(args.layers)
@@ -196,6 +263,9 @@ def main() -> None:
                   f"{td.notes['replicated_s'] * 1e3:.2f} ms of each step; with sequence "
                   f"parallelism {b / tsp.makespan_s:.0f} tokens/s"
                   f"{'' if td.feasible else ' OVER: ' + td.overflow_text()}")
+        auto_choice(prefill, devices, g_pre)
+    if args.nodes:
+        multi_node(prefill, g_pre, decodes, args.nodes, params)
 
 
 if __name__ == "__main__":
