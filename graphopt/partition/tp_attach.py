@@ -116,6 +116,7 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
         group = tuple(d.name for d in res.devices.devices)
         rows = [(s, group, None) for s in res.schedule]
         section = {**res.to_dict(), "groups": [list(group)]}
+        section["devices"] = [{**d, "group": 0} for d in section["devices"]]
         makespan, degree = res.makespan_s, res.degree
     else:
         rows = [(s, st.group, st.index) for st in res.stages for s in st.tp.schedule]
