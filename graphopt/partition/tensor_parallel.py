@@ -53,7 +53,7 @@ from graphopt.partition.collectives import group_link, ring_allreduce_s, ring_ha
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode
-from graphopt.partition.tp_blocks import TPBlock, can_split, find_tp_blocks
+from graphopt.partition.tp_blocks import TPBlock, find_tp_blocks, splittable
 from graphopt.plan import NodePlan, Plan
 
 __all__ = ["BlockSplit", "Collective", "TensorParallel", "split_analysis", "tensor_parallel"]
@@ -230,18 +230,10 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
 
         devices = parse_devices(devices)
     t = len(devices.devices)
-    fallbacks: list[str] = []
     if blocks is None:
         blocks, fallbacks = find_tp_blocks(plan, t, source=source)
     else:
-        kept = []
-        for b in blocks:
-            why = can_split(b, t)
-            if why is None:
-                kept.append(b)
-            else:
-                fallbacks.append(f"{b.kind} block {b.name} runs unsplit: {why}")
-        blocks = kept
+        blocks, fallbacks = splittable(blocks, t)
     pb = build_problem(plan, devices)
     names = [d.name for d in devices.devices]
     link = group_link(devices)
@@ -282,13 +274,7 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
             sharded_in += sum(pb.p_bytes[p] for p in pb.node_params[v])
         if r != "row":
             sharded.update(pb.node_outputs[v])
-        sa = split_analysis(n, r, t, sharded_in, b)
-        key = _analysis_key(sa)
-        for d, dev in enumerate(devices.devices):
-            k = (id(dev.profile), *key)
-            if k not in memo:
-                memo[k] = estimate(sa, dev.profile).est_time_s
-            cost[d][v] = memo[k]
+        _cost_on_each(split_analysis(n, r, t, sharded_in, b), v, devices, cost, memo)
         role[v] = (r, b)
     split_params -= whole_params  # a tied weight also read whole stays whole
 
@@ -307,12 +293,7 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         for v in sorted(seq_nodes):
             n = plan.nodes[v]
             sa = split_analysis(n, "tokens", t, sum(pb.t_bytes[x] for x in pb.node_inputs[v]))
-            key = _analysis_key(sa)
-            for d, dev in enumerate(devices.devices):
-                k = (id(dev.profile), *key)
-                if k not in memo:
-                    memo[k] = estimate(sa, dev.profile).est_time_s
-                cost[d][v] = memo[k]
+            _cost_on_each(sa, v, devices, cost, memo)
             seq_t.update(pb.node_outputs[v])
 
     # case 4/5: the clock
@@ -419,6 +400,18 @@ def _sequence_nodes(plan: Plan, pb: Any, role: Mapping[int, Any], sharded: set[i
         if infos and len(tokens) == 1 and (k := tokens.pop()) >= t and k % t == 0:
             out.add(v)
     return out
+
+
+def _cost_on_each(sa: NodeAnalysis, v: int, devices: DeviceSet, cost: list[list[float]],
+                  memo: dict[tuple[Any, ...], float]) -> None:
+    """Node ``v``'s time on every device of the group at the split work ``sa`` (a repeated
+    layer's split is estimated once per device profile)."""
+    key = _analysis_key(sa)
+    for d, dev in enumerate(devices.devices):
+        k = (id(dev.profile), *key)
+        if k not in memo:
+            memo[k] = estimate(sa, dev.profile).est_time_s
+        cost[d][v] = memo[k]
 
 
 def _weight_index(pb: Any, n: NodePlan) -> int | None:

@@ -36,7 +36,7 @@ from typing import Any
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.plan import NodePlan, Plan
 
-__all__ = ["TPBlock", "can_split", "find_tp_blocks", "parameter_fqns"]
+__all__ = ["TPBlock", "can_split", "find_tp_blocks", "parameter_fqns", "splittable"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,18 @@ def can_split(block: TPBlock, degree: int) -> str | None:
     return None
 
 
+def splittable(blocks: Iterable[TPBlock], degree: int) -> tuple[list[TPBlock], list[str]]:
+    """(the blocks that split at ``degree``, why each other one runs unsplit)."""
+    kept, reasons = [], []
+    for b in blocks:
+        why = can_split(b, degree)
+        if why is None:
+            kept.append(b)
+        else:
+            reasons.append(f"{b.kind} block {b.name} runs unsplit: {why}")
+    return kept, reasons
+
+
 def parameter_fqns(source: Any) -> dict[str, str]:
     """Placeholder (plan tensor) name -> parameter FQN, from a Graph (its ``source_model``), an
     ``ExportedProgram`` or an ``nn.Module`` (torch.export names a parameter's placeholder
@@ -170,14 +182,9 @@ class _Flow:
 
     def forward(self, starts: Iterable[str], through: frozenset[KernelClass]) -> set[str]:
         """Nodes reachable from the outputs of ``starts`` through ``through`` classes."""
-        out: set[str] = set()
-        stack = [t.name for s in starts for t in self.nodes[s].outputs if t is not None]
-        while stack:
-            for c in self.consumers.get(stack.pop(), ()):
-                if c not in out and self.cls(c) in through:
-                    out.add(c)
-                    stack.extend(t.name for t in self.nodes[c].outputs if t is not None)
-        return out
+        return _forward_from_tensors(
+            self, [t.name for s in starts for t in self.nodes[s].outputs if t is not None],
+            through)
 
     def leaves_block(self, names: Iterable[str], block: set[str]) -> bool:
         """Some output of ``names`` is read outside ``block`` (or is a graph output)."""
@@ -417,13 +424,8 @@ def find_tp_blocks(plan: Plan, degree: int | None = None, *, source: Any = None
     reasons = list(skipped)
     kept = blocks
     if degree is not None:
-        kept = []
-        for b in blocks:
-            why = can_split(b, degree)
-            if why is None:
-                kept.append(b)
-            else:
-                reasons.append(f"{b.kind} block {b.name} runs unsplit: {why}")
+        kept, unsplit = splittable(blocks, degree)
+        reasons += unsplit
     logger.info("tensor-parallel blocks: %d attention, %d MLP%s",
                 sum(b.kind == "attention" for b in kept), sum(b.kind == "mlp" for b in kept),
                 f" ({len(reasons)} not split)" if reasons else "")
