@@ -218,3 +218,4 @@ def test_two_d_report_has_stages_and_transfers(llama):
     assert len(data["partition"]["transfers"]) == 2
     page = render_html(data)
     assert 'class="gc"' in page and "Stages (pipeline across groups)" in page
+    assert "2-D: 2-D parallelism" in page

@@ -5,6 +5,11 @@ Pipeline: ``parse_devices``/``detect_devices`` -> :func:`split` (``"heft"`` or `
 report's ``partition`` section. :func:`greedy_split` is the seed library's per-op splitter, kept
 as the reference every strategy is tested against; :func:`evaluate_assignment` measures any
 assignment on the same clock.
+
+Beside them, :mod:`.strategies` (``--strategy tensor|auto``) runs tensor parallelism
+(:mod:`.tensor_parallel`) and the 2-D split (:mod:`.two_d`: tensor parallel per NVLink group,
+pipeline stages across groups), compares them with heft and pipeline, and :mod:`.tp_attach`
+writes the winner onto the plan.
 """
 
 from __future__ import annotations

@@ -73,6 +73,9 @@ def tp_panel(plan: Mapping[str, Any]) -> str:
         if pm.get("code"):
             out.append(f'<h4>parallelize_module plan</h4><pre class="tpcode">'
                        f"{_esc(pm['code'])}</pre>")
+            two_d = pm.get("two_d") if isinstance(pm.get("two_d"), Mapping) else {}
+            if tp.get("strategy") == "2d" and two_d.get("statement"):
+                out.append(f'<p class="faint">2-D: {_esc(two_d["statement"])}</p>')
         elif pm.get("unavailable"):
             out.append(f'<p class="faint">No parallelize_module plan: '
                        f"{_esc(pm['unavailable'])}</p>")
