@@ -126,6 +126,40 @@ def test_two_d_clock_by_hand(llama):
     assert len(d["collectives"]) == 2 and {c["stage"] for c in d["collectives"]} <= {0, 1}
 
 
+def test_two_d_cut_is_the_min_max_over_block_boundaries(llama):
+    """The DP's cut against every allowed cut, on the same per-node times and transfers."""
+    import numpy as np
+
+    from graphopt.partition.pipeline_dp import cut_bytes
+    from graphopt.partition.problem import build_problem
+    from graphopt.partition.tensor_parallel import tensor_parallel
+    from graphopt.partition.tp_blocks import find_tp_blocks
+    from graphopt.partition.two_d import _cut_points, _node_times, sub_devices
+
+    plan, graph = llama
+    ds = parse_devices(NODES)
+    pb = build_problem(plan, ds)
+    times = [np.concatenate([[0.0], np.cumsum(_node_times(
+        tensor_parallel(plan, sub_devices(ds, g), source=graph), pb.names))])
+        for g in nvlink_groups(ds)]
+    cut, net, n = cut_bytes(pb), ds.link("cuda:0", "cuda:2"), pb.n
+    cuts = _cut_points(plan, find_tp_blocks(plan)[0])
+    blocks = find_tp_blocks(plan)[0]
+    pos = {x.name: i for i, x in enumerate(plan.nodes)}
+    for b in blocks:  # no allowed cut falls inside a block
+        lo, hi = min(pos[x] for x in b.nodes), max(pos[x] for x in b.nodes)
+        assert not any(lo < j <= hi for j in cuts)
+
+    def bottleneck(j: int) -> float:
+        send = net.latency_s + cut[j] / net.bandwidth_bytes_per_s if cut[j] > 0 else 0.0
+        return max(times[0][j] + send, times[1][n] - times[1][j])
+
+    best = min(bottleneck(j) for j in cuts if 0 < j < n)
+    res = two_d(plan, ds, source=graph)
+    assert bottleneck(res.stages[0].end) == pytest.approx(best, rel=1e-9)
+    assert res.notes["stage_counts_tried"]["2"] == pytest.approx(best, rel=1e-9)
+
+
 def test_two_d_needs_several_groups(llama):
     with pytest.raises(GraphoptError, match="several NVLink groups"):
         two_d(llama[0], parse_devices(TWO))
@@ -185,7 +219,9 @@ def test_cli_auto_writes_the_sections_and_reports(tmp_path, capsys):
                "--html", str(tmp_path / "t.html")])
     assert rc == 0
     plan = json.loads((tmp_path / "t.json").read_text())
-    assert plan["tensor_parallel"]["degree"] == 4 or "splits" in plan["tensor_parallel"]
+    tp = plan["tensor_parallel"]
+    assert tp["degree"] == 4 and tp["link"]["name"] == "net-400Gb/s"  # crosses the nodes
+    assert any("KV heads do not divide" in f for f in tp["fallbacks"])
     assert "RowwiseParallel" in plan["tensor_parallel"]["parallelize_module"]["code"]
 
 
