@@ -58,17 +58,13 @@ GB = 1e9
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     import os
 
-    return (f"machine: {model}; {os.cpu_count()} CPUs; {torch.get_num_threads()} torch threads; "
-            f"torch {torch.__version__}; python {platform.python_version()}")
+    from graphopt.hardware.detect import host_cpu_info
+
+    return (f"machine: {host_cpu_info().model}; {os.cpu_count()} CPUs; "
+            f"{torch.get_num_threads()} torch threads; torch {torch.__version__}; python "
+            f"{platform.python_version()}")
 
 
 def model_70b(layers: int) -> LlamaForCausalLM:
