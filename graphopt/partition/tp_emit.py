@@ -29,6 +29,12 @@ Cases the emitter handles:
    name and value, are divided by ``t`` on the copy (:func:`head_attributes`). A shared
    ``config`` object is never edited: masks and rotary tables read it for the whole model.
 
+5. Sequence parallelism (``sequence_parallel=True``): norms on token shards, an all-gather
+   before each block and a reduce-scatter after it in place of the all-reduce; laid out as
+   torchtitan's Llama plan (:func:`sequence_parallel_specs`), found from the blocks and the
+   module's structure (:func:`sequence_parallel_layout`), or why not
+   (:func:`sequence_parallel_support`).
+
 The user's model is never changed: :func:`apply_tensor_parallel` parallelizes a deep copy
 (``parallelize_module`` replaces parameters in place).
 
@@ -39,8 +45,10 @@ The user's model is never changed: :func:`apply_tensor_parallel` parallelizes a 
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from math import gcd
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,9 +60,10 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
 
-__all__ = ["TPBlockLike", "apply_tensor_parallel", "attention_module", "check_degree",
-           "describe_plan", "emittable", "head_attributes", "parallelize_plan", "plan_snippet",
-           "two_d_support"]
+__all__ = ["SPLayout", "TPBlockLike", "apply_tensor_parallel", "attention_module",
+           "check_degree", "describe_plan", "emittable", "head_attributes", "parallelize_plan",
+           "plan_snippet", "sequence_parallel_layout", "sequence_parallel_specs",
+           "sequence_parallel_support", "two_d_support"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,24 +178,217 @@ def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
                 f"{_divisors(gcd(heads, kv))}) or leave this block unsplit")
 
 
-def parallelize_plan(blocks: Sequence[TPBlockLike], *, degree: int | None = None
-                     ) -> dict[str, ParallelStyle]:
-    """The ``parallelize_module`` plan: module FQN -> ``ColwiseParallel`` / ``RowwiseParallel``
-    (cases 1, 2). With ``degree`` the blocks are checked first (:func:`check_degree`); a
-    block that is not :func:`emittable` raises."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    if degree is not None:
-        check_degree(blocks, degree)
-    plan: dict[str, ParallelStyle] = {}
+def _style_specs(blocks: Sequence[TPBlockLike]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Plain plan (cases 1, 2) as FQN -> (style class name, keyword arguments)."""
+    specs: dict[str, tuple[str, dict[str, Any]]] = {}
     for b in blocks:
         why = _not_emittable(b)
         if why:
             raise GraphoptError(f"{_label(b)}: {why}", "leave it unsplit: pass "
                                 "emittable(blocks)[0]")
-        plan.update({name: ColwiseParallel() for name in b.column_modules})
-        plan.update({name: RowwiseParallel() for name in b.row_modules})
-    return plan
+        specs.update({name: ("ColwiseParallel", {}) for name in b.column_modules})
+        specs.update({name: ("RowwiseParallel", {}) for name in b.row_modules})
+    return specs
+
+
+def _build(specs: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, ParallelStyle]:
+    import torch.distributed.tensor.parallel as tp_styles
+
+    return {name: getattr(tp_styles, cls)(**kwargs) for name, (cls, kwargs) in specs.items()}
+
+
+def _code(cls: str, kwargs: dict[str, Any]) -> str:
+    return f"{cls}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+def parallelize_plan(blocks: Sequence[TPBlockLike], *, degree: int | None = None,
+                     sequence_parallel: bool = False, module: nn.Module | None = None
+                     ) -> dict[str, ParallelStyle]:
+    """The ``parallelize_module`` plan: module FQN -> ``ColwiseParallel`` / ``RowwiseParallel``
+    (cases 1, 2), or with ``sequence_parallel`` the Megatron-SP plan for ``module``
+    (:func:`sequence_parallel_specs`). With ``degree`` the blocks are checked first
+    (:func:`check_degree`); a block that is not :func:`emittable` raises."""
+    if degree is not None:
+        check_degree(blocks, degree)
+    return _build(_specs(blocks, sequence_parallel, module))
+
+
+def _specs(blocks: Sequence[TPBlockLike], sequence_parallel: bool, module: nn.Module | None
+           ) -> dict[str, tuple[str, dict[str, Any]]]:
+    if not sequence_parallel:
+        return _style_specs(blocks)
+    if module is None:
+        raise GraphoptError("the sequence-parallel plan needs the model to find its norms and "
+                            "LM head", "pass module=<the nn.Module>")
+    return sequence_parallel_specs(blocks, module)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequence parallelism (Megatron-SP, Korthikanti et al. 2022), laid out as torchtitan's Llama
+# apply_tp does it: between the blocks the residual stream is split by tokens (dim 1), the norms
+# run on their token shard (SequenceParallel), each attention / MLP module all-gathers its input
+# (PrepareModuleInput Shard(1) -> Replicate) and its row-split Linear reduce-scatters instead of
+# all-reducing (RowwiseParallel(output_layouts=Shard(1))); the LM head all-gathers the tokens.
+#
+# One difference from torchtitan: the embedding stays replicated and the first decoder layer
+# takes its token shard locally (PrepareModuleInput Replicate -> Shard(1), no communication).
+# transformers' LlamaModel computes position ids, the rotary tables and the causal mask from the
+# embedding output's sequence length; a token-sharded embedding would give them the local
+# length while attention sees the gathered one. The embedding is a gather, not a GEMM, so
+# keeping it whole costs nothing measurable.
+#
+# Call conventions it relies on (transformers' decoder layers, Llama/Mistral/Qwen): the decoder
+# layer is called with the hidden states positionally, the attention module with them as the
+# keyword of its forward's first parameter, the MLP positionally. Another convention fails loudly
+# (PrepareModuleInput's arity check, or attention's shape check), never silently.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SPLayer:
+    """One decoder layer: its FQN, its norms, its attention and MLP module FQNs."""
+
+    fqn: str
+    norms: tuple[str, ...]
+    attention: str
+    attention_arg: str
+    mlp: str
+
+
+@dataclass(frozen=True)
+class SPLayout:
+    """Where the sequence-parallel plan puts its styles, found from the blocks and the module."""
+
+    layers: tuple[_SPLayer, ...]
+    final_norm: str
+    lm_head: str
+
+
+def _parent(fqn: str) -> str:
+    return fqn.rpartition(".")[0]
+
+
+def _is_norm(mod: nn.Module, hidden: int) -> bool:
+    """A per-token norm: a leaf whose parameters are all vectors of the hidden size (RMSNorm,
+    LayerNorm), so a token shard computes exactly what the whole tensor would."""
+    params = list(mod.parameters(recurse=False))
+    return (not list(mod.children()) and bool(params)
+            and not isinstance(mod, (nn.Linear, nn.Embedding))
+            and all(p.dim() == 1 and p.shape[0] == hidden for p in params))
+
+
+def _norm_children(root: nn.Module, fqn: str, hidden: int) -> list[str]:
+    parent = root.get_submodule(fqn) if fqn else root
+    prefix = f"{fqn}." if fqn else ""
+    return [prefix + name for name, child in parent.named_children() if _is_norm(child, hidden)]
+
+
+def _first_arg(mod: nn.Module) -> str:
+    params = list(inspect.signature(mod.forward).parameters)
+    return params[0] if params else "hidden_states"
+
+
+def _sp_layer(root: nn.Module, attn: TPBlockLike, mlp: TPBlockLike, hidden: int
+              ) -> _SPLayer | str:
+    where, mlp_fqn = attention_module(attn), attention_module(mlp)
+    layer = _parent(where)
+    if not layer or _parent(mlp_fqn) != layer:
+        return (f"attention {where} and MLP {mlp_fqn} are not the two children of one "
+                "decoder layer")
+    norms = _norm_children(root, layer, hidden)
+    if len(norms) != 2:
+        return f"decoder layer {layer} has {len(norms)} norms, not one before each block"
+    return _SPLayer(layer, tuple(norms), where, _first_arg(root.get_submodule(where)), mlp_fqn)
+
+
+def _lm_head(root: nn.Module, hidden: int) -> str | None:
+    get = getattr(root, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, nn.Linear) or head.in_features != hidden:
+        return None
+    return next((name for name, m in root.named_modules() if m is head), None)
+
+
+def sequence_parallel_layout(blocks: Sequence[TPBlockLike], module: nn.Module
+                             ) -> SPLayout | str:
+    """The layout of :func:`sequence_parallel_specs`, or why the model does not have it: each
+    decoder layer one attention and one MLP block with a norm before each, one final norm
+    beside the layers, and a Linear LM head (``get_output_embeddings``)."""
+    attn = [b for b in blocks if b.kind == "attention"]
+    mlp = [b for b in blocks if b.kind == "mlp"]
+    if not attn or len(attn) != len(mlp) or len(attn) + len(mlp) != len(blocks):
+        return (f"{len(attn)} attention and {len(mlp)} MLP blocks: sequence parallelism needs "
+                "every decoder layer split, one attention and one MLP block each")
+    try:
+        q = _submodule(module, attn[0].column_modules[0])
+    except GraphoptError as e:
+        return e.problem
+    if not isinstance(q, nn.Linear):
+        return f"{attn[0].column_modules[0]} is not nn.Linear"
+    hidden = q.in_features
+    layers = []
+    for a, m in zip(attn, mlp, strict=True):
+        layer = _sp_layer(module, a, m, hidden)
+        if isinstance(layer, str):
+            return layer
+        layers.append(layer)
+    stack = {_parent(layer.fqn) for layer in layers}
+    if len(stack) != 1:
+        return f"decoder layers under {sorted(stack)}, not one layer list"
+    finals = _norm_children(module, _parent(stack.pop()), hidden)
+    if len(finals) != 1:
+        return f"{len(finals)} final norms beside the decoder layers, not one"
+    head = _lm_head(module, hidden)
+    if head is None:
+        return "no nn.Linear LM head (get_output_embeddings) reading the hidden states"
+    return SPLayout(tuple(layers), finals[0], head)
+
+
+def sequence_parallel_support(blocks: Sequence[TPBlockLike], module: nn.Module | None
+                              ) -> tuple[bool, str]:
+    """Whether the emitter can emit sequence parallelism for ``module``, and why not."""
+    if module is None:
+        return False, "no torch module given (the plan alone does not name the norms)"
+    kept, unsplit = emittable(blocks)
+    if unsplit:
+        return False, f"not every block splits: {unsplit[0]}"
+    layout = sequence_parallel_layout(kept, module)
+    if isinstance(layout, str):
+        return False, layout
+    return True, (f"{len(layout.layers)} decoder layers, final norm {layout.final_norm}, "
+                  f"LM head {layout.lm_head}")
+
+
+def sequence_parallel_specs(blocks: Sequence[TPBlockLike], module: nn.Module
+                            ) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The Megatron-SP plan (see the comment above) as FQN -> (style, keyword arguments)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    layout = sequence_parallel_layout(blocks, module)
+    if isinstance(layout, str):
+        raise GraphoptError(f"sequence parallelism cannot be emitted: {layout}",
+                            "use plain tensor parallelism (sequence_parallel=False)")
+    plain = _style_specs(blocks)
+    tokens, whole = Shard(1), Replicate()
+    specs: dict[str, tuple[str, dict[str, Any]]] = {
+        layout.layers[0].fqn: ("PrepareModuleInput", {
+            "input_layouts": (whole,), "desired_input_layouts": (tokens,),
+            "use_local_output": True})}
+    for layer in layout.layers:
+        specs.update({norm: ("SequenceParallel", {}) for norm in layer.norms})
+        specs[layer.attention] = ("PrepareModuleInput", {
+            "input_kwarg_layouts": {layer.attention_arg: tokens},
+            "desired_input_kwarg_layouts": {layer.attention_arg: whole},
+            "use_local_output": True})
+        specs[layer.mlp] = ("PrepareModuleInput", {
+            "input_layouts": (tokens,), "desired_input_layouts": (whole,),
+            "use_local_output": True})
+    for name, (cls, _) in plain.items():
+        specs[name] = (cls, {"output_layouts": tokens} if cls == "RowwiseParallel" else {})
+    specs[layout.final_norm] = ("SequenceParallel", {})
+    specs[layout.lm_head] = ("ColwiseParallel", {"input_layouts": tokens,
+                                                 "output_layouts": whole})
+    return specs
 
 
 def _submodule(root: nn.Module, fqn: str) -> nn.Module:
@@ -238,9 +440,11 @@ def _check_linears(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int
                                     "devices", f"use a degree that divides {size}")
 
 
-def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[TPBlockLike]
-                          ) -> nn.Module:
+def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[TPBlockLike],
+                          *, sequence_parallel: bool = False) -> nn.Module:
     """A tensor-parallel copy of ``module`` over the 1-D ``mesh``; ``module`` is not changed.
+    With ``sequence_parallel`` the Megatron-SP plan (:func:`sequence_parallel_specs`); the
+    token count of each call must then divide by the mesh size.
 
     Every rank calls it with the same module (``parallelize_module`` scatters rank 0's
     weights). The copy costs one model's memory per rank before sharding frees most of it.
@@ -260,21 +464,24 @@ def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[
         for name, (_, local) in attrs.items():
             setattr(attn, name, local)
             logger.debug("%s.%s = %d (local heads)", where, name, local)
-    plan = parallelize_plan(blocks)
+    plan = parallelize_plan(blocks, sequence_parallel=sequence_parallel, module=copied)
     parallelize_module(copied, mesh, plan)
     logger.info("tensor parallel over %d devices: %d Linears split in %d blocks", degree,
                 len(plan), len(blocks))
     return copied
 
 
-def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = "cuda") -> str:
+def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = "cuda", *,
+                 sequence_parallel: bool = False, module: nn.Module | None = None) -> str:
     """The code a user runs on every rank (``torchrun --nproc-per-node <degree>``)."""
-    lines = [f"    {name!r}: {type(style).__name__}(),"
-             for name, style in parallelize_plan(blocks).items()]
+    specs = _specs(blocks, sequence_parallel, module)
+    lines = [f"    {name!r}: {_code(cls, kwargs)}," for name, (cls, kwargs) in specs.items()]
+    styles = sorted({cls for cls, _ in specs.values()})
     return "\n".join([
         "from torch.distributed.device_mesh import init_device_mesh",
+        *(["from torch.distributed.tensor import Replicate, Shard"] if sequence_parallel else []),
         "from torch.distributed.tensor.parallel import (",
-        "    ColwiseParallel, RowwiseParallel, parallelize_module)",
+        f"    {', '.join(styles)}, parallelize_module)",
         "",
         f'mesh = init_device_mesh("{device_type}", ({degree},), mesh_dim_names=("tp",))',
         "parallelize_module(model, mesh, {", *lines, "})",
@@ -282,7 +489,7 @@ def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = 
 
 
 def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Module | None = None,
-                  device_type: str = "cuda") -> dict[str, Any]:
+                  device_type: str = "cuda", sequence_parallel: bool = False) -> dict[str, Any]:
     """JSON-able description for the report: the plan over the :func:`emittable` blocks, the
     mesh, per-block local heads, why other blocks run unsplit, the attributes
     :func:`apply_tensor_parallel` would divide (with ``module``), the code snippet and what the
@@ -304,8 +511,12 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
     out: dict[str, Any] = {
         "engine": "torch.distributed.tensor.parallel.parallelize_module",
         "degree": degree, "mesh_shape": [degree], "mesh_dim_names": ["tp"],
-        "plan": {name: type(style).__name__ for name, style in parallelize_plan(blocks).items()},
-        "blocks": rows, "unsplit": unsplit, "code": plan_snippet(blocks, degree, device_type),
+        "sequence_parallel": sequence_parallel,
+        "plan": {name: cls for name, (cls, _) in _specs(blocks, sequence_parallel,
+                                                          module).items()},
+        "blocks": rows, "unsplit": unsplit,
+        "code": plan_snippet(blocks, degree, device_type, sequence_parallel=sequence_parallel,
+                             module=module),
         "two_d": two_d_support(),
     }
     if module is not None:

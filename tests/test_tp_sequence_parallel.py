@@ -1,0 +1,142 @@
+"""Sequence parallelism run for real: 2 gloo processes on CPU against the single-process model."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from graphopt.errors import GraphoptError
+from graphopt.partition.tp_emit import (
+    apply_tensor_parallel,
+    describe_plan,
+    parallelize_plan,
+    sequence_parallel_support,
+)
+from tests.test_tp_run import LAYERS, Block, _free_port, llama_blocks, needs_gloo, tiny_llama
+
+transformers = pytest.importorskip("transformers")
+
+
+def _input_ids() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(4))
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if sys.platform.startswith("linux"):  # the ranks are local processes: loopback only
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        model = tiny_llama()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        sp = apply_tensor_parallel(model, mesh, llama_blocks(), sequence_parallel=True)
+        seen: dict[str, list[int]] = {}
+
+        def local_shape(_m: nn.Module, _i: tuple[object, ...], out: torch.Tensor) -> None:
+            seen["norm_out_local"] = list(out.to_local().shape)  # type: ignore[attr-defined]
+
+        sp.model.layers[1].post_attention_layernorm.register_forward_hook(local_shape)
+        with torch.no_grad():
+            logits = sp(_input_ids()).logits
+        seen["user_model_unchanged"] = all(  # type: ignore[assignment]
+            type(v) is torch.Tensor and torch.equal(v, before[k])
+            for k, v in model.state_dict().items())
+        torch.save(logits, Path(out_dir) / f"logits_{rank}.pt")
+        (Path(out_dir) / f"facts_{rank}.json").write_text(json.dumps(seen))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, out_dir: Path, timeout_s: float = 90.0) -> None:
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                pytest.fail(f"sequence-parallel run did not finish in {timeout_s:.0f} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+@needs_gloo
+def test_two_gloo_processes_with_sequence_parallelism_equal_the_model(tmp_path: Path) -> None:
+    _spawn(2, tmp_path)
+    with torch.no_grad():
+        want = tiny_llama()(_input_ids()).logits
+    for rank in range(2):
+        got = torch.load(tmp_path / f"logits_{rank}.pt", weights_only=True)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        facts = json.loads((tmp_path / f"facts_{rank}.json").read_text())
+        # the norm ran on 4 of the 8 tokens; the user's model kept its plain tensors
+        assert facts == {"norm_out_local": [2, 4, 64], "user_model_unchanged": True}
+
+
+def test_sequence_parallel_plan_is_torchtitans_layout() -> None:
+    model = tiny_llama()
+    plan = parallelize_plan(llama_blocks(), degree=2, sequence_parallel=True, module=model)
+    got = {name: repr(style) for name, style in plan.items()}
+    assert len(got) == 7 * LAYERS + 4 * LAYERS + 3  # + 2 norms, attn, mlp; layer 0, norm, head
+    assert "Shard(dim=1)" in got["model.layers.0"] and "use_local_output=True" in got[
+        "model.layers.0"]
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        assert type(plan[f"{p}.input_layernorm"]).__name__ == "SequenceParallel"
+        assert type(plan[f"{p}.post_attention_layernorm"]).__name__ == "SequenceParallel"
+        assert "hidden_states" in got[f"{p}.self_attn"]  # attention takes it by keyword
+        assert type(plan[f"{p}.mlp"]).__name__ == "PrepareModuleInput"
+        assert "Shard(dim=1)" in got[f"{p}.mlp.down_proj"]  # reduce-scatter, not all-reduce
+        assert type(plan[f"{p}.mlp.gate_proj"]).__name__ == "ColwiseParallel"
+    assert type(plan["model.norm"]).__name__ == "SequenceParallel"
+    assert "Replicate()" in got["lm_head"]
+    assert "model.embed_tokens" not in plan  # replicated: rotary and mask see every token
+    d = describe_plan(llama_blocks(), 2, module=model, sequence_parallel=True)
+    json.dumps(d)
+    assert d["sequence_parallel"] is True and d["plan"]["model.norm"] == "SequenceParallel"
+    assert "from torch.distributed.tensor import Replicate, Shard" in d["code"]
+    assert ("'model.layers.0.mlp.down_proj': RowwiseParallel(output_layouts=Shard(dim=1)),"
+            in d["code"])
+
+
+def test_support_says_why_not() -> None:
+    model = tiny_llama()
+    assert sequence_parallel_support(llama_blocks(), model)[0] is True
+    assert sequence_parallel_support(llama_blocks(), None) == (
+        False, "no torch module given (the plan alone does not name the norms)")
+    ok, why = sequence_parallel_support(llama_blocks()[:3], model)
+    assert not ok and "2 attention and 1 MLP blocks" in why
+    fused = Block("attention", ("x.c_attn",), ("x.c_proj",), 4, 4, "Q, K and V are one GEMM")
+    ok, why = sequence_parallel_support([*llama_blocks(), fused], model)
+    assert not ok and "one GEMM" in why
+
+    class Bare(nn.Module):  # same layers, no LM head
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = tiny_llama().model
+
+    ok, why = sequence_parallel_support(
+        [Block(b.kind, tuple(n.removeprefix("model.") for n in b.column_modules),
+               tuple(n.removeprefix("model.") for n in b.row_modules), b.heads, b.kv_heads)
+         for b in llama_blocks()], Bare().model)
+    assert not ok and "LM head" in why
+    with pytest.raises(GraphoptError, match="needs the model"):
+        parallelize_plan(llama_blocks(), sequence_parallel=True)
