@@ -67,15 +67,17 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
     profiles = resolve_targets(target)
     graph = load_graph(model, example_inputs, dynamic_shapes)
     inputs = tuple(str(f) for f in input_files(model))  # plan.save never overwrites them
-    plans = tuple(replace(with_partition(build_plan(graph, p), devices, strategy, source=graph),
-                          inputs=inputs) for p in profiles)
+    module = model if hasattr(model, "named_modules") else None  # the emitter's module paths
+    plans = tuple(replace(with_partition(build_plan(graph, p), devices, strategy, source=graph,
+                                         module=module), inputs=inputs) for p in profiles)
     return plans[0] if len(plans) == 1 else PlanSet(plans)
 
 
 def with_partition(plan_: Plan, devices: str | None, strategy: str = "heft", *,
-                   source: Any = None) -> Plan:
+                   source: Any = None, module: Any = None) -> Plan:
     """``plan_`` with its nodes assigned to ``devices`` (unchanged when devices is None);
-    ``source`` (the traced Graph or the module) names the layers of the tensor-parallel plan."""
+    ``source`` (the traced Graph or the module) names the layers of the tensor-parallel plan;
+    ``module`` (the user's ``nn.Module``) lets it use sequence parallelism."""
     if not devices:
         return plan_
     from graphopt.partition import apply_partition, parse_devices, split
@@ -86,9 +88,9 @@ def with_partition(plan_: Plan, devices: str | None, strategy: str = "heft", *,
     ds = parse_devices(devices)
     if strategy in ("heft", "pipeline"):
         return apply_partition(plan_, split(plan_, ds, strategy=strategy))
-    win, section = run_strategy(plan_, ds, strategy, source=source)
+    win, section = run_strategy(plan_, ds, strategy, source=source, module=module)
     if isinstance(win.result, Partition):
         out = apply_partition(plan_, win.result)
         return replace(out, extra={**out.extra, "strategy": section})
     assert win.result is not None
-    return attach_split(plan_, win.result, section, source=source)
+    return attach_split(plan_, win.result, section, source=source, module=module)

@@ -19,7 +19,14 @@ from graphopt.partition.tp_emit import (
     parallelize_plan,
     sequence_parallel_support,
 )
-from tests.test_tp_run import LAYERS, Block, _free_port, llama_blocks, needs_gloo, tiny_llama
+from tests.test_tp_run import (
+    LAYERS,
+    Block,
+    _free_port,
+    llama_blocks,
+    needs_gloo,
+    tiny_llama,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -140,3 +147,50 @@ def test_support_says_why_not() -> None:
     assert not ok and "LM head" in why
     with pytest.raises(GraphoptError, match="needs the model"):
         parallelize_plan(llama_blocks(), sequence_parallel=True)
+
+
+def _wide_llama() -> nn.Module:
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
+        num_hidden_layers=2, vocab_size=256, max_position_embeddings=2048,
+        use_cache=False)).eval()
+
+
+TWO = "cuda:0=h100-sxm,cuda:1=h100-sxm"
+
+
+def test_tensor_strategy_takes_sequence_parallelism_when_it_is_faster() -> None:
+    import graphopt
+
+    ids = torch.randint(0, 256, (1, 1024), generator=torch.Generator().manual_seed(5))
+    plan = graphopt.plan(_wide_llama(), (ids,), target="h100-sxm", devices=TWO,
+                         strategy="tensor")
+    st, tp = plan.extra["strategy"], plan.extra["tensor_parallel"]
+    assert st["sequence_parallel"] is True
+    assert "with sequence parallelism:" in st["candidates"][0]["detail"]
+    assert tp["notes"]["sequence_parallel"]["enabled"] is True
+    emitted = tp["parallelize_module"]
+    assert emitted["sequence_parallel"] is True
+    assert emitted["plan"]["model.layers.0.input_layernorm"] == "SequenceParallel"
+    assert "RowwiseParallel(output_layouts=Shard(dim=1))" in emitted["code"]
+
+
+def test_tensor_strategy_stays_plain_when_not_faster_or_not_emittable() -> None:
+    import graphopt
+    from graphopt.api import with_partition
+    from graphopt.frontends import load_graph
+    from graphopt.hardware.registry import get_target
+    from graphopt.planner import build_plan
+
+    model = tiny_llama()
+    plan = graphopt.plan(model, (_input_ids(),), target="h100-sxm", devices=TWO,
+                         strategy="tensor")
+    st = plan.extra["strategy"]
+    assert st["sequence_parallel"] is False and "plain:" in st["candidates"][0]["detail"]
+    assert plan.extra["tensor_parallel"]["parallelize_module"]["sequence_parallel"] is False
+    graph = load_graph(model, (_input_ids(),))
+    alone = with_partition(build_plan(graph, get_target("h100-sxm")), TWO, "tensor",
+                           source=graph)  # the traced graph alone names no norms
+    assert "no sequence parallelism: no torch module given" in \
+        alone.extra["strategy"]["candidates"][0]["detail"]

@@ -8,6 +8,9 @@ comparison on one clock.
 2. ``tensor``: tensor parallelism over every given device
    (:func:`.tensor_parallel.tensor_parallel`); an error if no block splits at that degree, or
    if a device overflows its memory (which device, by how much).
+   Costed plain and, when :mod:`.tp_emit` can emit it for the user's module
+   (:func:`sequence_parallel_emittable`), with sequence parallelism; the faster is kept and
+   the candidate's detail says which. The 2-D split costs plain tensor parallelism only.
 3. ``auto``: heft, pipeline, tensor over all devices and, with several NVLink groups, the 2-D
    split (:func:`.two_d.two_d`), each on latency for one request and throughput for a stream
    of micro-batches, within every device's memory. The lowest latency wins (ties: the
@@ -34,7 +37,8 @@ from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
 from graphopt.partition.two_d import TwoD, nvlink_groups, two_d
 from graphopt.plan import Plan
 
-__all__ = ["STRATEGY_CHOICES", "Candidate", "compare", "run_strategy"]
+__all__ = ["STRATEGY_CHOICES", "Candidate", "compare", "run_strategy",
+           "sequence_parallel_emittable", "torch_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +95,56 @@ def _partition_candidate(plan: Plan, devices: DeviceSet, name: str) -> Candidate
     return Candidate(name, part.makespan_s, tput, "", part, detail)
 
 
-def _tensor_candidate(plan: Plan, devices: DeviceSet, source: Any) -> Candidate:
-    tp = tensor_checked(plan, devices, source)
+def torch_module(source: Any, module: Any = None) -> Any:
+    """The user's ``nn.Module`` (``module``, or ``source`` when it is one), else None: the
+    sequence-parallel plan names its norms and LM head, which the traced graph does not keep."""
+    from torch import nn
+
+    for m in (module, source):
+        if isinstance(m, nn.Module):
+            return m
+    return None
+
+
+def sequence_parallel_emittable(plan: Plan, degree: int, source: Any, module: Any = None
+                                ) -> tuple[bool, str]:
+    """Whether :mod:`.tp_emit` can emit sequence parallelism for the user's module at
+    ``degree`` (every block split, the norms and LM head found), and why not: a plan costed
+    with it must also run with it."""
+    from graphopt.partition.tp_blocks import find_tp_blocks
+    from graphopt.partition.tp_emit import sequence_parallel_support
+
+    blocks, fallbacks = find_tp_blocks(plan, degree, source=source)
+    if fallbacks:
+        return False, f"not every block splits {degree} ways: {fallbacks[0]}"
+    return sequence_parallel_support(blocks, torch_module(source, module))
+
+
+def _tensor_variant(plan: Plan, devices: DeviceSet, source: Any, module: Any
+                    ) -> tuple[TensorParallel, str]:
+    """Plain tensor parallelism, or with sequence parallelism when it emits and is faster;
+    the sentence says which and why."""
+    plain = tensor_checked(plan, devices, source)
+    ok, why = sequence_parallel_emittable(plan, plain.degree, source, module)
+    if not ok:
+        return plain, f"plain (no sequence parallelism: {why})"
+    seq = tensor_parallel(plan, devices, source=source, sequence_parallel=True)
+    if not seq.feasible or seq.makespan_s >= plain.makespan_s:
+        return plain, (f"plain: {human_s(plain.makespan_s)}, not slower than with sequence "
+                       f"parallelism ({human_s(seq.makespan_s)})" if seq.feasible else
+                       f"plain (with sequence parallelism memory overflows: "
+                       f"{seq.overflow_text()})")
+    return seq, (f"with sequence parallelism: {human_s(seq.makespan_s)} against "
+                 f"{human_s(plain.makespan_s)} plain")
+
+
+def _tensor_candidate(plan: Plan, devices: DeviceSet, source: Any, module: Any = None
+                      ) -> Candidate:
+    tp, variant = _tensor_variant(plan, devices, source, module)
     plural = "s" if len(tp.splits) != 1 else ""
     detail = (f"{len(tp.splits)} block{plural} split {tp.degree} ways, "
               f"{human_s(tp.makespan_s - tp.compute_s)} of collectives; "
-              f"{tp.throughput_overlapped_per_s:,.1f}/s with collectives overlapped")
+              f"{tp.throughput_overlapped_per_s:,.1f}/s with collectives overlapped; {variant}")
     return Candidate("tensor", tp.makespan_s, tp.throughput_per_s, "", tp, detail)
 
 
@@ -110,12 +158,14 @@ def _two_d_candidate(plan: Plan, devices: DeviceSet, source: Any) -> Candidate:
     return Candidate("2d", res.latency_s, res.throughput_per_s, "", res, detail)
 
 
-def compare(plan: Plan, devices: DeviceSet, *, source: Any = None) -> list[Candidate]:
-    """Case 3: every strategy that applies, feasible or with why not."""
+def compare(plan: Plan, devices: DeviceSet, *, source: Any = None, module: Any = None
+            ) -> list[Candidate]:
+    """Case 3: every strategy that applies, feasible or with why not (``module``: the user's
+    ``nn.Module``, for the sequence-parallel check)."""
     runs: list[tuple[str, Any]] = [
         ("heft", lambda: _partition_candidate(plan, devices, "heft")),
         ("pipeline", lambda: _partition_candidate(plan, devices, "pipeline")),
-        ("tensor", lambda: _tensor_candidate(plan, devices, source)),
+        ("tensor", lambda: _tensor_candidate(plan, devices, source, module)),
     ]
     if len(nvlink_groups(devices)) > 1:
         runs.append(("2d", lambda: _two_d_candidate(plan, devices, source)))
@@ -153,23 +203,27 @@ def _pick(cands: list[Candidate]) -> tuple[Candidate, str]:
     return win, why
 
 
-def run_strategy(plan: Plan, devices: DeviceSet, strategy: str, *, source: Any = None
-                 ) -> tuple[Candidate, dict[str, Any]]:
-    """The chosen strategy's result and the report's ``strategy`` section."""
+def run_strategy(plan: Plan, devices: DeviceSet, strategy: str, *, source: Any = None,
+                 module: Any = None) -> tuple[Candidate, dict[str, Any]]:
+    """The chosen strategy's result and the report's ``strategy`` section (``module``: the
+    user's ``nn.Module`` when ``source`` is the traced graph, so that tensor parallelism may
+    use sequence parallelism)."""
     if strategy not in STRATEGY_CHOICES:
         raise GraphoptError(f"unknown split strategy {strategy!r}",
                             f"use one of: {', '.join(STRATEGY_CHOICES)}")
     if strategy == "auto":
-        cands = compare(plan, devices, source=source)
+        cands = compare(plan, devices, source=source, module=module)
         win, why = _pick(cands)
     elif strategy == "tensor":
-        cands = [_tensor_candidate(plan, devices, source)]
+        cands = [_tensor_candidate(plan, devices, source, module)]
         win, why = cands[0], "requested with --strategy tensor"
     else:
         cands = [_partition_candidate(plan, devices, strategy)]
         win, why = cands[0], f"requested with --strategy {strategy}"
     logger.info("strategy %s: %s", win.name, why)
+    tp = win.result if isinstance(win.result, TensorParallel) else None
     section = {"requested": strategy, "winner": win.name,
+               "sequence_parallel": bool(tp and tp.notes["sequence_parallel"]["enabled"]),
                "picked_by": "latency for one request" if strategy == "auto" else "request",
                "why": why, "groups": [list(g) for g in nvlink_groups(devices)],
                "candidates": [c.to_dict() for c in cands]}

@@ -30,17 +30,17 @@ from graphopt.plan import Decision, Plan
 __all__ = ["attach_split", "parallelize_section"]
 
 
-def parallelize_section(plan: Plan, degree: int, source: Any) -> dict[str, Any]:
-    """Case 2: the ``parallelize_module`` plan for the user's module, or why there is none."""
+def parallelize_section(plan: Plan, degree: int, source: Any, *,
+                        sequence_parallel: bool = False, module: Any = None) -> dict[str, Any]:
+    """Case 2: the ``parallelize_module`` plan for the user's module (the sequence-parallel
+    one when the result was costed with it), or why there is none."""
+    from graphopt.partition.strategies import torch_module
     from graphopt.partition.tp_emit import describe_plan
 
     blocks, _ = find_tp_blocks(plan, degree, source=source)
-    module = getattr(source, "source_model", source)
+    mod = torch_module(getattr(source, "source_model", source), module)
     try:
-        from torch import nn
-
-        mod = module if isinstance(module, nn.Module) else None
-        return describe_plan(blocks, degree, module=mod)
+        return describe_plan(blocks, degree, module=mod, sequence_parallel=sequence_parallel)
     except GraphoptError as e:
         return {"unavailable": e.problem, "fix": e.fix}
 
@@ -109,7 +109,7 @@ def _timeline(res: TensorParallel | TwoD, makespan: float) -> dict[str, Any]:
 
 
 def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any], *,
-                 source: Any = None) -> Plan:
+                 source: Any = None, module: Any = None) -> Plan:
     """The plan with the node decisions and the three sections of a tensor-parallel or 2-D
     result."""
     if isinstance(res, TensorParallel):
@@ -118,6 +118,7 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
         section = {**res.to_dict(), "groups": [list(group)]}
         section["devices"] = [{**d, "group": 0} for d in section["devices"]]
         makespan, degree = res.makespan_s, res.degree
+        seq = bool(res.notes["sequence_parallel"]["enabled"])
     else:
         rows = [(s, st.group, st.index) for st in res.stages for s in st.tp.schedule]
         offset = dict(zip((st.index for st in res.stages), res.stage_starts(), strict=True))
@@ -125,7 +126,9 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
                          reason=f"stage {i + 1}: {s.reason}"), g, i) for s, g, i in rows]
         section = res.to_dict()
         makespan, degree = res.latency_s, max(len(g) for g in res.groups)
-    section["parallelize_module"] = parallelize_section(plan, degree, source)
+        seq = False  # the 2-D split costs plain tensor parallelism
+    section["parallelize_module"] = parallelize_section(plan, degree, source,
+                                                        sequence_parallel=seq, module=module)
     out = _decisions(plan, rows)
     return replace(out, extra={**plan.extra, "partition": _timeline(res, makespan),
                                "tensor_parallel": section, "strategy": strategy})

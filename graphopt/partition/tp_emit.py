@@ -335,7 +335,11 @@ def sequence_parallel_layout(blocks: Sequence[TPBlockLike], module: nn.Module
     stack = {_parent(layer.fqn) for layer in layers}
     if len(stack) != 1:
         return f"decoder layers under {sorted(stack)}, not one layer list"
-    finals = _norm_children(module, _parent(stack.pop()), hidden)
+    where = stack.pop()
+    count = len(list(module.get_submodule(where).children()))
+    if count != len(layers):
+        return f"{len(layers)} of the {count} decoder layers in {where} are split"
+    finals = _norm_children(module, _parent(where), hidden)
     if len(finals) != 1:
         return f"{len(finals)} final norms beside the decoder layers, not one"
     head = _lm_head(module, hidden)
