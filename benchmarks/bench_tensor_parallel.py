@@ -25,7 +25,9 @@ Then 2 nodes x 4 H100s (``--nodes 2x4``: NVLink within a node, ``net=400Gb/s`` b
 network), the 2-D split (tensor parallel per node, pipeline stages across nodes:
 :func:`graphopt.partition.two_d.two_d`) with its stages, decode on the 2-D split, and for every
 device set the ``auto`` strategy's pick (:func:`graphopt.partition.strategies.run_strategy`)
-with every candidate's latency and throughput.
+with every candidate's latency and throughput. On 4 and 8 GPUs ``auto`` also runs on the
+LlamaForCausalLM's own prefill with the module given, where tensor parallelism may use sequence
+parallelism (the emitter can emit it for that module, not for PrefillStep's own layer loop).
 
 Usage: python benchmarks/bench_tensor_parallel.py [--layers 80] [--gpus 4,8] [--prompt 1024]
        [--cache 1024] [--decode-batch 1,32] [--nodes 2x4]
@@ -95,10 +97,10 @@ def nodes_spec(shape: str) -> str:
                     for i in range(per)) + ",net=400Gb/s"
 
 
-def auto_choice(plan, devices, source) -> None:
+def auto_choice(plan, devices, source, module=None) -> dict:
     """``--strategy auto``: every candidate's latency and throughput, and the pick."""
     t0 = time.perf_counter()
-    win, section = run_strategy(plan, devices, "auto", source=source)
+    win, section = run_strategy(plan, devices, "auto", source=source, module=module)
     print(f"  auto ({time.perf_counter() - t0:.1f} s): picked {win.name}: {section['why']}")
     for c in section["candidates"]:
         if c["feasible"]:
@@ -106,6 +108,31 @@ def auto_choice(plan, devices, source) -> None:
                   f"{c['throughput_per_s']:6.2f} prompts/s ({c['detail']})")
         else:
             print(f"    {c['strategy']:8s} could not run: {c['why_not'][:160]}")
+    return section
+
+
+def model_prefill(model: LlamaForCausalLM, prompt: int):
+    """The prefill of the LlamaForCausalLM itself (every token's logits): the module the
+    tensor-parallel emitter splits, so auto may use sequence parallelism there. PrefillStep
+    runs its own layer loop, which the emitter's per-module plan does not reach."""
+    model.config.use_cache = False  # a DynamicCache output does not trace
+    graph, plan, trace_s, plan_s = plan_phase(
+        model, (torch.zeros(1, prompt, dtype=torch.long, device="meta"),))
+    print(f"model prefill plan (LlamaForCausalLM, batch 1, {prompt} tokens, every token's "
+          f"logits): {len(plan.nodes)} nodes, trace {trace_s:.1f} s + plan {plan_s:.1f} s")
+    return graph, plan
+
+
+def model_auto(plan, graph, model, devices) -> None:
+    """auto on the model itself, with the module: tensor may use sequence parallelism."""
+    print("  auto on the LlamaForCausalLM prefill (module given, so tensor may use sequence "
+          "parallelism):")
+    section = auto_choice(plan, devices, graph, module=model)
+    lat = {c["strategy"]: c["latency_s"] for c in section["candidates"] if c["feasible"]}
+    base = [lat[s] for s in ("heft", "pipeline") if s in lat]
+    if "tensor" in lat and base:
+        print(f"  tensor ({'with' if section['sequence_parallel'] else 'without'} sequence "
+              f"parallelism) / best of HEFT and pipeline: {lat['tensor'] / min(base):.2f}x")
 
 
 def multi_node(prefill, g_pre, decodes, shape: str, params: int) -> None:
@@ -197,6 +224,7 @@ def main() -> None:
         print(f"decode plan (batch {b}, cache {args.cache}): trace {dtrace:.1f} s + plan "
               f"{dplan_s:.1f} s; KV cache {kv / GB:.1f} GB; one H100 (if it fit): step "
               f"{dplan.est_latency_s * 1e3:.1f} ms")
+    g_model, model_plan = model_prefill(model, args.prompt)
     h100 = get_target("h100")
     for gpus in (int(x) for x in args.gpus.split(",")):
         devices = parse_devices(spec(gpus))
@@ -260,6 +288,7 @@ def main() -> None:
                   f"parallelism {b / tsp.makespan_s:.0f} tokens/s"
                   f"{'' if td.feasible else ' OVER: ' + td.overflow_text()}")
         auto_choice(prefill, devices, g_pre)
+        model_auto(model_plan, g_model, model, devices)
     if args.nodes:
         multi_node(prefill, g_pre, decodes, args.nodes, params)
 
