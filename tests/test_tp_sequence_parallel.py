@@ -56,6 +56,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         sp.model.layers[1].post_attention_layernorm.register_forward_hook(local_shape)
         with torch.no_grad():
             logits = sp(_input_ids()).logits
+            try:  # 7 tokens over 2 ranks: refused on each rank before any collective
+                sp(_input_ids()[:, :7])
+            except GraphoptError as e:
+                seen["odd_tokens"] = [int("7 tokens" in e.problem)]
         seen["user_model_unchanged"] = all(  # type: ignore[assignment]
             type(v) is torch.Tensor and torch.equal(v, before[k])
             for k, v in model.state_dict().items())
@@ -95,7 +99,8 @@ def test_two_gloo_processes_with_sequence_parallelism_equal_the_model(tmp_path: 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         facts = json.loads((tmp_path / f"facts_{rank}.json").read_text())
         # the norm ran on 4 of the 8 tokens; the user's model kept its plain tensors
-        assert facts == {"norm_out_local": [2, 4, 64], "user_model_unchanged": True}
+        assert facts == {"norm_out_local": [2, 4, 64], "user_model_unchanged": True,
+                         "odd_tokens": [1]}
 
 
 def test_sequence_parallel_plan_is_torchtitans_layout() -> None:

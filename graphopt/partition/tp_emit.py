@@ -444,6 +444,22 @@ def _check_linears(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int
                                     "devices", f"use a degree that divides {size}")
 
 
+def _guard_tokens(first_layer: nn.Module, degree: int) -> None:
+    """Refuse a token count that does not divide by ``degree`` before any collective: the
+    token shards would be uneven, which ``SequenceParallel``'s ``from_local`` does not expect
+    (the ranks' gathers then disagree and the process group dies without saying why)."""
+
+    def check(_m: nn.Module, args: tuple[Any, ...]) -> None:
+        tokens = args[0].shape[1] if args and args[0].dim() > 1 else None
+        if tokens is not None and tokens % degree:
+            raise GraphoptError(
+                f"sequence parallelism over {degree} devices got {tokens} tokens, which do "
+                "not divide evenly", f"pad the sequence to a multiple of {degree} tokens, or "
+                "use plain tensor parallelism (sequence_parallel=False)")
+
+    first_layer.register_forward_pre_hook(check)
+
+
 def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[TPBlockLike],
                           *, sequence_parallel: bool = False) -> nn.Module:
     """A tensor-parallel copy of ``module`` over the 1-D ``mesh``; ``module`` is not changed.
@@ -469,6 +485,9 @@ def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[
             setattr(attn, name, local)
             logger.debug("%s.%s = %d (local heads)", where, name, local)
     plan = parallelize_plan(blocks, sequence_parallel=sequence_parallel, module=copied)
+    layout = sequence_parallel_layout(blocks, copied) if sequence_parallel else None
+    if isinstance(layout, SPLayout):
+        _guard_tokens(copied.get_submodule(layout.layers[0].fqn), degree)
     parallelize_module(copied, mesh, plan)
     logger.info("tensor parallel over %d devices: %d Linears split in %d blocks", degree,
                 len(plan), len(blocks))
