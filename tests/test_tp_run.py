@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import sys
-import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -25,12 +20,9 @@ from graphopt.partition.tp_emit import (
     parallelize_plan,
     two_d_support,
 )
+from tests.gloo_run import gloo_mesh, needs_gloo, rank_results, save_rank, spawn, state_unchanged
 
 transformers = pytest.importorskip("transformers")
-
-needs_gloo = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="torch.distributed with the gloo backend is not available in this torch build")
 
 
 @dataclass(frozen=True)
@@ -112,23 +104,10 @@ def _hidden() -> torch.Tensor:
     return torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(3))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    if sys.platform.startswith("linux"):  # the ranks are local processes: loopback only
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
-    try:
-        mesh = init_device_mesh("cpu", (world,))
+    with gloo_mesh(rank, world, port) as mesh:
         model = tiny_llama()
         before = {k: v.clone() for k, v in model.state_dict().items()}
         tp = apply_tensor_parallel(model, mesh, llama_blocks())
@@ -139,48 +118,23 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         facts = {
             "q_local": list(q.to_local().shape) if isinstance(q, DTensor) else None,
             "down_local": list(down.to_local().shape) if isinstance(down, DTensor) else None,
-            "user_model_unchanged": all(
-                type(v) is torch.Tensor and torch.equal(v, before[k])
-                for k, v in model.state_dict().items()),
+            "user_model_unchanged": state_unchanged(model, before),
         }
         old = OldStyleModel()
         old_tp = apply_tensor_parallel(old, mesh, [OLD_BLOCK])  # divides num_heads & co.
         with torch.no_grad():
             torch.save(old_tp(_hidden()), Path(out_dir) / f"old_{rank}.pt")
         facts["old_heads"] = [old_tp.attn.num_heads, old.attn.num_heads]
-        torch.save(logits, Path(out_dir) / f"logits_{rank}.pt")
-        (Path(out_dir) / f"facts_{rank}.json").write_text(json.dumps(facts))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(world: int, out_dir: Path, timeout_s: float = 90.0) -> None:
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"tensor-parallel run did not finish in {timeout_s:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        save_rank(out_dir, rank, logits, facts)
 
 
 @needs_gloo
 def test_two_gloo_processes_equal_the_single_process_model(tmp_path: Path) -> None:
-    _spawn(2, tmp_path)
+    spawn(_worker, 2, tmp_path, "tensor-parallel run")
     with torch.no_grad():
         want = tiny_llama()(_input_ids()).logits
-    for rank in range(2):
-        got = torch.load(tmp_path / f"logits_{rank}.pt", weights_only=True)
+    for rank, (got, facts) in enumerate(rank_results(tmp_path, 2)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        facts = json.loads((tmp_path / f"facts_{rank}.json").read_text())
         assert facts == {"q_local": [32, 64],  # 2 of 4 heads x head_dim 16, all 64 inputs
                          "down_local": [64, 64],  # all outputs, 64 of 128 intermediate
                          "user_model_unchanged": True,

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,12 +16,11 @@ from graphopt.partition.tp_emit import (
     parallelize_plan,
     sequence_parallel_support,
 )
+from tests.gloo_run import gloo_mesh, needs_gloo, rank_results, save_rank, spawn, state_unchanged
 from tests.test_tp_run import (
     LAYERS,
     Block,
-    _free_port,
     llama_blocks,
-    needs_gloo,
     tiny_llama,
 )
 
@@ -36,15 +32,8 @@ def _input_ids() -> torch.Tensor:
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
-    if sys.platform.startswith("linux"):  # the ranks are local processes: loopback only
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
-    try:
-        mesh = init_device_mesh("cpu", (world,))
+    with gloo_mesh(rank, world, port) as mesh:
         model = tiny_llama()
         before = {k: v.clone() for k, v in model.state_dict().items()}
         sp = apply_tensor_parallel(model, mesh, llama_blocks(), sequence_parallel=True)
@@ -60,44 +49,17 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
                 sp(_input_ids()[:, :7])
             except GraphoptError as e:
                 seen["odd_tokens"] = [int("7 tokens" in e.problem)]
-        seen["user_model_unchanged"] = all(  # type: ignore[assignment]
-            type(v) is torch.Tensor and torch.equal(v, before[k])
-            for k, v in model.state_dict().items())
-        torch.save(logits, Path(out_dir) / f"logits_{rank}.pt")
-        (Path(out_dir) / f"facts_{rank}.json").write_text(json.dumps(seen))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(world: int, out_dir: Path, timeout_s: float = 90.0) -> None:
-    import time
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"sequence-parallel run did not finish in {timeout_s:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        seen["user_model_unchanged"] = state_unchanged(model, before)  # type: ignore[assignment]
+        save_rank(out_dir, rank, logits, seen)
 
 
 @needs_gloo
 def test_two_gloo_processes_with_sequence_parallelism_equal_the_model(tmp_path: Path) -> None:
-    _spawn(2, tmp_path)
+    spawn(_worker, 2, tmp_path, "sequence-parallel run")
     with torch.no_grad():
         want = tiny_llama()(_input_ids()).logits
-    for rank in range(2):
-        got = torch.load(tmp_path / f"logits_{rank}.pt", weights_only=True)
+    for got, facts in rank_results(tmp_path, 2):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        facts = json.loads((tmp_path / f"facts_{rank}.json").read_text())
         # the norm ran on 4 of the 8 tokens; the user's model kept its plain tensors
         assert facts == {"norm_out_local": [2, 4, 64], "user_model_unchanged": True,
                          "odd_tokens": [1]}
