@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import replace
 
 from graphopt.analysis.kernel_class import KernelClass
@@ -25,7 +26,7 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = ["fixed_cost", "for_runtime", "measured_bandwidth", "measured_matrix_rate",
-           "view_cost"]
+           "runtime_tables", "view_cost"]
 
 
 def fixed_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
@@ -74,14 +75,25 @@ def measured_bandwidth(profile: HardwareProfile) -> float | None:
     return profile.measured_rates.get("memory")
 
 
+def runtime_tables(costs: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """A calibrated profile's fixed costs split by runtime: ``"torch"`` (eager) and
+    ``"onnxruntime"`` (the ``ort:*`` entries, prefix dropped)."""
+    from graphopt.hardware.calibrate_ort import ORT_PREFIX
+
+    tables: dict[str, dict[str, float]] = {"torch": {}, "onnxruntime": {}}
+    for key, value in costs.items():
+        if key.startswith(ORT_PREFIX):
+            tables["onnxruntime"][key[len(ORT_PREFIX):]] = value
+        else:
+            tables["torch"][key] = value
+    return tables
+
+
 def for_runtime(profile: HardwareProfile, source: str) -> HardwareProfile:
     """``profile`` as the runtime that executes a ``source`` graph sees it: for ``"onnx"``,
     ONNX Runtime's fixed costs (``ort:*``) in place of eager torch's. Profiles without them
     are returned unchanged."""
-    from graphopt.hardware.calibrate_ort import ORT_PREFIX
-
-    ort = {k[len(ORT_PREFIX):]: v for k, v in profile.op_overhead_s.items()
-           if k.startswith(ORT_PREFIX)}
+    ort = runtime_tables(profile.op_overhead_s)["onnxruntime"]
     if source != "onnx" or not ort:
         return profile
     return replace(profile, op_overhead_s=ort, launch_overhead_s=statistics.median(ort.values()))

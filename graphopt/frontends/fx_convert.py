@@ -36,7 +36,7 @@ from graphopt.frontends.aten_ops import (
 )
 from graphopt.ir import Graph, Node, TensorInfo, TensorKind
 
-__all__ = ["graph_from_exported_program", "graph_from_graph_module"]
+__all__ = ["computes_nothing", "graph_from_exported_program", "graph_from_graph_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,12 @@ def _target_key(target: Any) -> tuple[str, str, str]:
             hit = (src, "", src)
         _KEYS[target] = hit
     return hit
+
+
+def computes_nothing(target: Any) -> bool:
+    """An fx call target that only asserts or constrains shapes (``aten_ops.SKIP_OPS``): it
+    gets no plan node."""
+    return _target_key(target)[0] in SKIP_OPS
 
 
 def _schema(target: Any) -> list[tuple[str, bool, Any]] | None:
@@ -213,7 +219,7 @@ class _Converter:
 
     def call(self, n: fx.Node) -> None:
         key, overload, source = _target_key(n.target)
-        if key in SKIP_OPS:
+        if computes_nothing(n.target):
             return
         if key in _INLINE_HOPS and self.inline(n):
             return

@@ -30,7 +30,6 @@ threads the model will run with: both change every number here.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
@@ -38,7 +37,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -265,9 +264,10 @@ def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
         out[f"matrix:{key}"] = 2 * n**3 / time_call(functools.partial(torch.mm, m1, m2),
                                                      budget_s=0.1, repeats=5, best=True)
     if hasattr(torch.ops.quantized, "linear_dynamic"):  # the kernel graphopt's INT8 pass uses
-        from graphopt.rewrites.quantize import _packed
+        from graphopt.rewrites.quantize import pack_int8_weight
 
-        x, packed = torch.randn(n, n, generator=g), _packed(torch.randn(n, n, generator=g), None)
+        x = torch.randn(n, n, generator=g)
+        packed = pack_int8_weight(torch.randn(n, n, generator=g), None)
         out["matrix:int8"] = 2 * n**3 / time_call(
             functools.partial(torch.ops.quantized.linear_dynamic, x, packed), budget_s=0.1,
             repeats=5, best=True)
@@ -286,20 +286,6 @@ def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
     return out
 
 
-@contextlib.contextmanager
-def _intra_op_threads(threads: int | None) -> Iterator[int]:
-    """torch's intra-op threads set to ``threads`` (its own when None), restored after;
-    yields the count in use."""
-    import torch
-
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads or before)
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
 def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
               threads: int | None = None) -> HardwareProfile:
     """The host profile with measured per-op fixed costs, compute rates and bandwidth.
@@ -313,10 +299,11 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
     import torch
 
     from graphopt.hardware.detect import host_cpu_profile
+    from graphopt.profiling.torch_runs import intra_op_threads
 
     base = base or host_cpu_profile()
     started = time.perf_counter()
-    with _intra_op_threads(threads) as used, torch.inference_mode():
+    with intra_op_threads(threads) as used, torch.inference_mode():
         overhead = _fixed_costs(rounds=40 if quick else 120)
         rates = _rates(base, quick)
     for op, flops in _BENCH_FLOPS.items():  # the bench call's own work is not fixed cost
@@ -330,7 +317,7 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
         bandwidth_bytes_per_s=rates["memory"], launch_overhead_s=launch,
         host_link=replace(base.host_link, bandwidth_bytes_per_s=rates["memory"]),
         op_overhead_s=overhead, measured_rates=dict(sorted(rates.items())))
-    with _intra_op_threads(threads):
+    with intra_op_threads(threads):
         kernel, view, how = in_graph_factors(benched)
     ort = ort_fixed_costs(rounds=30 if quick else 60, threads=used)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -11,6 +11,7 @@ __all__ = ["add_parser"]
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from graphopt._io import OutputSet
+    from graphopt.cost.calibrated import runtime_tables
     from graphopt.hardware.calibrate import calibrate_host
     from graphopt.hardware.detect import host_cpu_profile
     from graphopt.report.format import fmt_seconds
@@ -32,23 +33,17 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         share = f" ({rates[key] / peak:.0%} of the {peak / 1e9:.0f} {ops} table peak)" \
             if peak else ""
         print(f"  {unit:6} {dtype:10} {rates[key] / 1e9:8.1f} {ops}{share}")
-    for runtime, costs in _by_runtime(profile.op_overhead_s).items():
+    tables = runtime_tables(profile.op_overhead_s)
+    for runtime, costs in (("eager torch", tables["torch"]),
+                           ("ONNX Runtime", tables["onnxruntime"])):
+        if not costs:
+            continue
         slowest = sorted(costs, key=costs.__getitem__, reverse=True)[:4]
         print(f"  fixed cost per node, {runtime}: median "
               f"{fmt_seconds(statistics.median(costs.values()))} over {len(costs)} op types; "
               "highest " + ", ".join(f"{op} {fmt_seconds(costs[op])}" for op in slowest))
     print(f"wrote {args.output}: use it as --target {args.output}")
     return 0
-
-
-def _by_runtime(costs: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Eager torch's table and ONNX Runtime's (``ort:*``), apart."""
-    from graphopt.hardware.calibrate_ort import ORT_PREFIX
-
-    ort = {k[len(ORT_PREFIX):]: v for k, v in costs.items() if k.startswith(ORT_PREFIX)}
-    torch = {k: v for k, v in costs.items() if not k.startswith(ORT_PREFIX)}
-    return {name: table for name, table in (("eager torch", torch), ("ONNX Runtime", ort))
-            if table}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -96,18 +96,18 @@ def ort_fixed_costs(rounds: int = 60, warmup: int = 5, threads: int | None = Non
     """``ort:<OpType>`` -> median seconds of one node, measured by ORT's profiler."""
     import onnxruntime as ort
 
-    from graphopt.profiling.ort_runs import _options, _per_run
+    from graphopt.profiling.ort_runs import node_times_per_run, profile_options
 
     model, feeds = _model()
     with tempfile.TemporaryDirectory() as tmp:
         session = ort.InferenceSession(model.SerializeToString(),
-                                       _options(str(Path(tmp) / "ort"), threads),
+                                       profile_options(str(Path(tmp) / "ort"), threads),
                                        providers=["CPUExecutionProvider"])
         for _ in range(warmup + rounds):
             session.run(None, feeds)
         trace = json.loads(Path(session.end_profiling()).read_text())
     samples: dict[str, list[float]] = defaultdict(list)
-    for run in _per_run(trace, warmup):
+    for run in node_times_per_run(trace, warmup):
         for node, seconds in run.items():
             samples[node.rpartition("_")[0]].append(seconds)
     return {ORT_PREFIX + op: statistics.median(ts) for op, ts in sorted(samples.items())}

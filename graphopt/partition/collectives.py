@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from graphopt.hardware.profile import Link
 from graphopt.partition.devices import DeviceSet
 
-__all__ = ["group_link", "ring_allreduce_s", "ring_half_s"]
+__all__ = ["group_link", "ring_allreduce_s", "ring_half_s", "slowest_link"]
 
 
 def ring_allreduce_s(nbytes: float, degree: int, link: Link) -> float:
@@ -46,7 +46,11 @@ def group_link(devices: DeviceSet, names: Sequence[str] | None = None) -> Link |
     latency of any pair): what bounds a ring step. None for a group of one."""
     names = [d.name for d in devices.devices] if names is None else list(names)
     links = [devices.link(a, b) for a in names for b in names if a != b]
-    if not links:
-        return None
+    return slowest_link(links) if links else None
+
+
+def slowest_link(links: Sequence[Link]) -> Link:
+    """One link as slow as the slowest of ``links``: the lowest bandwidth and the highest
+    latency among them (a transfer over any of them is bounded by both)."""
     slow = min(links, key=lambda link: link.bandwidth_bytes_per_s)
     return Link(slow.name, slow.bandwidth_bytes_per_s, max(lk.latency_s for lk in links))

@@ -35,6 +35,7 @@ import numpy as np
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import Link
 from graphopt.partition.assemble import human_bytes, human_s
+from graphopt.partition.collectives import slowest_link
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.pipeline_dp import cut_bytes
 from graphopt.partition.problem import build_problem, live_profile
@@ -85,9 +86,7 @@ def sub_devices(devices: DeviceSet, names: tuple[str, ...]) -> DeviceSet:
 
 def _between(devices: DeviceSet, g: tuple[str, ...], h: tuple[str, ...]) -> Link:
     """The slowest link from a device of ``g`` to one of ``h``."""
-    links = [devices.link(a, b) for a in g for b in h]
-    slow = min(links, key=lambda lk: lk.bandwidth_bytes_per_s)
-    return Link(slow.name, slow.bandwidth_bytes_per_s, max(lk.latency_s for lk in links))
+    return slowest_link([devices.link(a, b) for a in g for b in h])
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,16 @@ from graphopt.errors import GraphoptError
 from graphopt.ir import Graph
 from graphopt.profiling.stats import Measured
 
-__all__ = ["measure_onnx"]
+__all__ = ["measure_onnx", "node_times_per_run", "profile_options"]
 
 logger = logging.getLogger(__name__)
 
 _SUFFIX = "_kernel_time"
 
 
-def _options(profile_prefix: str | None, threads: int | None) -> Any:
+def profile_options(profile_prefix: str | None, threads: int | None) -> Any:
+    """Session options as profile and calibrate run ONNX Runtime: graph optimizations off (one
+    kernel per node of the file), its profiler on when given a file prefix."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -43,7 +45,7 @@ def _options(profile_prefix: str | None, threads: int | None) -> Any:
     return options
 
 
-def _per_run(trace: list[dict[str, Any]], warmup: int) -> list[dict[str, float]]:
+def node_times_per_run(trace: list[dict[str, Any]], warmup: int) -> list[dict[str, float]]:
     """Per profiled run: node name -> seconds (a node run several times in a run is summed)."""
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace
                   if e.get("cat") == "Session" and e.get("name") == "model_run")
@@ -72,14 +74,14 @@ def measure_onnx(graph: Graph, *, runs: int, warmup: int,
     feeds = sample_feeds(model, 1, dims=rng.values("opt") if rng else None)[0]
     with tempfile.TemporaryDirectory() as tmp:
         profiled = OrtModel(model, what="the model (profiled)",
-                            options=_options(str(Path(tmp) / "ort"), threads))
+                            options=profile_options(str(Path(tmp) / "ort"), threads))
         for _ in range(warmup + runs):
             profiled.run(feeds)
         trace = json.loads(Path(profiled.session.end_profiling()).read_text())
-    per_run = _per_run(trace, warmup)
+    per_run = node_times_per_run(trace, warmup)
     names = {k for r in per_run for k in r}
     per_node = {k: statistics.median(r.get(k, 0.0) for r in per_run) for k in names}
-    plain = OrtModel(model, what="the model", options=_options(None, threads))
+    plain = OrtModel(model, what="the model", options=profile_options(None, threads))
     for _ in range(warmup):
         plain.run(feeds)
     times = []

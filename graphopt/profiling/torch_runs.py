@@ -20,12 +20,14 @@ kernels of nested ops too), and the whole model is timed between two synchroniza
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import statistics
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,7 +40,7 @@ from graphopt.errors import GraphoptError, first_line
 from graphopt.ir import Graph
 from graphopt.profiling.stats import Measured
 
-__all__ = ["NODE_RANGE", "measure_torch", "per_node"]
+__all__ = ["NODE_RANGE", "intra_op_threads", "measure_torch", "per_node"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +120,8 @@ def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     gm, flat = _runnable(graph, model, args, kwargs)
-    before = torch.get_num_threads()
     try:
-        torch.set_num_threads(threads or before)
-        with torch.no_grad():
+        with intra_op_threads(threads) as used, torch.no_grad():
             for _ in range(warmup):
                 _Named(gm).run(*flat)
             sync()
@@ -140,27 +140,37 @@ def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
                             f"check that the model runs on its example inputs on {device} "
                             "(graphopt.plan traces it without running it)"
                             ) from None
-    finally:
-        torch.set_num_threads(before)
     logger.info("profiled %d nodes over %d runs on %s", len(found), runs, device)
     what = "CPU" if device == "cpu" else f"{device} kernels"
     return Measured({k: statistics.median(v) for k, v in found.items()},
                     min(graph_times), runs, warmup,
                     f"torch.profiler ({what}), per fx node via record_function ranges (median "
                     "of the runs); whole graph and the user's module timed without the "
-                    "profiler (best of the runs)", threads or before,
+                    "profiler (best of the runs)", used,
                     module_s=min(module_times))
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[int]:
+    """torch's intra-op threads set to ``threads`` (its own when None), restored after;
+    yields the count in use."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads or before)
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
 
 
 def _emitted(graph: Graph, gm: fx.GraphModule, model: torch.nn.Module) -> Any:
     """The plan's nodes as one module, called like the user's: a copy of the traced module
     without export's shape guard and pytree wrapping (``rewrites.pipeline.strip_unused``, as
     graphopt emits it) and without the shape/metadata asserts no plan node stands for
-    (``aten_ops.SKIP_OPS``; ~9 us each here). A make_fx fallback graph takes its state as
+    (``fx_convert.computes_nothing``; ~9 us each here). A make_fx fallback graph takes its state as
     inputs, so there the user's module stands in."""
     if not isinstance(graph.source_model, torch.export.ExportedProgram):
         return model
-    from graphopt.frontends.aten_ops import SKIP_OPS
+    from graphopt.frontends.fx_convert import computes_nothing
     from graphopt.rewrites.pipeline import strip_unused
 
     with warnings.catch_warnings():  # torch's own deprecation in copying a pytree spec
@@ -168,9 +178,7 @@ def _emitted(graph: Graph, gm: fx.GraphModule, model: torch.nn.Module) -> Any:
         emitted = copy.deepcopy(gm)
     strip_unused(emitted)
     for node in list(emitted.graph.nodes):
-        schema = getattr(node.target, "_schema", None)
-        if node.op == "call_function" and schema is not None and not node.users \
-                and "aten." + schema.name.partition("::")[2] in SKIP_OPS:
+        if node.op == "call_function" and not node.users and computes_nothing(node.target):
             emitted.graph.erase_node(node)
     emitted.recompile()
     return emitted

@@ -24,12 +24,12 @@ from graphopt.hardware import is_this_machine
 from graphopt.rewrites.context import RewriteContext
 from graphopt.rewrites.fx_utils import get_tensor, is_aten
 
-__all__ = ["dynamic_int8"]
+__all__ = ["dynamic_int8", "pack_int8_weight"]
 
 logger = logging.getLogger(__name__)
 
 
-def _packed(weight: torch.Tensor, bias: torch.Tensor | None) -> object:
+def pack_int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> object:
     scale = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
     zero = torch.zeros(weight.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized tensors are deprecated but still the CPU path
@@ -80,7 +80,7 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
         b = get_tensor(gm, node.args[2]) if len(node.args) > 2 and node.args[2] is not None \
             else None
         attr = f"_graphopt_int8_{node.name}"
-        setattr(gm, attr, _packed(w, b))
+        setattr(gm, attr, pack_int8_weight(w, b))
         with gm.graph.inserting_before(node), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # fx warns on non-tensor attributes
             packed = gm.graph.get_attr(attr)
