@@ -43,14 +43,29 @@ def init_gloo(rank: int, world: int, port: int) -> None:
                             world_size=world, timeout=timedelta(seconds=60))
 
 
+def _run_then_exit(rank: int, worker: Callable[[int, int, int, str], None], world: int,
+                   port: int, out_dir: str) -> None:
+    """Run one rank's worker, then leave without the interpreter's teardown.
+
+    The worker has written its results and destroyed the process group by then. What is
+    left is finalization, where gloo's C++ threads can still be joinable and abort the
+    process ("terminate called without an active exception", seen once in CI; torch
+    discusses it in pytorch/pytorch#179291). A worker that raises still fails the test.
+    """
+    worker(rank, world, port, out_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def spawn(worker: Callable[[int, int, int, str], None], world: int, out_dir: Path, what: str,
           timeout_s: float = 90.0) -> None:
     """Run ``worker(rank, world, port, out_dir)`` in ``world`` processes; fail the test if
     they do not finish in ``timeout_s``."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(worker, args=(world, free_port(), str(out_dir)), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(_run_then_exit, args=(worker, world, free_port(), str(out_dir)),
+                             nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
