@@ -31,9 +31,11 @@ Cases the emitter handles:
 
 5. Sequence parallelism (``sequence_parallel=True``): norms on token shards, an all-gather
    before each block and a reduce-scatter after it in place of the all-reduce; laid out as
-   torchtitan's Llama plan (:func:`sequence_parallel_specs`), found from the blocks and the
-   module's structure (:func:`sequence_parallel_layout`), or why not
-   (:func:`sequence_parallel_support`).
+   torchtitan's Llama plan (:mod:`.tp_sequence`), found from the blocks and the module's
+   structure, or why not.
+6. The vocabulary-parallel LM head (an ``"lm_head"`` block, when the cost model found it
+   worth its all-gather): ``ColwiseParallel(output_layouts=Replicate())``, so each device
+   computes ``vocab / t`` logits and the caller gets all of them (:mod:`.tp_styles`).
 
 The user's model is never changed: :func:`apply_tensor_parallel` parallelizes a deep copy
 (``parallelize_module`` replaces parameters in place).
@@ -45,16 +47,33 @@ The user's model is never changed: :func:`apply_tensor_parallel` parallelizes a 
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from math import gcd
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from graphopt.errors import GraphoptError
+from graphopt.partition.tp_sequence import (
+    SPLayout,
+    guard_tokens,
+    sequence_parallel_layout,
+    sequence_parallel_specs,
+    sequence_parallel_support,
+)
+from graphopt.partition.tp_styles import (
+    LM_HEAD,
+    Specs,
+    TPBlockLike,
+    attention_module,
+    build_styles,
+    check_degree,
+    check_linears,
+    emittable,
+    style_code,
+    style_specs,
+    submodule,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -76,131 +95,6 @@ _KV_NAMES = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
 _WIDTH_NAMES = ("hidden_size", "embed_dim", "all_head_size", "inner_dim")
 
 
-class TPBlockLike(Protocol):
-    """What the emitter reads from a block (``graphopt.partition.tp_blocks.TPBlock`` has it)."""
-
-    @property
-    def kind(self) -> str: ...  # "mlp" | "attention"
-
-    @property
-    def column_modules(self) -> tuple[str, ...]: ...
-
-    @property
-    def row_modules(self) -> tuple[str, ...]: ...
-
-    @property
-    def heads(self) -> int | None: ...
-
-    @property
-    def kv_heads(self) -> int | None: ...
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(2, n + 1) if n % d == 0]
-
-
-def attention_module(block: TPBlockLike) -> str:
-    """FQN of the module that owns an attention block's projections (their common parent)."""
-    parents = {name.rpartition(".")[0] for name in (*block.column_modules, *block.row_modules)}
-    if len(parents) != 1:
-        raise GraphoptError(f"attention block projections {sorted(parents)} have no single "
-                            "parent module", "list one attention module's Q/K/V/O per block")
-    return parents.pop()
-
-
-def _label(block: TPBlockLike) -> str:
-    first = (*block.column_modules, *block.row_modules, "?")[0]
-    return f"{block.kind} block {getattr(block, 'name', None) or first}"
-
-
-def _not_emittable(block: TPBlockLike) -> str:
-    if not block.column_modules or not block.row_modules:
-        return ("no torch module paths (find_tp_blocks fills them when given the model as "
-                "source=)")
-    return str(getattr(block, "note", "") or "")
-
-
-def emittable(blocks: Sequence[TPBlockLike]) -> tuple[list[TPBlockLike], list[str]]:
-    """The blocks plain ``ColwiseParallel``/``RowwiseParallel`` can split, and why each other
-    block runs unsplit (no module paths, or the block's ``note``: a fused QKV, a K x N weight).
-    """
-    kept: list[TPBlockLike] = []
-    unsplit: list[str] = []
-    for b in blocks:
-        why = _not_emittable(b)
-        if why:
-            unsplit.append(f"{_label(b)} runs unsplit: {why}")
-        else:
-            kept.append(b)
-    return kept, unsplit
-
-
-def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
-    """Legality of splitting ``blocks`` over ``degree`` devices (case 3); raises with the fix."""
-    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
-        raise GraphoptError(f"tensor-parallel degree {degree!r} is not a positive integer",
-                            "pass the number of devices in the tensor-parallel group")
-    if not blocks:
-        raise GraphoptError("no tensor-parallel blocks to split",
-                            "find them with graphopt.partition.tp_blocks.find_tp_blocks")
-    seen: set[str] = set()
-    for b in blocks:
-        if b.kind not in ("mlp", "attention"):
-            raise GraphoptError(f"unknown tensor-parallel block kind {b.kind!r}",
-                                "use 'mlp' or 'attention'")
-        why = _not_emittable(b)
-        if why:
-            raise GraphoptError(f"{_label(b)}: {why}",
-                                "leave it unsplit: pass emittable(blocks)[0]")
-        for name in (*b.column_modules, *b.row_modules):
-            if name in seen:
-                raise GraphoptError(f"module {name} is in two tensor-parallel blocks",
-                                    "split each Linear once")
-            seen.add(name)
-        if b.kind != "attention":
-            continue
-        where = attention_module(b)
-        heads, kv = b.heads, b.kv_heads or b.heads
-        if not heads or not kv:
-            raise GraphoptError(f"attention block {where} has no head count",
-                                "set heads (and kv_heads for GQA) on the block")
-        if heads % degree:
-            raise GraphoptError(
-                f"attention {where}: {heads} heads do not divide over {degree} devices "
-                "(a head cannot be split)",
-                f"use a tensor-parallel degree that divides {heads} (one of "
-                f"{_divisors(heads)}) or leave this block unsplit")
-        if kv % degree:
-            raise GraphoptError(
-                f"attention {where}: {kv} KV heads (GQA, {heads} query heads) do not divide "
-                f"over {degree} devices; each device needs whole KV heads for its query heads",
-                f"use a tensor-parallel degree that divides {kv} (one of "
-                f"{_divisors(gcd(heads, kv))}) or leave this block unsplit")
-
-
-def _style_specs(blocks: Sequence[TPBlockLike]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Plain plan (cases 1, 2) as FQN -> (style class name, keyword arguments)."""
-    specs: dict[str, tuple[str, dict[str, Any]]] = {}
-    for b in blocks:
-        why = _not_emittable(b)
-        if why:
-            raise GraphoptError(f"{_label(b)}: {why}", "leave it unsplit: pass "
-                                "emittable(blocks)[0]")
-        specs.update({name: ("ColwiseParallel", {}) for name in b.column_modules})
-        specs.update({name: ("RowwiseParallel", {}) for name in b.row_modules})
-    return specs
-
-
-def _build(specs: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, ParallelStyle]:
-    import torch.distributed.tensor.parallel as tp_styles
-
-    return {name: getattr(tp_styles, cls)(**kwargs) for name, (cls, kwargs) in specs.items()}
-
-
-def _code(cls: str, kwargs: dict[str, Any]) -> str:
-    return f"{cls}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
-
-
 def parallelize_plan(blocks: Sequence[TPBlockLike], *, degree: int | None = None,
                      sequence_parallel: bool = False, module: nn.Module | None = None
                      ) -> dict[str, ParallelStyle]:
@@ -210,198 +104,17 @@ def parallelize_plan(blocks: Sequence[TPBlockLike], *, degree: int | None = None
     (:func:`check_degree`); a block that is not :func:`emittable` raises."""
     if degree is not None:
         check_degree(blocks, degree)
-    return _build(_specs(blocks, sequence_parallel, module))
+    return build_styles(_specs(blocks, sequence_parallel, module))
 
 
 def _specs(blocks: Sequence[TPBlockLike], sequence_parallel: bool, module: nn.Module | None
-           ) -> dict[str, tuple[str, dict[str, Any]]]:
+           ) -> Specs:
     if not sequence_parallel:
-        return _style_specs(blocks)
+        return style_specs(blocks)
     if module is None:
         raise GraphoptError("the sequence-parallel plan needs the model to find its norms and "
                             "LM head", "pass module=<the nn.Module>")
     return sequence_parallel_specs(blocks, module)
-
-
-# ---------------------------------------------------------------------------------------------
-# Sequence parallelism (Megatron-SP, Korthikanti et al. 2022), laid out as torchtitan's Llama
-# apply_tp does it: between the blocks the residual stream is split by tokens (dim 1), the norms
-# run on their token shard (SequenceParallel), each attention / MLP module all-gathers its input
-# (PrepareModuleInput Shard(1) -> Replicate) and its row-split Linear reduce-scatters instead of
-# all-reducing (RowwiseParallel(output_layouts=Shard(1))); the LM head all-gathers the tokens.
-#
-# One difference from torchtitan: the embedding stays replicated and the first decoder layer
-# takes its token shard locally (PrepareModuleInput Replicate -> Shard(1), no communication).
-# transformers' LlamaModel computes position ids, the rotary tables and the causal mask from the
-# embedding output's sequence length; a token-sharded embedding would give them the local
-# length while attention sees the gathered one. The embedding is a gather, not a GEMM, so
-# keeping it whole costs nothing measurable.
-#
-# Call conventions it relies on (transformers' decoder layers, Llama/Mistral/Qwen): the decoder
-# layer is called with the hidden states positionally, the attention module with them as the
-# keyword of its forward's first parameter, the MLP positionally. Another convention fails loudly
-# (PrepareModuleInput's arity check, or attention's shape check), never silently.
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _SPLayer:
-    """One decoder layer: its FQN, its norms, its attention and MLP module FQNs."""
-
-    fqn: str
-    norms: tuple[str, ...]
-    attention: str
-    attention_arg: str
-    mlp: str
-
-
-@dataclass(frozen=True)
-class SPLayout:
-    """Where the sequence-parallel plan puts its styles, found from the blocks and the module."""
-
-    layers: tuple[_SPLayer, ...]
-    final_norm: str
-    lm_head: str
-
-
-def _parent(fqn: str) -> str:
-    return fqn.rpartition(".")[0]
-
-
-def _is_norm(mod: nn.Module, hidden: int) -> bool:
-    """A per-token norm: a leaf whose parameters are all vectors of the hidden size (RMSNorm,
-    LayerNorm), so a token shard computes exactly what the whole tensor would."""
-    params = list(mod.parameters(recurse=False))
-    return (not list(mod.children()) and bool(params)
-            and not isinstance(mod, (nn.Linear, nn.Embedding))
-            and all(p.dim() == 1 and p.shape[0] == hidden for p in params))
-
-
-def _norm_children(root: nn.Module, fqn: str, hidden: int) -> list[str]:
-    parent = root.get_submodule(fqn) if fqn else root
-    prefix = f"{fqn}." if fqn else ""
-    return [prefix + name for name, child in parent.named_children() if _is_norm(child, hidden)]
-
-
-def _first_arg(mod: nn.Module) -> str:
-    params = list(inspect.signature(mod.forward).parameters)
-    return params[0] if params else "hidden_states"
-
-
-def _sp_layer(root: nn.Module, attn: TPBlockLike, mlp: TPBlockLike, hidden: int
-              ) -> _SPLayer | str:
-    where, mlp_fqn = attention_module(attn), attention_module(mlp)
-    layer = _parent(where)
-    if not layer or _parent(mlp_fqn) != layer:
-        return (f"attention {where} and MLP {mlp_fqn} are not the two children of one "
-                "decoder layer")
-    norms = _norm_children(root, layer, hidden)
-    if len(norms) != 2:
-        return f"decoder layer {layer} has {len(norms)} norms, not one before each block"
-    return _SPLayer(layer, tuple(norms), where, _first_arg(root.get_submodule(where)), mlp_fqn)
-
-
-def _lm_head(root: nn.Module, hidden: int) -> str | None:
-    get = getattr(root, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    if not isinstance(head, nn.Linear) or head.in_features != hidden:
-        return None
-    return next((name for name, m in root.named_modules() if m is head), None)
-
-
-def sequence_parallel_layout(blocks: Sequence[TPBlockLike], module: nn.Module
-                             ) -> SPLayout | str:
-    """The layout of :func:`sequence_parallel_specs`, or why the model does not have it: each
-    decoder layer one attention and one MLP block with a norm before each, one final norm
-    beside the layers, and a Linear LM head (``get_output_embeddings``)."""
-    attn = [b for b in blocks if b.kind == "attention"]
-    mlp = [b for b in blocks if b.kind == "mlp"]
-    if not attn or len(attn) != len(mlp) or len(attn) + len(mlp) != len(blocks):
-        return (f"{len(attn)} attention and {len(mlp)} MLP blocks: sequence parallelism needs "
-                "every decoder layer split, one attention and one MLP block each")
-    try:
-        q = _submodule(module, attn[0].column_modules[0])
-    except GraphoptError as e:
-        return e.problem
-    if not isinstance(q, nn.Linear):
-        return f"{attn[0].column_modules[0]} is not nn.Linear"
-    hidden = q.in_features
-    layers = []
-    for a, m in zip(attn, mlp, strict=True):
-        layer = _sp_layer(module, a, m, hidden)
-        if isinstance(layer, str):
-            return layer
-        layers.append(layer)
-    stack = {_parent(layer.fqn) for layer in layers}
-    if len(stack) != 1:
-        return f"decoder layers under {sorted(stack)}, not one layer list"
-    where = stack.pop()
-    count = len(list(module.get_submodule(where).children()))
-    if count != len(layers):
-        return f"{len(layers)} of the {count} decoder layers in {where} are split"
-    finals = _norm_children(module, _parent(where), hidden)
-    if len(finals) != 1:
-        return f"{len(finals)} final norms beside the decoder layers, not one"
-    head = _lm_head(module, hidden)
-    if head is None:
-        return "no nn.Linear LM head (get_output_embeddings) reading the hidden states"
-    return SPLayout(tuple(layers), finals[0], head)
-
-
-def sequence_parallel_support(blocks: Sequence[TPBlockLike], module: nn.Module | None
-                              ) -> tuple[bool, str]:
-    """Whether the emitter can emit sequence parallelism for ``module``, and why not."""
-    if module is None:
-        return False, "no torch module given (the plan alone does not name the norms)"
-    kept, unsplit = emittable(blocks)
-    if unsplit:
-        return False, f"not every block splits: {unsplit[0]}"
-    layout = sequence_parallel_layout(kept, module)
-    if isinstance(layout, str):
-        return False, layout
-    return True, (f"{len(layout.layers)} decoder layers, final norm {layout.final_norm}, "
-                  f"LM head {layout.lm_head}")
-
-
-def sequence_parallel_specs(blocks: Sequence[TPBlockLike], module: nn.Module
-                            ) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The Megatron-SP plan (see the comment above) as FQN -> (style, keyword arguments)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    layout = sequence_parallel_layout(blocks, module)
-    if isinstance(layout, str):
-        raise GraphoptError(f"sequence parallelism cannot be emitted: {layout}",
-                            "use plain tensor parallelism (sequence_parallel=False)")
-    plain = _style_specs(blocks)
-    tokens, whole = Shard(1), Replicate()
-    specs: dict[str, tuple[str, dict[str, Any]]] = {
-        layout.layers[0].fqn: ("PrepareModuleInput", {
-            "input_layouts": (whole,), "desired_input_layouts": (tokens,),
-            "use_local_output": True})}
-    for layer in layout.layers:
-        specs.update({norm: ("SequenceParallel", {}) for norm in layer.norms})
-        specs[layer.attention] = ("PrepareModuleInput", {
-            "input_kwarg_layouts": {layer.attention_arg: tokens},
-            "desired_input_kwarg_layouts": {layer.attention_arg: whole},
-            "use_local_output": True})
-        specs[layer.mlp] = ("PrepareModuleInput", {
-            "input_layouts": (tokens,), "desired_input_layouts": (whole,),
-            "use_local_output": True})
-    for name, (cls, _) in plain.items():
-        specs[name] = (cls, {"output_layouts": tokens} if cls == "RowwiseParallel" else {})
-    specs[layout.final_norm] = ("SequenceParallel", {})
-    specs[layout.lm_head] = ("ColwiseParallel", {"input_layouts": tokens,
-                                                 "output_layouts": whole})
-    return specs
-
-
-def _submodule(root: nn.Module, fqn: str) -> nn.Module:
-    try:
-        return root.get_submodule(fqn)
-    except AttributeError:
-        raise GraphoptError(f"module {fqn!r} is not in {type(root).__name__}",
-                            "give the blocks the model's own module paths "
-                            "(model.named_modules())") from None
 
 
 def head_attributes(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int
@@ -414,8 +127,8 @@ def head_attributes(module: nn.Module, blocks: Sequence[TPBlockLike], degree: in
         if b.kind != "attention" or not b.heads:
             continue
         where = attention_module(b)
-        attn = _submodule(module, where)
-        q = _submodule(module, b.column_modules[0])
+        attn = submodule(module, where)
+        q = submodule(module, b.column_modules[0])
         width = q.out_features if isinstance(q, nn.Linear) else None
         kv = b.kv_heads or b.heads
         want = {**dict.fromkeys(_HEAD_NAMES, b.heads), **dict.fromkeys(_KV_NAMES, kv),
@@ -426,38 +139,6 @@ def head_attributes(module: nn.Module, blocks: Sequence[TPBlockLike], degree: in
         if found:
             out[where] = found
     return out
-
-
-def _check_linears(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int) -> None:
-    for b in blocks:
-        for name, dim in ([(n, "out_features") for n in b.column_modules]
-                          + [(n, "in_features") for n in b.row_modules]):
-            lin = _submodule(module, name)
-            if not isinstance(lin, nn.Linear):
-                raise GraphoptError(
-                    f"{name} is a {type(lin).__name__}, not nn.Linear; ColwiseParallel and "
-                    "RowwiseParallel only split nn.Linear (and nn.Embedding)",
-                    "leave this block unsplit (e.g. GPT-2's fused Conv1D c_attn)")
-            size = getattr(lin, dim)
-            if size % degree:
-                raise GraphoptError(f"{name}: {dim}={size} does not divide over {degree} "
-                                    "devices", f"use a degree that divides {size}")
-
-
-def _guard_tokens(first_layer: nn.Module, degree: int) -> None:
-    """Refuse a token count that does not divide by ``degree`` before any collective: the
-    token shards would be uneven, which ``SequenceParallel``'s ``from_local`` does not expect
-    (the ranks' gathers then disagree and the process group dies without saying why)."""
-
-    def check(_m: nn.Module, args: tuple[Any, ...]) -> None:
-        tokens = args[0].shape[1] if args and args[0].dim() > 1 else None
-        if tokens is not None and tokens % degree:
-            raise GraphoptError(
-                f"sequence parallelism over {degree} devices got {tokens} tokens, which do "
-                "not divide evenly", f"pad the sequence to a multiple of {degree} tokens, or "
-                "use plain tensor parallelism (sequence_parallel=False)")
-
-    first_layer.register_forward_pre_hook(check)
 
 
 def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[TPBlockLike],
@@ -476,7 +157,7 @@ def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[
                             "pass the tensor-parallel dimension, e.g. mesh['tp']")
     degree = mesh.size()
     check_degree(blocks, degree)
-    _check_linears(module, blocks, degree)
+    check_linears(module, blocks, degree)
     adjust = head_attributes(module, blocks, degree)
     copied = copy.deepcopy(module)
     for where, attrs in adjust.items():
@@ -487,7 +168,7 @@ def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[
     plan = parallelize_plan(blocks, sequence_parallel=sequence_parallel, module=copied)
     layout = sequence_parallel_layout(blocks, copied) if sequence_parallel else None
     if isinstance(layout, SPLayout):
-        _guard_tokens(copied.get_submodule(layout.layers[0].fqn), degree)
+        guard_tokens(copied.get_submodule(layout.layers[0].fqn), degree)
     parallelize_module(copied, mesh, plan)
     logger.info("tensor parallel over %d devices: %d Linears split in %d blocks", degree,
                 len(plan), len(blocks))
@@ -498,11 +179,12 @@ def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = 
                  sequence_parallel: bool = False, module: nn.Module | None = None) -> str:
     """The code a user runs on every rank (``torchrun --nproc-per-node <degree>``)."""
     specs = _specs(blocks, sequence_parallel, module)
-    lines = [f"    {name!r}: {_code(cls, kwargs)}," for name, (cls, kwargs) in specs.items()]
+    lines = [f"    {name!r}: {style_code(cls, kwargs)}," for name, (cls, kwargs) in specs.items()]
     styles = sorted({cls for cls, _ in specs.values()})
+    layouts = [x for x in ("Replicate", "Shard") if any(f"{x}(" in line for line in lines)]
     return "\n".join([
         "from torch.distributed.device_mesh import init_device_mesh",
-        *(["from torch.distributed.tensor import Replicate, Shard"] if sequence_parallel else []),
+        *([f"from torch.distributed.tensor import {', '.join(layouts)}"] if layouts else []),
         "from torch.distributed.tensor.parallel import (",
         f"    {', '.join(styles)}, parallelize_module)",
         "",
@@ -530,6 +212,8 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
             kv = b.kv_heads or b.heads
             row.update(module=attention_module(b), heads=b.heads, kv_heads=kv,
                        local_heads=(b.heads or 0) // degree, local_kv_heads=(kv or 0) // degree)
+        elif b.kind == LM_HEAD:
+            row["gather"] = f"all-gather of the logits: 1/{degree} of the vocabulary per device"
         rows.append(row)
     out: dict[str, Any] = {
         "engine": "torch.distributed.tensor.parallel.parallelize_module",
@@ -543,7 +227,7 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
         "two_d": two_d_support(),
     }
     if module is not None:
-        _check_linears(module, blocks, degree)
+        check_linears(module, blocks, degree)
         out["head_attributes"] = {where: {k: list(v) for k, v in attrs.items()}
                                   for where, attrs in head_attributes(module, blocks,
                                                                       degree).items()}

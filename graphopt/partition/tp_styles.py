@@ -1,0 +1,209 @@
+"""The plain tensor-parallel plan: which ``nn.Linear`` gets which ``ParallelStyle``, and whether
+the blocks can be split at all. :mod:`.tp_emit` applies it, :mod:`.tp_sequence` builds the
+sequence-parallel plan on top of it.
+
+Block kinds (``graphopt.partition.tp_blocks.TPBlock`` and any object with the same fields):
+
+1. ``"mlp"`` and ``"attention"``: the Megatron pairs. Column-split Linears become
+   ``ColwiseParallel()`` (input replicated, weight ``Shard(0)``, the local shard out), row-split
+   ones ``RowwiseParallel()`` (the local shard in, weight ``Shard(1)``, output all-reduced).
+   Attention needs whole query and KV heads per device (:func:`check_degree`).
+2. ``"lm_head"``: the vocabulary-parallel LM head, one column-split Linear whose logits are
+   gathered at once (``ColwiseParallel(output_layouts=Replicate())``): each device computes
+   ``vocab / t`` of the logits from the whole hidden state, one all-gather joins them. It has no
+   row side and its vocabulary must divide by the degree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import gcd
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torch import nn
+
+from graphopt.errors import GraphoptError
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+__all__ = ["KINDS", "LM_HEAD", "TPBlockLike", "attention_module", "block_label", "build_styles",
+           "check_degree", "check_linears", "emittable", "not_emittable", "style_code",
+           "style_specs", "submodule"]
+
+LM_HEAD = "lm_head"
+KINDS = ("mlp", "attention", LM_HEAD)
+
+#: FQN -> (style class name in torch.distributed.tensor.parallel, keyword arguments)
+Specs = dict[str, tuple[str, dict[str, Any]]]
+
+
+class TPBlockLike(Protocol):
+    """What the emitter reads from a block (``graphopt.partition.tp_blocks.TPBlock`` has it)."""
+
+    @property
+    def kind(self) -> str: ...  # "mlp" | "attention" | "lm_head"
+
+    @property
+    def column_modules(self) -> tuple[str, ...]: ...
+
+    @property
+    def row_modules(self) -> tuple[str, ...]: ...
+
+    @property
+    def heads(self) -> int | None: ...
+
+    @property
+    def kv_heads(self) -> int | None: ...
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+def attention_module(block: TPBlockLike) -> str:
+    """FQN of the module that owns an attention block's projections (their common parent)."""
+    parents = {name.rpartition(".")[0] for name in (*block.column_modules, *block.row_modules)}
+    if len(parents) != 1:
+        raise GraphoptError(f"attention block projections {sorted(parents)} have no single "
+                            "parent module", "list one attention module's Q/K/V/O per block")
+    return parents.pop()
+
+
+def block_label(block: TPBlockLike) -> str:
+    """"<kind> block <name>" for messages."""
+    first = (*block.column_modules, *block.row_modules, "?")[0]
+    return f"{block.kind} block {getattr(block, 'name', None) or first}"
+
+
+def not_emittable(block: TPBlockLike) -> str:
+    """Why plain ColwiseParallel/RowwiseParallel cannot split ``block`` ("" when they can)."""
+    rows_needed = block.kind != LM_HEAD
+    if not block.column_modules or (rows_needed and not block.row_modules):
+        return ("no torch module paths (find_tp_blocks fills them when given the model as "
+                "source=)")
+    return str(getattr(block, "note", "") or "")
+
+
+def emittable(blocks: Sequence[TPBlockLike]) -> tuple[list[TPBlockLike], list[str]]:
+    """The blocks plain ``ColwiseParallel``/``RowwiseParallel`` can split, and why each other
+    block runs unsplit (no module paths, or the block's ``note``: a fused QKV, a K x N weight).
+    """
+    kept: list[TPBlockLike] = []
+    unsplit: list[str] = []
+    for b in blocks:
+        why = not_emittable(b)
+        if why:
+            unsplit.append(f"{block_label(b)} runs unsplit: {why}")
+        else:
+            kept.append(b)
+    return kept, unsplit
+
+
+def _check_heads(b: TPBlockLike, degree: int) -> None:
+    where = attention_module(b)
+    heads, kv = b.heads, b.kv_heads or b.heads
+    if not heads or not kv:
+        raise GraphoptError(f"attention block {where} has no head count",
+                            "set heads (and kv_heads for GQA) on the block")
+    if heads % degree:
+        raise GraphoptError(
+            f"attention {where}: {heads} heads do not divide over {degree} devices "
+            "(a head cannot be split)",
+            f"use a tensor-parallel degree that divides {heads} (one of "
+            f"{_divisors(heads)}) or leave this block unsplit")
+    if kv % degree:
+        raise GraphoptError(
+            f"attention {where}: {kv} KV heads (GQA, {heads} query heads) do not divide "
+            f"over {degree} devices; each device needs whole KV heads for its query heads",
+            f"use a tensor-parallel degree that divides {kv} (one of "
+            f"{_divisors(gcd(heads, kv))}) or leave this block unsplit")
+
+
+def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
+    """Legality of splitting ``blocks`` over ``degree`` devices; raises with the fix."""
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        raise GraphoptError(f"tensor-parallel degree {degree!r} is not a positive integer",
+                            "pass the number of devices in the tensor-parallel group")
+    if not blocks:
+        raise GraphoptError("no tensor-parallel blocks to split",
+                            "find them with graphopt.partition.tp_blocks.find_tp_blocks")
+    seen: set[str] = set()
+    heads = 0
+    for b in blocks:
+        if b.kind not in KINDS:
+            raise GraphoptError(f"unknown tensor-parallel block kind {b.kind!r}",
+                                f"use one of {', '.join(map(repr, KINDS))}")
+        why = not_emittable(b)
+        if why:
+            raise GraphoptError(f"{block_label(b)}: {why}",
+                                "leave it unsplit: pass emittable(blocks)[0]")
+        for name in (*b.column_modules, *b.row_modules):
+            if name in seen:
+                raise GraphoptError(f"module {name} is in two tensor-parallel blocks",
+                                    "split each Linear once")
+            seen.add(name)
+        if b.kind == LM_HEAD:
+            heads += 1
+            if heads > 1 or len(b.column_modules) != 1 or b.row_modules:
+                raise GraphoptError(f"{block_label(b)}: an LM head block is one Linear, once",
+                                    "give one lm_head block with one column module")
+        elif b.kind == "attention":
+            _check_heads(b, degree)
+
+
+def style_specs(blocks: Sequence[TPBlockLike]) -> Specs:
+    """The plain plan (kinds 1, 2) as FQN -> (style class name, keyword arguments)."""
+    from torch.distributed.tensor import Replicate
+
+    specs: Specs = {}
+    for b in blocks:
+        why = not_emittable(b)
+        if why:
+            raise GraphoptError(f"{block_label(b)}: {why}", "leave it unsplit: pass "
+                                "emittable(blocks)[0]")
+        if b.kind == LM_HEAD:
+            specs[b.column_modules[0]] = ("ColwiseParallel", {"output_layouts": Replicate()})
+            continue
+        specs.update({name: ("ColwiseParallel", {}) for name in b.column_modules})
+        specs.update({name: ("RowwiseParallel", {}) for name in b.row_modules})
+    return specs
+
+
+def build_styles(specs: Specs) -> dict[str, ParallelStyle]:
+    """The ``parallelize_module`` plan: each spec as its ``ParallelStyle`` object."""
+    import torch.distributed.tensor.parallel as tp_styles
+
+    return {name: getattr(tp_styles, cls)(**kwargs) for name, (cls, kwargs) in specs.items()}
+
+
+def style_code(cls: str, kwargs: dict[str, Any]) -> str:
+    """One spec as the Python a user pastes."""
+    return f"{cls}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+def submodule(root: nn.Module, fqn: str) -> nn.Module:
+    """``root.get_submodule(fqn)``, or the error saying the blocks name another model."""
+    try:
+        return root.get_submodule(fqn)
+    except AttributeError:
+        raise GraphoptError(f"module {fqn!r} is not in {type(root).__name__}",
+                            "give the blocks the model's own module paths "
+                            "(model.named_modules())") from None
+
+
+def check_linears(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int) -> None:
+    """Every split module is an ``nn.Linear`` whose split width divides by ``degree``."""
+    for b in blocks:
+        for name, dim in ([(n, "out_features") for n in b.column_modules]
+                          + [(n, "in_features") for n in b.row_modules]):
+            lin = submodule(module, name)
+            if not isinstance(lin, nn.Linear):
+                raise GraphoptError(
+                    f"{name} is a {type(lin).__name__}, not nn.Linear; ColwiseParallel and "
+                    "RowwiseParallel only split nn.Linear (and nn.Embedding)",
+                    "leave this block unsplit (e.g. GPT-2's fused Conv1D c_attn)")
+            size = getattr(lin, dim)
+            if size % degree:
+                raise GraphoptError(f"{name}: {dim}={size} does not divide over {degree} "
+                                    "devices", f"use a degree that divides {size}")
