@@ -120,7 +120,7 @@ def test_intermediate_that_does_not_divide():
 def test_gpt2_fused_qkv_conv1d(gpt2):
     plan, graph = gpt2
     blocks, reasons = find_tp_blocks(plan, 2, source=graph)
-    assert [b.kind for b in blocks] == ["attention", "mlp"] * 2 and reasons == []
+    assert [b.kind for b in blocks] == ["attention", "mlp"] * 2 + ["lm_head"] and reasons == []
     attn, mlp = blocks[:2]
     assert attn.fused_qkv and len(attn.column) == 1 and (attn.heads, attn.kv_heads) == (4, 4)
     assert plan.node(attn.column[0]).analysis.dims["N"] == 3 * 64
@@ -130,8 +130,13 @@ def test_gpt2_fused_qkv_conv1d(gpt2):
     assert mlp.row_modules == ("model.transformer.h.0.mlp.c_proj",)
     # the GELU (tanh form) between c_fc and c_proj is inside the MLP block
     assert any(plan.node(n).op_type == "Tanh" for n in mlp.nodes)
-    # the LM head (a GEMM after the final norm) is in no block
-    assert all("lm_head" not in m for b in blocks for m in b.column_modules + b.row_modules)
+    # the LM head (a GEMM after the final norm, widening to the vocabulary) is its own block,
+    # named by the Linear though its weight is tied to the token embedding
+    head = blocks[-1]
+    assert head.column_modules == ("model.lm_head",) and head.row == () and head.note == ""
+    assert (head.hidden, head.inner) == (64, plan.node(head.column[0]).analysis.dims["N"])
+    assert head.dims_text() == {"column": "N (vocabulary)"}
+    assert all("lm_head" not in m for b in blocks[:-1] for m in b.column_modules + b.row_modules)
 
 
 def mlp_graph(m: int, h: int, i: int, out: int | None = None, leak: bool = False,

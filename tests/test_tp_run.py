@@ -50,7 +50,12 @@ def tiny_llama() -> nn.Module:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def llama_blocks(heads: int = HEADS, kv_heads: int = KV_HEADS) -> list[Block]:
+#: the vocabulary-parallel LM head (256 logits, 128 per rank)
+HEAD = Block("lm_head", ("lm_head",), ())
+
+
+def llama_blocks(heads: int = HEADS, kv_heads: int = KV_HEADS, head: bool = False
+                 ) -> list[Block]:
     blocks = []
     for i in range(LAYERS):
         p = f"model.layers.{i}"
@@ -59,7 +64,7 @@ def llama_blocks(heads: int = HEADS, kv_heads: int = KV_HEADS) -> list[Block]:
                             (f"{p}.self_attn.o_proj",), heads, kv_heads))
         blocks.append(Block("mlp", (f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"),
                             (f"{p}.mlp.down_proj",)))
-    return blocks
+    return [*blocks, HEAD] if head else blocks
 
 
 def _input_ids() -> torch.Tensor:
@@ -110,14 +115,16 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     with gloo_mesh(rank, world, port) as mesh:
         model = tiny_llama()
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        tp = apply_tensor_parallel(model, mesh, llama_blocks())
+        tp = apply_tensor_parallel(model, mesh, llama_blocks(head=True))
         with torch.no_grad():
             logits = tp(_input_ids()).logits
         q = tp.model.layers[0].self_attn.q_proj.weight
         down = tp.model.layers[1].mlp.down_proj.weight
+        head = tp.lm_head.weight
         facts = {
             "q_local": list(q.to_local().shape) if isinstance(q, DTensor) else None,
             "down_local": list(down.to_local().shape) if isinstance(down, DTensor) else None,
+            "head_local": list(head.to_local().shape) if isinstance(head, DTensor) else None,
             "user_model_unchanged": state_unchanged(model, before),
         }
         old = OldStyleModel()
@@ -137,6 +144,7 @@ def test_two_gloo_processes_equal_the_single_process_model(tmp_path: Path) -> No
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert facts == {"q_local": [32, 64],  # 2 of 4 heads x head_dim 16, all 64 inputs
                          "down_local": [64, 64],  # all outputs, 64 of 128 intermediate
+                         "head_local": [128, 64],  # 128 of the 256 logits, gathered after
                          "user_model_unchanged": True,
                          "old_heads": [2, 4]}  # the copy holds 2 local heads, the user's 4
         with torch.no_grad():
@@ -214,10 +222,11 @@ def test_blocks_found_on_the_plan_when_tp_blocks_exists() -> None:
     model = tiny_llama()
     plan = graphopt.plan(model, (_input_ids(),), target="h100-sxm")
     found, unsplit = tp_blocks.find_tp_blocks(plan, 2, source=model)
-    kept, why = emittable(found)
+    kept, why = emittable(found, model)
     assert (unsplit, why) == ([], [])
-    assert parallelize_plan(kept, degree=2).keys() == parallelize_plan(llama_blocks()).keys()
-    assert describe_plan(found, 2) == describe_plan(llama_blocks(), 2)  # heads, GQA too
+    want = llama_blocks(head=True)
+    assert parallelize_plan(kept, degree=2).keys() == parallelize_plan(want).keys()
+    assert describe_plan(found, 2) == describe_plan(want, 2)  # heads, GQA, the LM head too
 
 
 def test_blocks_an_emitter_cannot_split_are_reported_not_split() -> None:

@@ -111,12 +111,13 @@ def sequence_parallel_emittable(plan: Plan, degree: int, source: Any, module: An
     """Whether :mod:`.tp_emit` can emit sequence parallelism for the user's module at
     ``degree`` (every block split, the norms and LM head found), and why not: a plan costed
     with it must also run with it."""
-    from graphopt.partition.tp_blocks import find_tp_blocks
+    from graphopt.partition.tp_blocks import LM_HEAD, find_tp_blocks, splittable
     from graphopt.partition.tp_emit import sequence_parallel_support
 
-    blocks, fallbacks = find_tp_blocks(plan, degree, source=source)
-    if fallbacks:
-        return False, f"not every block splits {degree} ways: {fallbacks[0]}"
+    found, skipped = find_tp_blocks(plan, source=source)
+    blocks, fallbacks = splittable([b for b in found if b.kind != LM_HEAD], degree)
+    if skipped or fallbacks:  # an LM head that does not divide just stays whole
+        return False, f"not every block splits {degree} ways: {(skipped + fallbacks)[0]}"
     return sequence_parallel_support(blocks, torch_module(source, module))
 
 

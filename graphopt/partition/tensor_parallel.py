@@ -11,8 +11,13 @@ Every device of the group runs every node, in plan order; what differs is how mu
    time of the whole when it gets too small for the tensor cores.
 2. **Sharded tails**: a view, data-movement or elementwise node outside the blocks whose
    activation inputs are all head-sharded (stacking the new K/V entries) runs sharded too.
-3. **Replicated**: every other node (embeddings, norms, residual adds, the LM head, blocks
-   that do not divide by ``t``) runs whole on every device, at the plan's cost there.
+3. **Replicated**: every other node (embeddings, norms, residual adds, blocks that do not
+   divide by ``t``) runs whole on every device, at the plan's cost there.
+9. **Vocabulary-parallel LM head** (an ``"lm_head"`` block): a column GEMM at ``N / t``
+   followed at once by an all-gather of its logits (:func:`.collectives.ring_half_s` of the
+   whole output), so whatever reads the logits runs on all of them. Split only when the GEMM's
+   saving on the slowest device exceeds the gather; otherwise it stays replicated and the
+   fallbacks say by how much it lost.
 4. **Collectives**: after each row GEMM, a ring all-reduce of its output
    (:func:`.collectives.ring_allreduce_s`) over the group's slowest link; it is on the
    critical path (the next norm reads the sum), so it is not overlapped with compute.
@@ -53,7 +58,7 @@ from graphopt.partition.collectives import group_link, ring_allreduce_s, ring_ha
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode
-from graphopt.partition.tp_blocks import TPBlock, find_tp_blocks, splittable
+from graphopt.partition.tp_blocks import LM_HEAD, TPBlock, find_tp_blocks, splittable
 from graphopt.plan import NodePlan, Plan
 
 __all__ = ["BlockSplit", "Collective", "TensorParallel", "split_analysis", "tensor_parallel"]
@@ -80,14 +85,16 @@ class BlockSplit:
     row: tuple[str, ...]
     compute_s: float  # the block's nodes on the slowest device of the group
     unsplit_s: float  # the same nodes whole on the first device
-    allreduce_bytes: int
+    allreduce_bytes: int  # the bytes of its collective (an all-gather for the LM head)
     allreduce_s: float
+    collective: str = "all-reduce"
 
     def to_dict(self) -> dict[str, Any]:
         return {"block": self.block, "kind": self.kind, "degree": self.degree,
                 "dims": dict(self.dims), "column": list(self.column), "row": list(self.row),
                 "compute_s": self.compute_s, "unsplit_s": self.unsplit_s,
-                "allreduce_bytes": self.allreduce_bytes, "allreduce_s": self.allreduce_s}
+                "collective": self.collective, "allreduce_bytes": self.allreduce_bytes,
+                "allreduce_s": self.allreduce_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +245,8 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
     names = [d.name for d in devices.devices]
     link = group_link(devices)
     index = {name: i for i, name in enumerate(pb.names)}
+    blocks, lost = _worth_a_gather(plan, pb, blocks, devices, link, index)
+    fallbacks = [*fallbacks, *lost]
     role: dict[int, tuple[str, TPBlock | None]] = {}
     for b in blocks:
         for name in b.nodes:
@@ -272,13 +281,14 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         else:
             split_params.update(pb.node_params[v])
             sharded_in += sum(pb.p_bytes[p] for p in pb.node_params[v])
-        if r != "row":
+        if r != "row" and (b is None or b.kind != LM_HEAD):  # the head's logits: gathered
             sharded.update(pb.node_outputs[v])
         _cost_on_each(split_analysis(n, r, t, sharded_in, b), v, devices, cost, memo)
         role[v] = (r, b)
     split_params -= whole_params  # a tied weight also read whole stays whole
 
     rows = {index[x]: b for b in blocks for x in b.row}
+    gathers = {index[b.column[0]] for b in blocks if b.kind == LM_HEAD}  # case 9
     seq_nodes: set[int] = set()
     seq_t: set[int] = set()  # token-sharded tensors
     scatter: set[int] = set()  # row GEMMs that end in a reduce-scatter
@@ -330,6 +340,8 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         if v in rows and t > 1:
             flush("reduce-scatter" if v in scatter else "all-reduce", v,
                   sum(pb.t_bytes[x] for x in pb.node_outputs[v]))
+        elif v in gathers and t > 1:
+            flush("all-gather", v, sum(pb.t_bytes[x] for x in pb.node_outputs[v]))
     for x in sorted(x for x in seq_t if pb.t_output[x] and x not in gathered):
         gathered.add(x)  # a returned token-sharded tensor is gathered at the end
         flush("all-gather", pb.t_producer[x], pb.t_bytes[x])
@@ -358,7 +370,8 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         collective_s=dict.fromkeys(names, comm), splits=splits, fallbacks=tuple(fallbacks),
         collectives=tuple(collectives), schedule=tuple(schedule),
         notes={"replicated": "nodes outside the split blocks (embeddings, norms, residual adds, "
-                             "the LM head, blocks that do not divide) run whole on every device",
+                             "blocks that do not divide, an LM head not worth its all-gather) "
+                             "run whole on every device",
                "replicated_nodes": sum(1 for v in range(pb.n) if v not in role),
                "replicated_s": max(sum(row[v] for v in range(pb.n) if v not in role)
                                    for row in cost),
@@ -366,8 +379,9 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
                "sequence_parallel": {"enabled": sequence_parallel, "nodes": len(seq_nodes),
                                      "reduce_scatters": len(scatter),
                                      "all_gathers": len(gathered)},
-               "collective_model": "ring all-reduce after each row GEMM over the group's "
-                                   "slowest link, on the critical path",
+               "collective_model": "ring all-reduce after each row GEMM (all-gather after a "
+                                   "vocabulary-split LM head) over the group's slowest link, "
+                                   "on the critical path",
                "throughput_is": "back to back: 1/makespan; overlapped: 1/max(compute, "
                                 "collectives) with two micro-batches in flight"})
     logger.info("tensor parallel x%d: %d blocks split, %d unsplit; makespan %s (%s of "
@@ -430,6 +444,9 @@ def _reasons(plan: Plan, role: Mapping[int, tuple[str, TPBlock | None]], t: int)
             out.append(f"replicated on all {t} devices (outside the split blocks)")
         elif b is None:
             out.append(f"1/{t} on each device: reads only head-sharded tensors")
+        elif r == "column" and b.kind == LM_HEAD:
+            out.append(f"column split of {b.name}: 1/{t} of {b.dims_text()['column']}, then "
+                       "all-gather")
         elif r == "column":
             out.append(f"column split of {b.name}: 1/{t} of {b.dims_text()['column']}")
         elif r == "row":
@@ -443,9 +460,42 @@ def _reasons(plan: Plan, role: Mapping[int, tuple[str, TPBlock | None]], t: int)
 def _block_split(b: TPBlock, t: int, index: Mapping[str, int], cost: list[list[float]],
                  pb: Any, link: Link | None) -> BlockSplit:
     vs = [index[x] for x in b.nodes]
-    nbytes = sum(pb.t_bytes[x] for r in b.row for x in pb.node_outputs[index[r]])
+    head = b.kind == LM_HEAD
+    nbytes = sum(pb.t_bytes[x] for r in (b.column if head else b.row)
+                 for x in pb.node_outputs[index[r]])
+    ring = ring_half_s if head else ring_allreduce_s
     return BlockSplit(
         block=b.name, kind=b.kind, degree=t, dims=b.dims_text(), column=b.column, row=b.row,
         compute_s=max(sum(row[v] for v in vs) for row in cost),
         unsplit_s=sum(pb.cost[0][v] for v in vs), allreduce_bytes=nbytes,
-        allreduce_s=ring_allreduce_s(nbytes, t, link) if link is not None else 0.0)
+        allreduce_s=ring(nbytes, t, link) if link is not None and t > 1 else 0.0,
+        collective="all-gather" if head else "all-reduce")
+
+
+def _worth_a_gather(plan: Plan, pb: Any, blocks: list[TPBlock], devices: DeviceSet,
+                    link: Link | None, index: Mapping[str, int]
+                    ) -> tuple[list[TPBlock], list[str]]:
+    """Case 9: keep an LM head block only when splitting its GEMM saves more on the slowest
+    device than the all-gather of its logits costs; else why not."""
+    t = len(devices.devices)
+    kept, lost = [], []
+    for b in blocks:
+        if b.kind != LM_HEAD or t < 2:
+            kept.append(b)
+            continue
+        v = index[b.column[0]]
+        n = plan.nodes[v]
+        w = _weight_index(pb, n)
+        owned = sum(pb.p_bytes[p] for p in pb.node_params[v])
+        sa = split_analysis(n, "column", t, owned if w is not None else 0, b)
+        split = max(estimate(sa, dev.profile).est_time_s for dev in devices.devices)
+        whole = max(row[v] for row in pb.cost)
+        nbytes = sum(pb.t_bytes[x] for x in pb.node_outputs[v])
+        gather = ring_half_s(nbytes, t, link) if link is not None else 0.0
+        if whole - split > gather:
+            kept.append(b)
+        else:
+            lost.append(f"{b.kind} block {b.name} runs unsplit: splitting its vocabulary "
+                        f"saves {human_s(max(whole - split, 0.0))}, less than the all-gather "
+                        f"of its logits ({human_s(gather)})")
+    return kept, lost

@@ -31,13 +31,18 @@ __all__ = ["attach_split", "parallelize_section"]
 
 
 def parallelize_section(plan: Plan, degree: int, source: Any, *,
-                        sequence_parallel: bool = False, module: Any = None) -> dict[str, Any]:
+                        sequence_parallel: bool = False, module: Any = None,
+                        split: set[str] | None = None) -> dict[str, Any]:
     """Case 2: the ``parallelize_module`` plan for the user's module (the sequence-parallel
-    one when the result was costed with it), or why there is none."""
+    one when the result was costed with it), or why there is none. ``split``: the names of
+    the blocks the cost model split (an LM head not worth its gather is left out); None
+    emits every block that divides."""
     from graphopt.partition.strategies import torch_module
     from graphopt.partition.tp_emit import describe_plan
 
     blocks, _ = find_tp_blocks(plan, degree, source=source)
+    if split is not None:
+        blocks = [b for b in blocks if b.name in split]
     mod = torch_module(getattr(source, "source_model", source), module)
     try:
         return describe_plan(blocks, degree, module=mod, sequence_parallel=sequence_parallel)
@@ -119,6 +124,7 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
         section["devices"] = [{**d, "group": 0} for d in section["devices"]]
         makespan, degree = res.makespan_s, res.degree
         seq = bool(res.notes["sequence_parallel"]["enabled"])
+        split = {b.block for b in res.splits}
     else:
         rows = [(s, st.group, st.index) for st in res.stages for s in st.tp.schedule]
         offset = dict(zip((st.index for st in res.stages), res.stage_starts(), strict=True))
@@ -127,8 +133,10 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
         section = res.to_dict()
         makespan, degree = res.latency_s, max(len(g) for g in res.groups)
         seq = False  # the 2-D split costs plain tensor parallelism
+        split = {b.block for st in res.stages for b in st.tp.splits}
     section["parallelize_module"] = parallelize_section(plan, degree, source,
-                                                        sequence_parallel=seq, module=module)
+                                                        sequence_parallel=seq, module=module,
+                                                        split=split)
     out = _decisions(plan, rows)
     return replace(out, extra={**plan.extra, "partition": _timeline(res, makespan),
                                "tensor_parallel": section, "strategy": strategy})

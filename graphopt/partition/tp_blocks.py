@@ -17,8 +17,15 @@ Cases recognized (read from the plan's dataflow, never from module names):
    QKV), and whose output reaches exactly one GEMM (the output projection) through views.
    Heads and head_dim come from the attention dims; KV heads from the K/V widths (GQA), or
    from a fused QKV width ``(heads + 2 kv) * head_dim``.
-3. **Must not fire**: a walk that reaches a norm, softmax, reduction or other GEMM-less
-   source, a column GEMM whose output leaves the block, or widths that do not match.
+3. **LM head** (vocabulary-parallel): the last GEMM with a weight, outside the blocks above,
+   that widens (``N > K``: hidden size to vocabulary) and whose output reaches a graph output
+   through views, data movement and elementwise nodes (casts, logit soft-capping). Split by
+   columns, each device computes ``N / t`` logits; an all-gather joins them right after the
+   GEMM, so whatever follows runs on the whole logits. Worth it when the GEMM saves more than
+   the gather costs, which :mod:`.tensor_parallel` decides.
+4. **Must not fire**: a walk that reaches a norm, softmax, reduction or other GEMM-less
+   source, a column GEMM whose output leaves the block, or widths that do not match; a final
+   GEMM that narrows (a classifier) is no LM head.
 
 Legality at a degree ``t`` (:func:`can_split`) is apart from profitability (the cost model in
 :mod:`.tensor_parallel`): heads, KV heads and the split widths must divide by ``t``; a block
@@ -36,7 +43,7 @@ from typing import Any
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.plan import NodePlan, Plan
 
-__all__ = ["TPBlock", "can_split", "find_tp_blocks", "parameter_fqns", "splittable"]
+__all__ = ["LM_HEAD", "TPBlock", "can_split", "find_tp_blocks", "parameter_fqns", "splittable"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,9 @@ _ATTN_PATH = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass
 _MLP_PATH = frozenset({KernelClass.VIEW, KernelClass.ELEMENTWISE, KernelClass.SILU})
 #: from attention to the output projection: the head merge
 _MERGE_PATH = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT})
+#: from the LM head to the model's output: slices, casts, soft-capping
+_OUT_PATH = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass.ELEMENTWISE})
+LM_HEAD = "lm_head"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +73,12 @@ class TPBlock:
     ``note``: why an emitter cannot use plain Colwise/RowwiseParallel here ("" if it can).
     """
 
-    kind: str  # "mlp" | "attention"
+    kind: str  # "mlp" | "attention" | "lm_head"
     column: tuple[str, ...]
     row: tuple[str, ...]
     nodes: tuple[str, ...]
     hidden: int
-    inner: int  # the split width: intermediate size, or heads * head_dim
+    inner: int  # the split width: intermediate size, heads * head_dim, or vocabulary
     heads: int = 0
     kv_heads: int = 0
     head_dim: int = 0
@@ -82,13 +92,15 @@ class TPBlock:
 
     @property
     def name(self) -> str:
-        """A label for reports: the kind and its first node."""
-        return f"{self.kind}@{self.row[0]}"
+        """A label for reports: the kind and its row GEMM (the LM head's own GEMM)."""
+        return f"{self.kind}@{(self.row or self.column)[0]}"
 
     def dims_text(self) -> dict[str, str]:
         """Which dims each side splits, for the report."""
         if self.kind == "attention":
             return {"column": "N (heads)", "row": "K (heads)"}
+        if self.kind == LM_HEAD:
+            return {"column": "N (vocabulary)"}
         return {"column": "N (intermediate)", "row": "K (intermediate)"}
 
 
@@ -103,7 +115,8 @@ def can_split(block: TPBlock, degree: int) -> str | None:
             return (f"{block.kv_heads} KV heads do not divide by degree {degree} (GQA: each "
                     "device needs whole KV heads)")
     elif block.inner % degree:
-        return f"intermediate size {block.inner} does not divide by degree {degree}"
+        what = "vocabulary" if block.kind == LM_HEAD else "intermediate size"
+        return f"{what} {block.inner} does not divide by degree {degree}"
     return None
 
 
@@ -130,7 +143,8 @@ def parameter_fqns(source: Any) -> dict[str, str]:
     named = getattr(src, "named_parameters", None)
     if named is None:
         return {}
-    return {"p_" + re.sub(r"\W", "_", fqn): fqn for fqn, _ in named()}
+    # every name of a tied weight: export names the placeholder after one of them
+    return {"p_" + re.sub(r"\W", "_", fqn): fqn for fqn, _ in named(remove_duplicate=False)}
 
 
 class _Flow:
@@ -364,6 +378,29 @@ def _mlp_block(flow: _Flow, down: NodePlan, taken: set[str]) -> TPBlock | None:
                    weight_layout=layout, note=_note(layout, False))
 
 
+def _lm_head_block(flow: _Flow, taken: set[str]) -> TPBlock | None:
+    """Case 3: the last widening GEMM outside the blocks whose output reaches a graph output
+    through ``_OUT_PATH`` nodes, or None."""
+    for name in sorted(flow.nodes, key=flow.order.__getitem__, reverse=True):
+        n = flow.nodes[name]
+        if name in taken or n.analysis.kernel_class not in _GEMMS or _weight(n) is None \
+                or _gemm_input(n) is None:
+            continue
+        k, width = int(n.analysis.dims.get("K", 0)), int(n.analysis.dims.get("N", 0))
+        outs = [t.name for t in n.outputs if t is not None]
+        after = _forward_from_tensors(flow, outs, _OUT_PATH)
+        tensors = {*outs, *(t.name for a in after for t in flow.nodes[a].outputs
+                            if t is not None)}
+        if not tensors & flow.outputs:
+            continue
+        if width <= k:
+            return None  # the output GEMM narrows: a classifier, not an LM head
+        layout = _layout(n)
+        return TPBlock(LM_HEAD, (name,), (), (name,), k, width, weight_layout=layout,
+                       note=_note(layout, False))
+    return None
+
+
 def _fqn(placeholder: str, fqns: Mapping[str, str]) -> str | None:
     """The FQN of a weight placeholder; a module that was traced inside a wrapper
     (``p_lm_model_layers_0_...`` for the user's ``model.layers.0...``) matches by suffix when
@@ -417,6 +454,9 @@ def find_tp_blocks(plan: Plan, degree: int | None = None, *, source: Any = None
             if block is not None:
                 blocks.append(block)
                 taken.update(block.nodes)
+    head = _lm_head_block(flow, taken)
+    if head is not None:
+        blocks.append(head)
     blocks.sort(key=lambda b: flow.order[b.column[0]])
     if source is not None:
         fqns = parameter_fqns(source)
@@ -426,7 +466,8 @@ def find_tp_blocks(plan: Plan, degree: int | None = None, *, source: Any = None
     if degree is not None:
         kept, unsplit = splittable(blocks, degree)
         reasons += unsplit
-    logger.info("tensor-parallel blocks: %d attention, %d MLP%s",
+    logger.info("tensor-parallel blocks: %d attention, %d MLP, %d LM head%s",
                 sum(b.kind == "attention" for b in kept), sum(b.kind == "mlp" for b in kept),
+                sum(b.kind == LM_HEAD for b in kept),
                 f" ({len(reasons)} not split)" if reasons else "")
     return kept, reasons

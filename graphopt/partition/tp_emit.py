@@ -199,7 +199,7 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
     mesh, per-block local heads, why other blocks run unsplit, the attributes
     :func:`apply_tensor_parallel` would divide (with ``module``), the code snippet and what the
     engine allows for 2-D. Raises like :func:`check_degree` when heads do not divide."""
-    blocks, unsplit = emittable(blocks)
+    blocks, unsplit = emittable(blocks, module)
     if not blocks and unsplit:
         raise GraphoptError("no block can be split by parallelize_module: "
                             + "; ".join(unsplit[:3]), "run the model unsplit or pipelined")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import nn
 
 from graphopt.errors import GraphoptError
+from graphopt.partition.tp_blocks import LM_HEAD
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -31,7 +32,6 @@ __all__ = ["KINDS", "LM_HEAD", "TPBlockLike", "attention_module", "block_label",
            "check_degree", "check_linears", "emittable", "not_emittable", "style_code",
            "style_specs", "submodule"]
 
-LM_HEAD = "lm_head"
 KINDS = ("mlp", "attention", LM_HEAD)
 
 #: FQN -> (style class name in torch.distributed.tensor.parallel, keyword arguments)
@@ -85,14 +85,27 @@ def not_emittable(block: TPBlockLike) -> str:
     return str(getattr(block, "note", "") or "")
 
 
-def emittable(blocks: Sequence[TPBlockLike]) -> tuple[list[TPBlockLike], list[str]]:
+def _not_linear(module: nn.Module, block: TPBlockLike) -> str:
+    for name in (*block.column_modules, *block.row_modules):
+        try:
+            mod = submodule(module, name)
+        except GraphoptError as e:
+            return e.problem
+        if not isinstance(mod, nn.Linear):
+            return f"{name} is a {type(mod).__name__}, not nn.Linear"
+    return ""
+
+
+def emittable(blocks: Sequence[TPBlockLike], module: nn.Module | None = None
+              ) -> tuple[list[TPBlockLike], list[str]]:
     """The blocks plain ``ColwiseParallel``/``RowwiseParallel`` can split, and why each other
-    block runs unsplit (no module paths, or the block's ``note``: a fused QKV, a K x N weight).
+    block runs unsplit (no module paths, the block's ``note``: a fused QKV, a K x N weight;
+    with ``module``, a path that is not an ``nn.Linear`` there).
     """
     kept: list[TPBlockLike] = []
     unsplit: list[str] = []
     for b in blocks:
-        why = not_emittable(b)
+        why = not_emittable(b) or (_not_linear(module, b) if module is not None else "")
         if why:
             unsplit.append(f"{block_label(b)} runs unsplit: {why}")
         else:

@@ -67,7 +67,7 @@ def tp_panel(plan: Mapping[str, Any]) -> str:
         if splits:
             out.append("<h4>Block splits</h4>" + _table(
                 ["block", "kind", "degree", "column split", "row split", "stage",
-                 "compute split / whole", "all-reduce"], "llrllrrr", splits, "tp-splits"))
+                 "compute split / whole", "collective"], "llrllrrr", splits, "tp-splits"))
         pm = tp.get("parallelize_module")
         pm = pm if isinstance(pm, Mapping) else {}
         if pm.get("code"):

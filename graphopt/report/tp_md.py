@@ -78,7 +78,8 @@ def tp_device_rows(tp: Mapping[str, Any]) -> list[TPDeviceRow]:
 
 
 def split_rows(tp: Mapping[str, Any]) -> list[list[str]]:
-    """block, kind, degree, column dims, row dims, stage, compute (split / whole), all-reduce."""
+    """block, kind, degree, column dims, row dims, stage, compute (split / whole), and the
+    collective after it (an all-reduce, or the LM head's all-gather)."""
     out = []
     for s in items(tp, "splits"):
         dims = s.get("dims") if isinstance(s.get("dims"), Mapping) else {}
@@ -87,6 +88,7 @@ def split_rows(tp: Mapping[str, Any]) -> list[list[str]]:
                     str(dims.get("column", "—")), str(dims.get("row", "—")),
                     "—" if stage is None else str(int(stage) + 1),
                     f"{fmt_seconds(s.get('compute_s'))} / {fmt_seconds(s.get('unsplit_s'))}",
+                    f"{s.get('collective') or 'all-reduce'} "
                     f"{fmt_bytes(s.get('allreduce_bytes'))} in "
                     f"{fmt_seconds(s.get('allreduce_s'))}"])
     return out
@@ -145,7 +147,7 @@ def tp_md(plan: Mapping[str, Any], h: str) -> list[str]:
     if splits:
         out += [f"{h}# Block splits", ""]
         out += md_table(["block", "kind", "degree", "column split", "row split", "stage",
-                         "compute split / whole", "all-reduce"],
+                         "compute split / whole", "collective"],
                         [[md_code(r[0]), *r[1:]] for r in splits], "llrllrrr")
     fallbacks = [str(f) for f in tp.get("fallbacks") or []]
     if fallbacks:
