@@ -236,14 +236,16 @@ def main() -> None:
         tp = tensor_parallel(prefill, devices, source=g_pre)
         tp_s = time.perf_counter() - t0
         print(f"tensor x{gpus} prefill: makespan {tp.makespan_s * 1e3:.1f} ms (compute "
-              f"{tp.compute_s * 1e3:.1f} ms + {len(tp.collectives)} all-reduces "
+              f"{tp.compute_s * 1e3:.1f} ms + "
+              f"{sum(c.kind == 'all-reduce' for c in tp.collectives)} all-reduces and "
+              f"{sum(c.kind == 'all-gather' for c in tp.collectives)} all-gathers "
               f"{(tp.makespan_s - tp.compute_s) * 1e3:.1f} ms); {len(tp.splits)} blocks split, "
               f"{len(tp.fallbacks)} unsplit, {tp.notes['replicated_nodes']} nodes replicated "
               f"({tp.notes['replicated_s'] * 1e3:.1f} ms); "
               f"throughput {tp.throughput_per_s:.2f} prompts/s back to back, "
               f"{tp.throughput_overlapped_per_s:.2f} with all-reduce overlapped (split "
               f"{tp_s:.1f} s)")
-        print("  device   memory    params  activations  busy      all-reduce  fits")
+        print("  device   memory    params  activations  busy      collective  fits")
         for d in devices.devices:
             print(f"  {d.name:7s} {tp.memory_used[d.name] / GB:6.1f} GB "
                   f"{tp.params[d.name] / GB:6.1f} GB {tp.activations[d.name] / GB:8.2f} GB "
@@ -254,9 +256,11 @@ def main() -> None:
             print(f"  overflow: {tp.overflow_text()}")
         kinds = {s.kind: s for s in tp.splits}
         for kind, s in sorted(kinds.items()):
-            print(f"  {kind} block ({s.block}): column {s.dims['column']}, row {s.dims['row']}; "
+            row = f", row {s.dims['row']}" if "row" in s.dims else ""
+            print(f"  {kind} block ({s.block}): column {s.dims['column']}{row}; "
                   f"{s.unsplit_s * 1e3:.3f} ms whole -> {s.compute_s * 1e3:.3f} ms per device "
-                  f"+ all-reduce of {s.allreduce_bytes / 1e6:.1f} MB {s.allreduce_s * 1e6:.1f} us")
+                  f"+ {s.collective} of {s.allreduce_bytes / 1e6:.1f} MB "
+                  f"{s.allreduce_s * 1e6:.1f} us")
         sp = tensor_parallel(prefill, devices, sequence_parallel=True)
         spn = sp.notes["sequence_parallel"]
         print(f"tensor x{gpus} + sequence parallel prefill: makespan {sp.makespan_s * 1e3:.1f} ms "

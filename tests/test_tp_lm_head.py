@@ -125,6 +125,19 @@ def test_kept_whole_when_the_gather_costs_more_than_the_split_saves():
                                           rel=1e-9)
 
 
+def test_the_emitted_plan_follows_the_cost_models_choice():
+    import graphopt
+
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(2))
+    plan = graphopt.plan(tiny_llama(), (ids,), target="h100", devices=TWO, strategy="tensor")
+    tp = plan.extra["tensor_parallel"]
+    # 16 tokens x 256 logits: the split saves nothing a launch does not cost anyway
+    assert [s["kind"] for s in tp["splits"]] == ["attention", "mlp"] * LAYERS
+    assert len(tp["fallbacks"]) == 1 and "less than the all-gather" in tp["fallbacks"][0]
+    assert "lm_head" not in tp["parallelize_module"]["plan"]
+    assert "lm_head" not in tp["parallelize_module"]["code"]
+
+
 # --- emitter -------------------------------------------------------------------------------
 
 def test_plain_plan_gathers_the_logits():
