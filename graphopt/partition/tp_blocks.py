@@ -24,8 +24,9 @@ Cases recognized (read from the plan's dataflow, never from module names):
    GEMM, so whatever follows runs on the whole logits. Worth it when the GEMM saves more than
    the gather costs, which :mod:`.tensor_parallel` decides.
 4. **Must not fire**: a walk that reaches a norm, softmax, reduction or other GEMM-less
-   source, a column GEMM whose output leaves the block, or widths that do not match; a final
-   GEMM that narrows (a classifier) is no LM head.
+   source, a column GEMM or an attention output that leaves the block (read outside it or
+   returned: each device holds only its heads), or widths that do not match; a final GEMM
+   that narrows (a classifier) is no LM head.
 
 Legality at a degree ``t`` (:func:`can_split`) is apart from profitability (the cost model in
 :mod:`.tensor_parallel`): heads, KV heads and the split widths must divide by ``t``; a block
@@ -305,6 +306,8 @@ def _attention_block(flow: _Flow, unit: tuple[str, ...], qkv: list[str]
     nodes = {*columns, *path, *cache_path, *unit, *merge, row.name}
     if flow.leaves_block(columns, nodes):
         return None, "a Q/K/V projection's output is read outside the attention block"
+    if flow.leaves_block([*unit, *merge], nodes):  # each device would hold only its heads
+        return None, "the attention's output is read outside the block or returned"
     layout = _layout(flow.nodes[columns[0]])
     return TPBlock("attention", tuple(columns), (row.name,),
                    tuple(sorted(nodes, key=flow.order.__getitem__)), hidden, heads * hd,
