@@ -90,6 +90,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.api import resolve_targets, with_partition
     from graphopt.dynamic_spec import parse_dynamic
     from graphopt.frontends.python_spec import is_python_spec, load_python_spec
+    from graphopt.onnx_rewrites.guard import snr_text
     from graphopt.onnx_rewrites.pipeline import optimize_onnx
     from graphopt.onnx_rewrites.save import claim_onnx, stage_onnx
 
@@ -141,7 +142,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
           f"(tolerance {tol['rel_to_scale']:g} of scale, cosine >= {tol['min_cosine']}):")
     for n in info["numerics"]:
         print(f"    {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
-              f"cosine {n['cosine']:.6f}, SNR {n['snr_db']:.1f} dB, "
+              f"cosine {n['cosine']:.6f}, {snr_text(n['snr_db'])}, "
               f"{'within' if n['within'] else 'OUT OF'} tolerance")
     layout = info["session"]["reasons"].get("layout")
     if layout:

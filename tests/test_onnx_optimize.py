@@ -402,3 +402,10 @@ def test_gpt2_and_bert_export_with_either_exporter(tmp_path, opset, exporter):
                                         samples=[exp.feeds])
         assert all(n["within"] for n in info16["numerics"])
         _close(exp.outputs, _run(emulate_fp16(fp16), exp.feeds), FP16_RTOL)
+
+
+def test_equal_outputs_read_no_error_not_an_infinite_snr():
+    from graphopt.onnx_rewrites.guard import snr_text
+
+    assert snr_text(float("inf")) == "no error"
+    assert snr_text(43.21) == "SNR 43.2 dB" and snr_text(-3.0) == "SNR -3.0 dB"

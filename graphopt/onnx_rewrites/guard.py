@@ -47,7 +47,8 @@ from graphopt.onnx_rewrites.ort_runner import (
 )
 from graphopt.plan import Decision
 
-__all__ = ["GuardReport", "LossyPass", "OutputError", "compare", "guard", "run_samples"]
+__all__ = ["GuardReport", "LossyPass", "OutputError", "compare", "guard", "run_samples",
+           "snr_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,11 @@ logger = logging.getLogger(__name__)
 LossyPass = Callable[[onnx.ModelProto, OnnxContext, frozenset[str]], "onnx.ModelProto | None"]
 #: more rounds than this never help: 2^12 nodes blocked in the last one
 _MAX_ROUNDS = 12
+
+
+def snr_text(snr_db: float) -> str:
+    """"SNR 43.2 dB", or "no error" where the outputs are equal (the SNR is infinite)."""
+    return "no error" if math.isinf(snr_db) and snr_db > 0 else f"SNR {snr_db:.1f} dB"
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,7 @@ class OutputError:
         bad = f"{self.nonfinite} inf/NaN value(s); finite ones: " if self.nonfinite else ""
         return (f"{self.name}: {bad}max abs {self.max_abs:.3g} (limit "
                 f"{self.tolerance.rel_to_scale * self.scale:.3g}), max rel {self.max_rel:.3g}, "
-                f"cosine {self.cosine:.6f}, SNR {self.snr_db:.1f} dB")
+                f"cosine {self.cosine:.6f}, {snr_text(self.snr_db)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"output": self.name, "max_abs": self.max_abs, "max_rel": self.max_rel,

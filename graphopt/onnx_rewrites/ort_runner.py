@@ -16,12 +16,10 @@ that names the op ORT could not run.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import re
 import tempfile
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ import onnx
 import onnx.shape_inference
 from onnx import numpy_helper
 
+from graphopt._order import stable_topo_order
 from graphopt.errors import GraphoptError
 
 __all__ = ["OrtModel", "emulate_fp16", "float_tensors", "sample_feeds", "tensor_types",
@@ -109,28 +108,14 @@ def _ort_fix(e: Exception) -> str:
 
 
 def topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
-    """Nodes in a valid order, as close to the given one as possible (Kahn, stable)."""
+    """Nodes in a valid order, as close to the given one as possible (Kahn, stable); the
+    given order where a cycle leaves some out."""
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     if all(producer.get(t, -1) < i for i, n in enumerate(nodes) for t in n.input if t):
         return list(nodes)
-    users: dict[int, list[int]] = defaultdict(list)
-    indeg = [0] * len(nodes)
-    for i, n in enumerate(nodes):
-        preds = {producer[t] for t in n.input if t in producer and t not in available}
-        indeg[i] = len(preds)
-        for p in preds:
-            users[p].append(i)
-    ready = [i for i, d in enumerate(indeg) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(nodes[i])
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(ready, u)
-    return order if len(order) == len(nodes) else list(nodes)
+    order = stable_topo_order([{producer[t] for t in n.input if t in producer
+                                and t not in available} for n in nodes])
+    return [nodes[i] for i in order] if len(order) == len(nodes) else list(nodes)
 
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
