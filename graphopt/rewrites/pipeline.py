@@ -214,13 +214,16 @@ def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
 
 
 def strip_unused(gm: fx.GraphModule) -> dict[str, Any]:
-    """Drop the export-time shape guard (the module wrapper checks shapes) and the parameters
-    no node reads any more (e.g. a folded BatchNorm's), so they do not cost memory; make the
-    graph device-portable (returns what :func:`~graphopt.rewrites.portable.make_portable`
-    changed)."""
+    """Drop the export-time shape guard (the module wrapper checks shapes), the dtype checks
+    that cannot fail (:mod:`.asserts`) and the parameters no node reads any more (e.g. a folded
+    BatchNorm's), so they do not cost memory; make the graph device-portable (returns what
+    :func:`~graphopt.rewrites.portable.make_portable` changed)."""
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)
+    from graphopt.rewrites.asserts import drop_fixed_asserts
+
+    drop_fixed_asserts(gm)  # ~9 us a call each, and they cannot fail
     gm.graph.eliminate_dead_code()
     from graphopt.rewrites.portable import make_portable  # any device: constants to buffers
 
