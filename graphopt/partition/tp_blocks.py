@@ -42,14 +42,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
+from graphopt.partition.plan_flow import (
+    GEMMS,
+    PlanFlow,
+    activations,
+    forward_from_tensors,
+    gemm_input,
+    gemm_weight_layout,
+    weight_of,
+)
 from graphopt.plan import NodePlan, Plan
 
 __all__ = ["LM_HEAD", "TPBlock", "can_split", "find_tp_blocks", "parameter_fqns", "splittable"]
 
 logger = logging.getLogger(__name__)
 
-_GEMMS = frozenset({KernelClass.GEMM, KernelClass.GEMV, KernelClass.QUANT_GEMM,
-                    KernelClass.QUANT_DOT})
 #: between a column GEMM and attention: reshapes, head transposes, RoPE, casts, scaling
 _ATTN_PATH = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass.ROPE,
                         KernelClass.ELEMENTWISE})
@@ -148,94 +155,7 @@ def parameter_fqns(source: Any) -> dict[str, str]:
     return {"p_" + re.sub(r"\W", "_", fqn): fqn for fqn, _ in named(remove_duplicate=False)}
 
 
-class _Flow:
-    """The plan as a dataflow graph over tensor names."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.nodes = {n.name: n for n in plan.nodes}
-        self.order = {n.name: i for i, n in enumerate(plan.nodes)}
-        self.producer: dict[str, str] = {}
-        self.consumers: dict[str, list[str]] = {}
-        for n in plan.nodes:
-            for t in n.outputs:
-                if t is not None:
-                    self.producer[t.name] = n.name
-            for t in _acts(n):
-                self.consumers.setdefault(t.name, []).append(n.name)
-        self.outputs = {o["name"] for o in plan.model.get("outputs", [])}
-
-    def cls(self, name: str) -> KernelClass:
-        return self.nodes[name].analysis.kernel_class
-
-    def back(self, tensor: str, through: frozenset[KernelClass]
-             ) -> tuple[set[str], set[str], set[str], bool]:
-        """Walk producers from ``tensor`` through ``through`` classes: (GEMMs reached, nodes
-        passed, graph inputs reached, blocked by another class)."""
-        gemms: set[str] = set()
-        passed: set[str] = set()
-        inputs: set[str] = set()
-        blocked = False
-        stack, seen = [tensor], set()
-        while stack:
-            t = stack.pop()
-            if t in seen:
-                continue
-            seen.add(t)
-            p = self.producer.get(t)
-            if p is None:
-                inputs.add(t)
-                continue
-            c = self.cls(p)
-            if c in _GEMMS:
-                gemms.add(p)
-            elif c in through:
-                passed.add(p)
-                stack.extend(x.name for x in _acts(self.nodes[p]))
-            else:
-                blocked = True
-        return gemms, passed, inputs, blocked
-
-    def forward(self, starts: Iterable[str], through: frozenset[KernelClass]) -> set[str]:
-        """Nodes reachable from the outputs of ``starts`` through ``through`` classes."""
-        return _forward_from_tensors(
-            self, [t.name for s in starts for t in self.nodes[s].outputs if t is not None],
-            through)
-
-    def leaves_block(self, names: Iterable[str], block: set[str]) -> bool:
-        """Some output of ``names`` is read outside ``block`` (or is a graph output)."""
-        for n in names:
-            for t in self.nodes[n].outputs:
-                if t is None:
-                    continue
-                if t.name in self.outputs or any(c not in block
-                                                 for c in self.consumers.get(t.name, ())):
-                    return True
-        return False
-
-
-def _acts(n: NodePlan) -> list[Any]:
-    return [t for t in n.inputs if t is not None and t.kind not in ("param", "constant")]
-
-
-def _weight(n: NodePlan) -> Any:
-    """The GEMM's rank-2 weight parameter, or None (a GEMM of two activations)."""
-    ws = [t for t in n.inputs if t is not None and t.kind in ("param", "constant")
-          and t.shape is not None and len(t.shape) == 2]
-    return ws[0] if ws else None
-
-
-def _layout(n: NodePlan) -> str:
-    w, d = _weight(n), n.analysis.dims
-    return "linear" if w is not None and tuple(w.shape) == (d.get("N"), d.get("K")) \
-        and n.op_type == "Linear" else "k_by_n"
-
-
-def _gemm_input(n: NodePlan) -> str | None:
-    acts = _acts(n)
-    return acts[0].name if len(acts) == 1 else None
-
-
-def _attention_units(flow: _Flow) -> list[tuple[tuple[str, ...], list[str]]]:
+def _attention_units(flow: PlanFlow) -> list[tuple[tuple[str, ...], list[str]]]:
     """(unit nodes, [q, k, v] input tensors) for each fused or decomposed attention."""
     groups: dict[str, list[str]] = {}
     for name, n in flow.nodes.items():
@@ -246,16 +166,16 @@ def _attention_units(flow: _Flow) -> list[tuple[tuple[str, ...], list[str]]]:
         members.sort(key=flow.order.__getitem__)
         first, last = flow.nodes[members[0]], flow.nodes[members[-1]]
         if len(members) == 1:
-            qkv = [t.name for t in _acts(first)[:3]]
+            qkv = [t.name for t in activations(first)[:3]]
         else:  # qk = MatMul(q, k^T) ... pv = MatMul(probs, v)
-            a, b = _acts(first), _acts(last)
+            a, b = activations(first), activations(last)
             qkv = [a[0].name, a[1].name, b[1].name] if len(a) >= 2 and len(b) >= 2 else []
         if len(qkv) == 3:
             units.append((tuple(members), qkv))
     return units
 
 
-def _attention_block(flow: _Flow, unit: tuple[str, ...], qkv: list[str]
+def _attention_block(flow: PlanFlow, unit: tuple[str, ...], qkv: list[str]
                      ) -> tuple[TPBlock | None, str]:
     """Case 2: the block around one attention unit, or None and why not."""
     a = flow.nodes[unit[0]].analysis.dims
@@ -267,8 +187,8 @@ def _attention_block(flow: _Flow, unit: tuple[str, ...], qkv: list[str]
         return None, "q, k or v does not come from a GEMM through views and RoPE only"
     q_g, k_g, v_g = (w[0] for w in walks)
     columns = sorted(q_g | k_g | v_g, key=flow.order.__getitem__)
-    xs = {_gemm_input(flow.nodes[g]) for g in columns}
-    if len(xs) != 1 or None in xs or any(_weight(flow.nodes[g]) is None for g in columns):
+    xs = {gemm_input(flow.nodes[g]) for g in columns}
+    if len(xs) != 1 or None in xs or any(weight_of(flow.nodes[g]) is None for g in columns):
         return None, "the Q/K/V GEMMs do not all read one activation with a weight"
     hidden = int(flow.nodes[columns[0]].analysis.dims.get("K", 0))
     width = sum(int(flow.nodes[g].analysis.dims.get("N", 0)) for g in columns)
@@ -288,9 +208,9 @@ def _attention_block(flow: _Flow, unit: tuple[str, ...], qkv: list[str]
     out = unit[-1]
     merge = flow.forward([out], _MERGE_PATH)
     rows = sorted({c for t in [out, *merge] for o in flow.nodes[t].outputs if o is not None
-                   for c in flow.consumers.get(o.name, ()) if flow.cls(c) in _GEMMS},
+                   for c in flow.consumers.get(o.name, ()) if flow.cls(c) in GEMMS},
                   key=flow.order.__getitem__)
-    if len(rows) != 1 or _weight(flow.nodes[rows[0]]) is None:
+    if len(rows) != 1 or weight_of(flow.nodes[rows[0]]) is None:
         return None, "the attention output does not reach one projection GEMM through views"
     row = flow.nodes[rows[0]]
     if int(row.analysis.dims.get("K", 0)) != heads * hd:
@@ -301,14 +221,14 @@ def _attention_block(flow: _Flow, unit: tuple[str, ...], qkv: list[str]
     # nodes between the column GEMMs and attention (not RoPE's shared cos/sin chain)
     path = set().union(*(w[1] for w in walks)) & flow.forward(columns, _ATTN_PATH)
     kv_inputs = sorted({t for w in walks[1:] for t in w[2] if _is_cache(flow, t, kv, hd)})
-    cache_path = set().union(*(w[1] for w in walks[1:])) & _forward_from_tensors(
+    cache_path = set().union(*(w[1] for w in walks[1:])) & forward_from_tensors(
         flow, kv_inputs, _ATTN_PATH)
     nodes = {*columns, *path, *cache_path, *unit, *merge, row.name}
     if flow.leaves_block(columns, nodes):
         return None, "a Q/K/V projection's output is read outside the attention block"
     if flow.leaves_block([*unit, *merge], nodes):  # each device would hold only its heads
         return None, "the attention's output is read outside the block or returned"
-    layout = _layout(flow.nodes[columns[0]])
+    layout = gemm_weight_layout(flow.nodes[columns[0]])
     return TPBlock("attention", tuple(columns), (row.name,),
                    tuple(sorted(nodes, key=flow.order.__getitem__)), hidden, heads * hd,
                    heads=heads, kv_heads=kv, head_dim=hd, attention=unit,
@@ -316,25 +236,13 @@ def _attention_block(flow: _Flow, unit: tuple[str, ...], qkv: list[str]
                    note=_note(layout, fused)), ""
 
 
-def _is_cache(flow: _Flow, tensor: str, kv: int, hd: int) -> bool:
+def _is_cache(flow: PlanFlow, tensor: str, kv: int, hd: int) -> bool:
     """A graph input read on the K/V path whose shape holds the KV heads and head_dim."""
     for n in flow.consumers.get(tensor, ()):
         for t in flow.nodes[n].inputs:
             if t is not None and t.name == tensor and t.shape is not None:
                 return len(t.shape) >= 4 and kv in t.shape and t.shape[-1] == hd
     return False
-
-
-def _forward_from_tensors(flow: _Flow, tensors: Iterable[str],
-                          through: frozenset[KernelClass]) -> set[str]:
-    out: set[str] = set()
-    stack = list(tensors)
-    while stack:
-        for c in flow.consumers.get(stack.pop(), ()):
-            if c not in out and flow.cls(c) in through:
-                out.add(c)
-                stack.extend(t.name for t in flow.nodes[c].outputs if t is not None)
-    return out
 
 
 def _note(layout: str, fused: bool) -> str:
@@ -348,18 +256,18 @@ def _note(layout: str, fused: bool) -> str:
     return "; ".join(why)
 
 
-def _mlp_block(flow: _Flow, down: NodePlan, taken: set[str]) -> TPBlock | None:
+def _mlp_block(flow: PlanFlow, down: NodePlan, taken: set[str]) -> TPBlock | None:
     """Case 1: the MLP ending at GEMM ``down``, or None."""
-    x = _gemm_input(down)
-    if x is None or _weight(down) is None:
+    x = gemm_input(down)
+    if x is None or weight_of(down) is None:
         return None
     gemms, passed, inputs, blocked = flow.back(x, _MLP_PATH)
     if blocked or inputs or not 1 <= len(gemms) <= 2 or gemms & taken:
         return None
     columns = sorted(gemms, key=flow.order.__getitem__)
     cnodes = [flow.nodes[g] for g in columns]
-    xs = {_gemm_input(n) for n in cnodes}
-    if len(xs) != 1 or None in xs or any(_weight(n) is None for n in cnodes):
+    xs = {gemm_input(n) for n in cnodes}
+    if len(xs) != 1 or None in xs or any(weight_of(n) is None for n in cnodes):
         return None
     inner = {int(n.analysis.dims.get("N", 0)) for n in cnodes}
     hidden = {int(n.analysis.dims.get("K", 0)) for n in cnodes}
@@ -375,30 +283,30 @@ def _mlp_block(flow: _Flow, down: NodePlan, taken: set[str]) -> TPBlock | None:
     nodes = {*columns, *passed, down.name}
     if flow.leaves_block([*columns, *passed], nodes):
         return None
-    layout = _layout(cnodes[0])
+    layout = gemm_weight_layout(cnodes[0])
     return TPBlock("mlp", tuple(columns), (down.name,),
                    tuple(sorted(nodes, key=flow.order.__getitem__)), hidden.pop(), width,
                    weight_layout=layout, note=_note(layout, False))
 
 
-def _lm_head_block(flow: _Flow, taken: set[str]) -> TPBlock | None:
+def _lm_head_block(flow: PlanFlow, taken: set[str]) -> TPBlock | None:
     """Case 3: the last widening GEMM outside the blocks whose output reaches a graph output
     through ``_OUT_PATH`` nodes, or None."""
     for name in sorted(flow.nodes, key=flow.order.__getitem__, reverse=True):
         n = flow.nodes[name]
-        if name in taken or n.analysis.kernel_class not in _GEMMS or _weight(n) is None \
-                or _gemm_input(n) is None:
+        if name in taken or n.analysis.kernel_class not in GEMMS or weight_of(n) is None \
+                or gemm_input(n) is None:
             continue
         k, width = int(n.analysis.dims.get("K", 0)), int(n.analysis.dims.get("N", 0))
         outs = [t.name for t in n.outputs if t is not None]
-        after = _forward_from_tensors(flow, outs, _OUT_PATH)
+        after = forward_from_tensors(flow, outs, _OUT_PATH)
         tensors = {*outs, *(t.name for a in after for t in flow.nodes[a].outputs
                             if t is not None)}
         if not tensors & flow.outputs:
             continue
         if width <= k:
             return None  # the output GEMM narrows: a classifier, not an LM head
-        layout = _layout(n)
+        layout = gemm_weight_layout(n)
         return TPBlock(LM_HEAD, (name,), (), (name,), k, width, weight_layout=layout,
                        note=_note(layout, False))
     return None
@@ -415,11 +323,11 @@ def _fqn(placeholder: str, fqns: Mapping[str, str]) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def _with_modules(block: TPBlock, flow: _Flow, fqns: Mapping[str, str]) -> TPBlock:
+def _with_modules(block: TPBlock, flow: PlanFlow, fqns: Mapping[str, str]) -> TPBlock:
     def mods(names: tuple[str, ...]) -> tuple[str, ...]:
         out = []
         for n in names:
-            w = _weight(flow.nodes[n])
+            w = weight_of(flow.nodes[n])
             fqn = _fqn(w.name, fqns) if w is not None else None
             if fqn is None:
                 return ()
@@ -440,7 +348,7 @@ def find_tp_blocks(plan: Plan, degree: int | None = None, *, source: Any = None
         source: the traced Graph, its ExportedProgram or the nn.Module, to fill each block's
             ``column_modules``/``row_modules`` (see :func:`parameter_fqns`).
     """
-    flow = _Flow(plan)
+    flow = PlanFlow(plan)
     blocks: list[TPBlock] = []
     skipped: list[str] = []
     for unit, qkv in _attention_units(flow):
@@ -452,7 +360,7 @@ def find_tp_blocks(plan: Plan, degree: int | None = None, *, source: Any = None
             blocks.append(block)
     taken = {n for b in blocks for n in b.nodes}
     for n in plan.nodes:
-        if n.analysis.kernel_class in _GEMMS and n.name not in taken:
+        if n.analysis.kernel_class in GEMMS and n.name not in taken:
             block = _mlp_block(flow, n, taken)
             if block is not None:
                 blocks.append(block)
