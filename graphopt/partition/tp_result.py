@@ -1,0 +1,112 @@
+"""What a tensor-parallel split costs (:func:`.tensor_parallel.tensor_parallel` fills it): per
+device memory, busy and collective time, each block's split, the collectives on the timeline
+and the schedule, with the report's dictionary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphopt.hardware.profile import Link
+from graphopt.partition.assemble import human_bytes
+from graphopt.partition.devices import DeviceSet
+from graphopt.partition.result import ScheduledNode
+
+__all__ = ["BlockSplit", "Collective", "TensorParallel"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSplit:
+    """How one block is split and what it costs per device."""
+
+    block: str
+    kind: str
+    degree: int
+    dims: Mapping[str, str]  # {"column": "N (heads)", "row": "K (heads)"}
+    column: tuple[str, ...]
+    row: tuple[str, ...]
+    compute_s: float  # the block's nodes on the slowest device of the group
+    unsplit_s: float  # the same nodes whole on the first device
+    allreduce_bytes: int  # the bytes of its collective (an all-gather for the LM head)
+    allreduce_s: float
+    collective: str = "all-reduce"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, "kind": self.kind, "degree": self.degree,
+                "dims": dict(self.dims), "column": list(self.column), "row": list(self.row),
+                "compute_s": self.compute_s, "unsplit_s": self.unsplit_s,
+                "collective": self.collective, "allreduce_bytes": self.allreduce_bytes,
+                "allreduce_s": self.allreduce_s}
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One all-reduce on the timeline (case 4)."""
+
+    kind: str
+    after: str  # the row GEMM whose output is summed
+    nbytes: int
+    start_s: float
+    finish_s: float
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """A tensor-parallel split of a plan over a device group: memory, time, collectives."""
+
+    degree: int
+    devices: DeviceSet
+    link: Link | None
+    makespan_s: float
+    compute_s: float  # the makespan less the collectives
+    throughput_per_s: float
+    throughput_overlapped_per_s: float
+    memory_used: dict[str, int]
+    params: dict[str, int]
+    activations: dict[str, int]
+    busy_s: dict[str, float]
+    collective_s: dict[str, float]
+    splits: tuple[BlockSplit, ...]
+    fallbacks: tuple[str, ...]
+    collectives: tuple[Collective, ...]
+    schedule: tuple[ScheduledNode, ...]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def over(self) -> dict[str, int]:
+        """Device -> bytes over its usable memory (only devices that overflow)."""
+        caps = {d.name: d.memory_bytes for d in self.devices.devices}
+        return {k: v - caps[k] for k, v in self.memory_used.items() if v > caps[k]}
+
+    @property
+    def feasible(self) -> bool:
+        return not self.over
+
+    def overflow_text(self) -> str:
+        """Which device overflows and by how much ("" when all fit)."""
+        caps = {d.name: d.memory_bytes for d in self.devices.devices}
+        return "; ".join(f"{k} needs {human_bytes(self.memory_used[k])} of "
+                         f"{human_bytes(caps[k])} usable: {human_bytes(b)} over"
+                         for k, b in self.over.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's section: per device memory, busy and collective time; the splits."""
+        return {
+            "strategy": "tensor", "degree": self.degree, "makespan_s": self.makespan_s,
+            "compute_s": self.compute_s, "throughput_per_s": self.throughput_per_s,
+            "throughput_overlapped_per_s": self.throughput_overlapped_per_s,
+            "link": None if self.link is None else self.link.to_dict(),
+            "devices": [{**d.to_dict(), "memory_used_bytes": self.memory_used[d.name],
+                         "param_bytes": self.params[d.name],
+                         "activation_bytes": self.activations[d.name],
+                         "busy_s": self.busy_s[d.name],
+                         "collective_s": self.collective_s[d.name]}
+                        for d in self.devices.devices],
+            "over": self.over, "splits": [s.to_dict() for s in self.splits],
+            "fallbacks": list(self.fallbacks),
+            "collectives": [{"kind": c.kind, "after": c.after, "bytes": c.nbytes,
+                             "start_s": c.start_s, "finish_s": c.finish_s}
+                            for c in self.collectives],
+            "notes": dict(self.notes),
+        }
