@@ -202,3 +202,41 @@ def test_sequence_parallel_with_the_vocabulary_split_equals_the_model(tmp_path: 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert facts == {"head_local": [128, 64]}
 
+
+
+def _tied_llama() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        num_hidden_layers=1, vocab_size=256, max_position_embeddings=64, use_cache=False,
+        tie_word_embeddings=True)).eval()
+
+
+def _tied_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import graphopt
+
+    model = _tied_llama()
+    blocks, _ = find_tp_blocks(graphopt.plan(model, (_ids(),), target="h100"), world,
+                               source=model)
+    with gloo_mesh(rank, world, port) as mesh:
+        tp = apply_tensor_parallel(model, mesh, blocks)
+        with torch.no_grad():
+            logits = tp(_ids()).logits
+        save_rank(out_dir, rank, logits, {
+            "kinds": [b.kind for b in blocks],
+            "head": [list(b.column_modules) for b in blocks if b.kind == "lm_head"],
+            "user_still_tied": model.lm_head.weight is model.model.embed_tokens.weight})
+
+
+@needs_gloo
+def test_a_head_tied_to_the_embedding_splits_from_the_plans_blocks(tmp_path: Path):
+    """Blocks found on the plan, applied as found: the tied head is named by its Linear."""
+    spawn(_tied_worker, 2, tmp_path, "tensor-parallel run with a tied LM head")
+    with torch.no_grad():
+        want = _tied_llama()(_ids()).logits
+    for got, facts in rank_results(tmp_path, 2):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert facts == {"kinds": ["attention", "mlp", "lm_head"], "head": [["lm_head"]],
+                         "user_still_tied": True}
