@@ -37,8 +37,11 @@ Cases the emitter handles:
    worth its all-gather): ``ColwiseParallel(output_layouts=Replicate())``, so each device
    computes ``vocab / t`` logits and the caller gets all of them (:mod:`.tp_styles`).
 
-The user's model is never changed: :func:`apply_tensor_parallel` parallelizes a deep copy
-(``parallelize_module`` replaces parameters in place).
+The user's model is never changed: :func:`apply_tensor_parallel` parallelizes a deep copy.
+``parallelize_module`` replaces the parameters of the modules it splits, and its ``Replicate``
+placement broadcasts rank 0's values into the source tensor in place (torch 2.13,
+``placement_types._make_replicate_tensor``), so weights shared with the user's model would be
+overwritten.
 
 2-D (tensor parallelism in a group, pipeline stages across groups): see
 :func:`two_d_support`.
