@@ -25,7 +25,7 @@ from graphopt.partition.tp_emit import (
     plan_snippet,
 )
 from graphopt.planner import build_plan
-from tests.gloo_run import gloo_mesh, needs_gloo, rank_results, save_rank, spawn
+from tests.gloo_run import every_rank_equals, gloo_mesh, needs_gloo, save_rank, spawn
 from tests.irbuild import G
 from tests.test_tp_run import LAYERS, Block, llama_blocks, tiny_llama
 
@@ -198,10 +198,7 @@ def test_sequence_parallel_with_the_vocabulary_split_equals_the_model(tmp_path: 
     spawn(_worker, 2, tmp_path, "sequence-parallel run with the LM head split")
     with torch.no_grad():
         want = tiny_llama()(_ids()).logits
-    for got, facts in rank_results(tmp_path, 2):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert facts == {"head_local": [128, 64]}
-
+    every_rank_equals(tmp_path, 2, want, {"head_local": [128, 64]})
 
 
 def _tied_llama() -> torch.nn.Module:
@@ -236,7 +233,5 @@ def test_a_head_tied_to_the_embedding_splits_from_the_plans_blocks(tmp_path: Pat
     spawn(_tied_worker, 2, tmp_path, "tensor-parallel run with a tied LM head")
     with torch.no_grad():
         want = _tied_llama()(_ids()).logits
-    for got, facts in rank_results(tmp_path, 2):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert facts == {"kinds": ["attention", "mlp", "lm_head"], "head": [["lm_head"]],
-                         "user_still_tied": True}
+    every_rank_equals(tmp_path, 2, want, {"kinds": ["attention", "mlp", "lm_head"],
+                                          "head": [["lm_head"]], "user_still_tied": True})
