@@ -3,11 +3,11 @@ fused estimate beside the unfused one (Markdown and HTML)."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from typing import Any
 
 from graphopt.report.format import fmt_seconds, md_table, md_text
+from graphopt.report.html_text import esc
 
 __all__ = ["fusion_html", "fusion_md", "fusion_rows", "group_labels"]
 
@@ -67,19 +67,13 @@ def fusion_md(plan: Mapping[str, Any], h: str) -> list[str]:
     return out
 
 
-def _esc(value: Any) -> str:
-    # html.escape itself: sections_html (which has ``esc``) imports sections_md, which imports
-    # this module for the node tables' group labels
-    return html.escape(str(value), quote=True)
-
-
 def fusion_html(plan: Mapping[str, Any]) -> str:
     head, rows = fusion_rows(plan)
     if not head:
         return ""
-    body = "".join("<tr>" + "".join(f'<td class="{"num" if i > 2 else "mono"}">{_esc(c)}</td>'
+    body = "".join("<tr>" + "".join(f'<td class="{"num" if i > 2 else "mono"}">{esc(c)}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
     table = ("<table><thead><tr><th>group</th><th>kind</th><th>nodes</th><th>unfused</th>"
              f"<th>fused</th></tr></thead><tbody>{body}</tbody></table>" if rows else "")
     return (f'<div class="panel"><h3>Fusion groups<span class="hint">what a runtime '
-            f'launches</span></h3><p>{_esc(head)}</p>{table}</div>')
+            f'launches</span></h3><p>{esc(head)}</p>{table}</div>')

@@ -42,13 +42,13 @@ from graphopt.report.format import (
     plans_of,
 )
 from graphopt.report.fusion import fusion_html, group_labels
+from graphopt.report.html_text import esc
 from graphopt.report.prediction import prediction_html
 from graphopt.report.sections_html import (
     bar,
     cards,
     comparison,
     deployment,
-    esc,
     issues,
     share,
     target_name,

@@ -7,7 +7,6 @@ Both renderers print the same cells from :func:`llm_tables` and the same facts f
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from graphopt.report.format import (
     md_text,
     yes_no,
 )
+from graphopt.report.html_text import esc
 
 __all__ = ["llm_facts", "llm_html", "llm_md", "llm_tables"]
 
@@ -89,9 +89,6 @@ def llm_md(llm: Mapping[str, Any], h: str) -> list[str]:
 
 
 def llm_html(llm: Mapping[str, Any]) -> str:
-    def esc(value: Any) -> str:
-        return html.escape(str(value))
-
     def table(head: list[str], rows: list[list[str]]) -> str:
         ths = "".join(f"<th>{esc(x)}</th>" for x in head)
         body = "".join("<tr>" + "".join(f'<td class="num">{esc(c)}</td>' for c in r) + "</tr>"

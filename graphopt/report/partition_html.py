@@ -15,13 +15,13 @@ precision, so the same report gives the same bytes.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from graphopt.report._html_colors import class_colors
 from graphopt.report.format import finite, fmt_bytes, fmt_seconds
+from graphopt.report.html_text import esc, table
 from graphopt.report.partition_md import (
     device_rows,
     items,
@@ -43,10 +43,6 @@ _LABEL = 17  # lane labels longer than this are cut (the full name is in the too
 _NO_CLASS = "#9aa3ad"
 _COPY = "#2b2f36"  # copies: near-black (the CSS follows the theme), apart from every class
 _COLL = "#e4572e"  # collectives: a red no kernel class uses
-
-
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _colors(plan: Mapping[str, Any]) -> dict[str, str]:
@@ -92,10 +88,10 @@ def _lane(rows: list[Row], y: float, h: float, scale: float, merge: bool, cls: s
             acc[2][fill] = acc[2].get(fill, 0.0) + (finish - start)
             acc[4] = label
             continue
-        data = f' data-node="{_esc(label)}"' if cls == "gb" else ""
+        data = f' data-node="{esc(label)}"' if cls == "gb" else ""
         out.append(f'<rect class="{cls}"{data} x="{x:.2f}" y="{y:.1f}" '
                    f'width="{max(w, _MIN_W):.2f}" height="{h}" fill="{fill}"><title>'
-                   f"{_esc(_tip(cls, lane, row))}</title></rect>")
+                   f"{esc(_tip(cls, lane, row))}</title></rect>")
     runs: list[list[Any]] = []  # [first col, last col, fill, opacity, count, busy, first, last]
     for c in sorted(cols):
         n, busy, fills, first, last = cols[c]
@@ -112,7 +108,7 @@ def _lane(rows: list[Row], y: float, h: float, scale: float, merge: bool, cls: s
                + (f"\nlast: {last}" if n > 1 else ""))
         out.append(f'<rect class="{cls} m" x="{_PL + c0}" y="{y:.1f}" width="{c1 - c0 + 1}" '
                    f'height="{h}" fill="{fill}" fill-opacity="{opacity:.1f}"><title>'
-                   f"{_esc(tip)}</title></rect>")
+                   f"{esc(tip)}</title></rect>")
     return out
 
 
@@ -176,7 +172,7 @@ def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, 
         back.append(f'<rect class="lane {kind}" x="{_PL}" y="{y:.1f}" width="{pw}" '
                     f'height="{h}"/><text class="ll {kind}" x="{_PL - 8}" '
                     f'y="{y + h / 2 + (4 if kind == "dev" else 3):.1f}" text-anchor="end">'
-                    f"{_esc(_cut(label))}<title>{_esc(tip)}</title></text>")
+                    f"{esc(_cut(label))}<title>{esc(tip)}</title></text>")
         bars += _lane(lane, y, h, scale, merge, cls, label)
         if kind == "dev" and on_dev.get(label):
             bars += _lane(on_dev[label], y, h, scale, merge, "gc", label)
@@ -186,7 +182,7 @@ def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, 
         x = _PL + tick * scale
         back.append(f'<line class="gt" x1="{x:.1f}" y1="{_PT}" x2="{x:.1f}" '
                     f'y2="{bottom + 4:.1f}"/><text class="ax" x="{x:.1f}" y="{bottom + 16:.1f}" '
-                    f'text-anchor="middle">{"0" if tick == 0 else _esc(fmt_seconds(tick))}</text>')
+                    f'text-anchor="middle">{"0" if tick == 0 else esc(fmt_seconds(tick))}</text>')
     svg = (f'<svg class="gantt" viewBox="0 0 {_W} {bottom + _AXIS:.0f}" role="img" '
            f'aria-label="Timeline of {len(sched):,} nodes on {len(devices)} devices" '
            f'data-merged="{int(merge)}">{"".join(back + bars)}</svg>')
@@ -200,7 +196,7 @@ def gantt(plan: Mapping[str, Any], colors: Mapping[str, str] | None = None) -> s
 
 def _legend(by_class: Mapping[str, float], colors: Mapping[str, str], copies: bool,
             collectives: bool = False) -> str:
-    keys = [f'<span><i class="sw" style="background:{colors.get(c, _NO_CLASS)}"></i>{_esc(c)}'
+    keys = [f'<span><i class="sw" style="background:{colors.get(c, _NO_CLASS)}"></i>{esc(c)}'
             f"</span>" for c in sorted(by_class, key=lambda c: (-by_class[c], c))]
     if copies:
         keys.append('<span><i class="sw cp"></i>copy between devices</span>')
@@ -214,16 +210,9 @@ def _bar(frac: float) -> str:
     return (f'<span class="sharebar"><span style="width:{100 * frac:.1f}%"></span></span>')
 
 
-def _table(head: list[str], align: str, rows: list[str], cls: str) -> str:
-    ths = "".join(f'<th{" class=num" if a == "r" else ""}>{_esc(h)}</th>'
-                  for h, a in zip(head, align, strict=True))
-    return (f'<table class="{cls}"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}'
-            f"</tbody></table>")
-
-
 def _td(text: str, cls: str = "", extra: str = "") -> str:
     attr = f' class="{cls}"' if cls else ""
-    return f"<td{attr}>{_esc(text)}{extra}</td>"
+    return f"<td{attr}>{esc(text)}{extra}</td>"
 
 
 def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = None) -> str:
@@ -232,15 +221,15 @@ def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = 
     if not part:
         return ""
     colors = _colors(plan) if colors is None else colors
-    facts = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}"
-                    + (f' <span class="faint">{_esc(d)}</span>' if d else "") + "</dd>"
+    facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}"
+                    + (f' <span class="faint">{esc(d)}</span>' if d else "") + "</dd>"
                     for k, v, d in partition_facts(part))
     devs = [f'<tr>{_td(r.name, "mono")}{_td(r.target, "mono faint")}{_td(r.used, "num")}'
             f'{_td(r.usable, "num faint")}{_td(r.used_pct, "num", _bar(r.used_frac))}'
             f'{_td(r.busy, "num")}{_td(r.util, "num", _bar(r.util_frac))}{_td(r.nodes, "num")}'
             f"</tr>" for r in device_rows(part)]
     left = f'<dl class="facts">{facts}</dl>'
-    right = _table(["device", "target", "memory used", "usable", "used", "busy", "utilization",
+    right = table(["device", "target", "memory used", "usable", "used", "busy", "utilization",
                     "nodes"], "llrrrrrr", devs, "part-dev") if devs else ""
     chart, by_class = _timeline(plan, colors)
     legend = _legend(by_class, colors, bool(items(part, "transfers")),
@@ -252,32 +241,32 @@ def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = 
         timeline += ('<div class="cap">Bars narrower than a pixel are merged per pixel column; '
                      "the fainter, the less of the column is busy.</div>")
     stages = [f'<tr>{_td(s.stage, "num")}{_td(s.device, "mono")}{_td(s.nodes, "num")}'
-              f'<td class="mono trunc" title="{_esc(s.first)} … {_esc(s.last)}">'
-              f'{_esc(s.first)} … {_esc(s.last)}</td>{_td(s.time, "num", _bar(s.frac))}</tr>'
+              f'<td class="mono trunc" title="{esc(s.first)} … {esc(s.last)}">'
+              f'{esc(s.first)} … {esc(s.last)}</td>{_td(s.time, "num", _bar(s.frac))}</tr>'
               for s in stage_rows(part)]
-    below = ("<h4>Pipeline stages</h4>" + _table(
+    below = ("<h4>Pipeline stages</h4>" + table(
         ["stage", "device", "nodes", "nodes from … to", "stage time"], "rlrlr", stages,
         "part-stages") if stages else "")
     links = [f'<tr>{_td(r.src, "mono")}{_td(r.dst, "mono")}{_td(r.copies, "num")}'
              f'{_td(r.size, "num")}{_td(r.time, "num")}{_td(r.busy_pct, "num")}</tr>'
              for r in link_rows(part)]
-    top = [f'<tr><td class="mono trunc" title="{_esc(t)}">{_esc(t)}</td>{_td(a, "mono")}'
+    top = [f'<tr><td class="mono trunc" title="{esc(t)}">{esc(t)}</td>{_td(a, "mono")}'
            f'{_td(b, "mono")}{_td(size, "num")}{_td(start, "num")}{_td(dur, "num")}</tr>'
            for t, a, b, size, start, dur in largest_transfers(part)]
     if links:
         n = len(items(part, "transfers"))
-        below += "<h4>Transfers</h4>" + _table(
+        below += "<h4>Transfers</h4>" + table(
             ["from", "to", "copies", "bytes", "time on link", "of makespan"], "llrrrr", links,
             "part-links")
         below = (f'<div class="scroll">{below}</div><div class="scroll"><h4>'
                  f"{'Largest copies' if n > len(top) else 'Copies'}<span class=\"hint\">"
                  f"{len(top)} of {n:,}, largest first</span></h4>"
-                 + _table(["tensor", "from", "to", "size", "start", "time"], "lllrrr", top,
+                 + table(["tensor", "from", "to", "size", "start", "time"], "lllrrr", top,
                           "part-xfer") + "</div>")
     elif below:
         below = f'<div class="scroll">{below}</div>'
     hint = f"{part.get('strategy') or '?'} · makespan {fmt_seconds(part.get('makespan_s'))}"
     return (f'<section class="panel part"><h3>Partition across devices<span class="hint">'
-            f'{_esc(hint)}</span></h3><div class="ptop"><div>{left}</div><div class="scroll">'
+            f'{esc(hint)}</span></h3><div class="ptop"><div>{left}</div><div class="scroll">'
             f'{right}</div></div>{timeline}'
             + (f'<div class="pgrid">{below}</div>' if below else "") + "</section>")

@@ -14,6 +14,7 @@ from typing import Any
 
 from graphopt.report._html_colors import class_colors
 from graphopt.report.format import finite, fmt_count, fmt_seconds, md_code, md_table, md_text
+from graphopt.report.html_text import esc
 
 __all__ = ["measured_nodes", "prediction_html", "prediction_md", "worst_nodes"]
 
@@ -86,8 +87,6 @@ def _scatter(rows: Sequence[tuple[Mapping[str, Any], float, float]],
     def py(v: float) -> float:
         return _PT + ph - (math.log10(v) - lo) / (hi - lo) * ph
 
-    from graphopt.report.sections_html import esc
-
     parts = []
     for k in range(lo, hi + 1):
         v = 10.0**k
@@ -121,7 +120,6 @@ def _scatter(rows: Sequence[tuple[Mapping[str, Any], float, float]],
 
 
 def prediction_html(plan: Mapping[str, Any]) -> str:
-    from graphopt.report.sections_html import esc
 
     pred = (plan.get("summary") or {}).get("prediction")
     if not isinstance(pred, Mapping):

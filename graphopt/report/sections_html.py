@@ -1,14 +1,13 @@
 """HTML panels of a plan: summary cards, findings, target comparison and the deployment panels
 (memory, quantization, runtime settings, optimization; the partition from ``partition_html``).
 
-Every text goes through ``esc`` (``html.escape`` with quotes): reasons and notes name the model's
-tensors and targets, so they are untrusted like node names. The facts come from ``sections_md``,
-so the HTML and markdown reports print the same values.
+Every text goes through ``html_text.esc`` (``html.escape`` with quotes): reasons and notes name
+the model's tensors and targets, so they are untrusted like node names. The facts come from
+``sections_md``, so the HTML and markdown reports print the same values.
 """
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from graphopt.report.format import (
     fmt_si,
     fmt_value,
 )
+from graphopt.report.html_text import esc, table
 from graphopt.report.llm_section import llm_html
 from graphopt.report.optimization import (
     ARTIFACTS,
@@ -37,16 +37,12 @@ from graphopt.report.partition_md import partition_facts
 from graphopt.report.sections_md import deployment_rows, memory_facts, quant_facts, settings_of
 from graphopt.report.tp_html import tp_panel
 
-__all__ = ["bar", "cards", "comparison", "deployment", "esc", "issues", "share", "target_name"]
+__all__ = ["bar", "cards", "comparison", "deployment", "issues", "share", "target_name"]
 
 # Memory components in the order a budget is read; "free" is what is left for larger batches.
 _MEM_COLORS = {"parameters": "#2f64d0", "activations (peak)": "#8a55d4", "workspace": "#e8903a",
                "reserve": "#9aa3ad", "free": "#cfe3d6"}
 _MEM_SPARE = ("#16a08a", "#c7a020", "#d2476f", "#6d597a")
-
-
-def esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def target_name(target: Mapping[str, Any]) -> str:
@@ -85,14 +81,6 @@ def _facts(facts: Sequence[tuple[str, str, str]]) -> str:
                    + (f' <span class="faint">{esc(d)}</span>' if d else "") + "</dd>"
                    for k, v, d in facts)
     return f'<dl class="facts">{rows}</dl>'
-
-
-def _table(head: Sequence[str], rows: Sequence[str], align: str, cls: str = "") -> str:
-    """A table whose header cells are right-aligned where ``align`` has an ``r``."""
-    ths = "".join(f'<th{" class=num" if a == "r" else ""}>{esc(h)}</th>'
-                  for h, a in zip(head, align.ljust(len(head), "l"), strict=False))
-    return (f'<table class="{cls}"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}'
-            f"</tbody></table>")
 
 
 def card(key: str, value: str, sub: str, small: bool = False) -> str:
@@ -161,8 +149,8 @@ def issues(plan: Mapping[str, Any], index: dict[str, int]) -> tuple[str, str]:
                     f'{esc(fmt_seconds(n.get("est_time_s")))}</td><td class="num">{100 * frac:.1f}%'
                     f'<span class="sharebar"><span style="width:{100 * min(frac, 1.0):.1f}%">'
                     f'</span></span></td></tr>')
-    costly = ('<div class="panel"><h3>Costliest nodes</h3>' + _table(
-        ["#", "node", "kernel class", "est. time", "share"], rows, "rllrr") + "</div>")
+    costly = ('<div class="panel"><h3>Costliest nodes</h3>' + table(
+        ["#", "node", "kernel class", "est. time", "share"], "rllrr", rows) + "</div>")
     if warnings:
         parts.append("<h4>Warnings</h4><ul class=\"warn\">"
                      + "".join(f"<li>{esc(w)}</li>" for w in warnings) + "</ul>")
@@ -196,7 +184,7 @@ def _memory(mem: Mapping[str, Any]) -> str:
     return (f'<div class="panel mem"><h3>Memory<span class="hint">of '
             f'{esc(fmt_bytes(mem.get("total_bytes")))} on {esc(mem.get("target") or "?")}'
             f'</span></h3>' + (f'<div class="stack">{stack}</div>' if parts else "")
-            + (_table(["component", "size", "bytes", "share"], rows, "lrrr", "mem-table")
+            + (table(["component", "size", "bytes", "share"], "lrrr", rows, "mem-table")
                if rows else "") + _facts(memory_facts(mem))
             + (f'<ul class="notes">{notes}</ul>' if notes else "") + "</div>")
 
@@ -215,9 +203,9 @@ def _quantization(q: Mapping[str, Any]) -> str:
                                                                        "eligible"))
                     + f'<td class="wrap">{esc(a.get("note") or "")}</td></tr>')
     reason = f'<p class="why">{esc(q["reason"])}</p>' if q.get("reason") else ""
-    alts = ("<h4>Formats considered</h4>" + _table(
-        ["format", "bits/weight", "est. memory", "fits", "native", "eligible", "note"], rows,
-        "lrr", "alts") if rows else "")
+    alts = ("<h4>Formats considered</h4>" + table(
+        ["format", "bits/weight", "est. memory", "fits", "native", "eligible", "note"], "lrr",
+        rows, "alts") if rows else "")
     return (f'<div class="panel quant"><h3>Quantization<span class="hint">model-level weight '
             f'format</span></h3>{_facts(quant_facts(q))}{reason}{alts}</div>')
 
@@ -227,7 +215,7 @@ def _runtime(rt: Mapping[str, Any]) -> str:
             f'<td class="wrap faint">{esc(r)}</td></tr>' for n, v, r in settings_of(rt)]
     where = " · ".join(f"{k} {rt[k]}" for k in ("device", "target") if rt.get(k))
     return (f'<div class="panel"><h3>Runtime settings<span class="hint">{esc(where)}</span>'
-            f'</h3>{_table(["setting", "value", "reason"], rows, "lll", "rt")}</div>')
+            f'</h3>{table(["setting", "value", "reason"], "lll", rows, "rt")}</div>')
 
 
 def _optimization(opt: Mapping[str, Any], title: str = "Optimization") -> str:
@@ -251,13 +239,13 @@ def _optimization(opt: Mapping[str, Any], title: str = "Optimization") -> str:
     return (f'<div class="panel opt"><h3>{esc(title)}<span class="hint">passes, measured error '
             'vs the original model</span></h3>' + _facts(optimization_facts(opt))
             + (f'<h4>Reverted</h4><ul class="warn">{reverted}</ul>' if reverted else "")
-            + ("<h4>Measured error</h4>" + _table(["output", "max abs", "limit", "max rel",
-                                                   "cosine", "within"], nums, "rrrrr", "numerics")
+            + ("<h4>Measured error</h4>" + table(["output", "max abs", "limit", "max rel",
+                                                  "cosine", "within"], "rrrrr", nums, "numerics")
                if nums else "")
             + (f'<h4>Pass notes</h4><table class="notes-t"><tbody>{"".join(groups)}</tbody>'
                f"</table>" if groups else "")
-            + ("<h4>Decisions on its nodes</h4>" + _table(
-                ["node", *REWRITE_KINDS], decided, "", "decided")
+            + ("<h4>Decisions on its nodes</h4>" + table(
+                ["node", *REWRITE_KINDS], "", decided, "decided")
                if decided else "") + "</div>")
 
 

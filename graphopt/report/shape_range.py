@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphopt.report.format import fmt_seconds, md_table, md_text
+from graphopt.report.html_text import esc
 from graphopt.shape_range import CHECK_BUDGET
 
 __all__ = ["range_rows", "shape_range_html", "shape_range_md"]
@@ -57,8 +58,6 @@ def shape_range_md(plan: Mapping[str, Any], h: str) -> list[str]:
 
 
 def shape_range_html(plan: Mapping[str, Any]) -> str:
-    from graphopt.report.sections_html import esc
-
     rows = range_rows(plan)
     if not rows:
         return ""

@@ -6,11 +6,11 @@ is the partition panel's Gantt chart."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from typing import Any
 
 from graphopt.report.format import fmt_seconds
+from graphopt.report.html_text import esc, table
 from graphopt.report.tp_md import (
     candidate_rows,
     split_rows,
@@ -23,21 +23,13 @@ from graphopt.report.tp_md import (
 __all__ = ["tp_panel"]
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
 def _table(head: list[str], align: str, rows: list[list[str]], cls: str,
            mono: int = 1) -> str:
-    ths = "".join(f'<th{" class=num" if a == "r" else ""}>{_esc(h)}</th>'
-                  for h, a in zip(head, align, strict=True))
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{"num" if a == "r" else "mono" if i < mono else ""}">'
-                         f"{_esc(c)}</td>" for i, (c, a) in enumerate(zip(r, align,
-                                                                          strict=True)))
-        + "</tr>" for r in rows)
-    return (f'<div class="scroll"><table class="{cls}"><thead><tr>{ths}</tr></thead>'
-            f"<tbody>{body}</tbody></table></div>")
+    body = ["<tr>" + "".join(f'<td class="{"num" if a == "r" else "mono" if i < mono else ""}">'
+                             f"{esc(c)}</td>" for i, (c, a) in enumerate(zip(r, align,
+                                                                              strict=True)))
+            + "</tr>" for r in rows]
+    return f'<div class="scroll">{table(head, align, body, cls)}</div>'
 
 
 def tp_panel(plan: Mapping[str, Any]) -> str:
@@ -47,14 +39,14 @@ def tp_panel(plan: Mapping[str, Any]) -> str:
         return ""
     out = []
     if st:
-        out.append(f'<p><b>picked {_esc(st.get("winner", "?"))}</b> by '
-                   f'{_esc(st.get("picked_by", "?"))}: {_esc(st.get("why", ""))}</p>')
+        out.append(f'<p><b>picked {esc(st.get("winner", "?"))}</b> by '
+                   f'{esc(st.get("picked_by", "?"))}: {esc(st.get("why", ""))}</p>')
         out.append(_table(["strategy", "latency (one request)", "throughput (stream)",
                            "fits memory", "note"], "lrrll", candidate_rows(st), "tp-cands"))
     if tp:
-        out.append(f"<h4>Tensor parallelism<span class=\"hint\">{_esc(tp.get('strategy'))} · "
-                   f"degree {_esc(tp.get('degree'))} · latency "
-                   f"{_esc(fmt_seconds(tp.get('makespan_s')))}</span></h4>")
+        out.append(f"<h4>Tensor parallelism<span class=\"hint\">{esc(tp.get('strategy'))} · "
+                   f"degree {esc(tp.get('degree'))} · latency "
+                   f"{esc(fmt_seconds(tp.get('makespan_s')))}</span></h4>")
         out.append(_table(["device", "group", "memory used", "usable", "parameters",
                            "activations", "busy", "collectives"], "lrrrrrrr",
                           [list(r[:8]) for r in tp_device_rows(tp)], "tp-dev"))
@@ -72,12 +64,12 @@ def tp_panel(plan: Mapping[str, Any]) -> str:
         pm = pm if isinstance(pm, Mapping) else {}
         if pm.get("code"):
             out.append(f'<h4>parallelize_module plan</h4><pre class="tpcode">'
-                       f"{_esc(pm['code'])}</pre>")
+                       f"{esc(pm['code'])}</pre>")
             two_d = pm.get("two_d") if isinstance(pm.get("two_d"), Mapping) else {}
             if tp.get("strategy") == "2d" and two_d.get("statement"):
-                out.append(f'<p class="faint">2-D: {_esc(two_d["statement"])}</p>')
+                out.append(f'<p class="faint">2-D: {esc(two_d["statement"])}</p>')
         elif pm.get("unavailable"):
             out.append(f'<p class="faint">No parallelize_module plan: '
-                       f"{_esc(pm['unavailable'])}</p>")
+                       f"{esc(pm['unavailable'])}</p>")
     return ('<section class="panel tp"><h3>Strategy and tensor parallelism</h3>'
             + "".join(out) + "</section>")
