@@ -57,6 +57,7 @@ __all__ = [
     "NodeCost",
     "UNALIGNED_TC_EFFICIENCY",
     "alignment_efficiency",
+    "cost_key",
     "efficiency",
     "estimate",
     "estimate_all",
@@ -314,6 +315,13 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
                     rate, bandwidth, unit, key, align, util, note)
 
 
+def cost_key(a: NodeAnalysis) -> tuple[Any, ...]:
+    """What :func:`estimate` reads of an analysis: two analyses with the same key cost the
+    same on a profile (a memo key for repeated layers)."""
+    return (a.kernel_class, tuple(a.dims.items()), a.dtype, a.flags, a.flops, a.bytes_total,
+            a.op_type)
+
+
 def estimate_all(analyses: Mapping[str, NodeAnalysis], profile: HardwareProfile
                  ) -> dict[str, NodeCost]:
     """:func:`estimate` for every node; nodes with the same work (a repeated layer) share one
@@ -321,8 +329,7 @@ def estimate_all(analyses: Mapping[str, NodeAnalysis], profile: HardwareProfile
     seen: dict[tuple[Any, ...], NodeCost] = {}
     out = {}
     for name, a in analyses.items():
-        key = (a.kernel_class, tuple(a.dims.items()), a.dtype, a.flags, a.flops, a.bytes_total,
-               a.op_type)
+        key = cost_key(a)
         cost = seen.get(key)
         if cost is None:
             cost = seen[key] = estimate(a, profile)

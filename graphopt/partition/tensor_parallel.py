@@ -52,10 +52,12 @@ from typing import Any
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate
+from graphopt.cost.roofline import cost_key
 from graphopt.hardware.profile import Link
 from graphopt.partition.assemble import human_bytes, human_s
 from graphopt.partition.collectives import group_link, ring_allreduce_s, ring_half_s
 from graphopt.partition.devices import DeviceSet
+from graphopt.partition.plan_flow import weight_of
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode
 from graphopt.partition.tp_blocks import LM_HEAD, TPBlock, find_tp_blocks, splittable
@@ -72,10 +74,6 @@ _TAIL = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass.ELEM
 _SEQ = frozenset({KernelClass.RMSNORM, KernelClass.NORM, KernelClass.ELEMENTWISE,
                   KernelClass.VIEW})
 _NORMS = frozenset({KernelClass.RMSNORM, KernelClass.NORM})
-
-
-def _param_bytes(n: NodePlan) -> int:
-    return sum(t.nbytes for t in n.inputs if t is not None and t.kind in ("param", "constant"))
 
 
 def split_analysis(n: NodePlan, role: str, degree: int, sharded_in: int,
@@ -109,17 +107,11 @@ def split_analysis(n: NodePlan, role: str, degree: int, sharded_in: int,
     if role in ("column", "inner"):
         params = math.ceil(params / t)
     elif role == "row":
-        w = next((x for x in n.inputs if x is not None and x.kind in ("param", "constant")
-                  and x.shape is not None and len(x.shape) == 2), None)
+        w = weight_of(n)
         wn = w.numel if w is not None else 0
         params = params - wn + math.ceil(wn / t)
     return replace(a, dims=dims, flops=math.ceil(a.flops / t), bytes_read=read,
                    bytes_written=written, param_count=params)
-
-
-def _analysis_key(a: NodeAnalysis) -> tuple[Any, ...]:
-    return (a.kernel_class, tuple(a.dims.items()), a.flops, a.bytes_read, a.bytes_written,
-            a.param_count, a.dtype, a.pattern, a.flags, a.op_type)
 
 
 def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
@@ -178,7 +170,7 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
             continue
         sharded_in = sum(pb.t_bytes[x] for x in ins if x in sharded)
         if r in ("column", "row"):
-            w = _weight_index(pb, n)
+            w = _weight_index(pb, v, n)
             owned = [p for p in pb.node_params[v] if r == "column" or p == w]
             split_params.update(owned)
             whole_params.update(p for p in pb.node_params[v] if p not in owned)
@@ -325,7 +317,7 @@ def _cost_on_each(sa: NodeAnalysis, v: int, devices: DeviceSet, cost: list[list[
                   memo: dict[tuple[Any, ...], float]) -> None:
     """Node ``v``'s time on every device of the group at the split work ``sa`` (a repeated
     layer's split is estimated once per device profile)."""
-    key = _analysis_key(sa)
+    key = cost_key(sa)
     for d, dev in enumerate(devices.devices):
         k = (id(dev.profile), *key)
         if k not in memo:
@@ -333,12 +325,12 @@ def _cost_on_each(sa: NodeAnalysis, v: int, devices: DeviceSet, cost: list[list[
         cost[d][v] = memo[k]
 
 
-def _weight_index(pb: Any, n: NodePlan) -> int | None:
-    for x in n.inputs:
-        if x is not None and x.kind in ("param", "constant") and x.shape is not None \
-                and len(x.shape) == 2:
-            return pb.p_names.index(x.name)
-    return None
+def _weight_index(pb: Any, v: int, n: NodePlan) -> int | None:
+    """The id of GEMM ``n``'s weight (:func:`.plan_flow.weight_of`) among node ``v``'s
+    parameters."""
+    w = weight_of(n)
+    return None if w is None else next(
+        (p for p in pb.node_params[v] if pb.p_names[p] == w.name), None)
 
 
 def _reasons(plan: Plan, role: Mapping[int, tuple[str, TPBlock | None]], t: int) -> list[str]:
@@ -389,10 +381,8 @@ def _worth_a_gather(plan: Plan, pb: Any, blocks: list[TPBlock], devices: DeviceS
             kept.append(b)
             continue
         v = index[b.column[0]]
-        n = plan.nodes[v]
-        w = _weight_index(pb, n)
-        owned = sum(pb.p_bytes[p] for p in pb.node_params[v])
-        sa = split_analysis(n, "column", t, owned if w is not None else 0, b)
+        owned = sum(pb.p_bytes[p] for p in pb.node_params[v])  # a column GEMM's, as below
+        sa = split_analysis(plan.nodes[v], "column", t, owned, b)
         split = max(estimate(sa, dev.profile).est_time_s for dev in devices.devices)
         whole = max(row[v] for row in pb.cost)
         nbytes = sum(pb.t_bytes[x] for x in pb.node_outputs[v])

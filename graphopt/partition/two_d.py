@@ -41,7 +41,7 @@ from graphopt.partition.pipeline_dp import cut_bytes
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode, Transfer
 from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
-from graphopt.partition.tp_blocks import find_tp_blocks
+from graphopt.partition.tp_blocks import find_tp_blocks, splittable
 from graphopt.plan import Plan
 
 __all__ = ["Stage2D", "TwoD", "nvlink_groups", "sub_devices", "two_d"]
@@ -300,6 +300,7 @@ def two_d(plan: Plan, devices: DeviceSet | str, *, groups: list[tuple[str, ...]]
     live = np.asarray(live_profile(pb), dtype=np.float64)
     tps, pre, mem, send = [], [], [], []
     memo: dict[tuple[Any, ...], TensorParallel] = {}
+    all_blocks, _ = find_tp_blocks(plan)
     for gi, g in enumerate(groups):
         sub = sub_devices(devices, g)
         key = (tuple(id(d.profile) for d in sub.devices),
@@ -309,12 +310,11 @@ def two_d(plan: Plan, devices: DeviceSet | str, *, groups: list[tuple[str, ...]]
         tp = memo[key]
         tps.append(tp)
         pre.append(np.concatenate([[0.0], np.cumsum(_node_times(tp, pb.names))]))
-        blocks, _ = find_tp_blocks(plan, len(g))
+        blocks, _ = splittable(all_blocks, len(g))
         mem.append(_memory_bound(pb, blocks, len(g), live, sub))
         nxt = groups[(gi + 1) % len(groups)]
         link = _between(devices, g, nxt)
         send.append(np.where(cut > 0, link.latency_s + cut / link.bandwidth_bytes_per_s, 0.0))
-    all_blocks, _ = find_tp_blocks(plan)
     cuts = _cut_points(plan, all_blocks)
     best: tuple[float, list[int]] | None = None
     tried: dict[int, float | None] = {}
