@@ -20,7 +20,7 @@ import pytest
 import torch
 
 __all__ = ["every_rank_equals", "free_port", "gloo_mesh", "init_gloo", "needs_gloo",
-           "rank_results", "save_rank", "spawn", "state_unchanged"]
+           "save_rank", "spawn", "state_unchanged"]
 
 needs_gloo = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -90,7 +90,7 @@ def save_rank(out_dir: str, rank: int, logits: torch.Tensor, facts: dict[str, ob
     (Path(out_dir) / f"facts_{rank}.json").write_text(json.dumps(facts))
 
 
-def rank_results(out_dir: Path, world: int) -> list[tuple[torch.Tensor, dict[str, object]]]:
+def _rank_results(out_dir: Path, world: int) -> list[tuple[torch.Tensor, dict[str, object]]]:
     """Each rank's (logits, facts) as :func:`save_rank` wrote them."""
     return [(torch.load(out_dir / f"logits_{r}.pt", weights_only=True),
              json.loads((out_dir / f"facts_{r}.json").read_text())) for r in range(world)]
@@ -99,7 +99,7 @@ def rank_results(out_dir: Path, world: int) -> list[tuple[torch.Tensor, dict[str
 def every_rank_equals(out_dir: Path, world: int, want: torch.Tensor,
                       facts: dict[str, object]) -> None:
     """Each rank's logits equal ``want`` (the single-process model's) and it saw ``facts``."""
-    for got, seen in rank_results(out_dir, world):
+    for got, seen in _rank_results(out_dir, world):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert seen == facts
 

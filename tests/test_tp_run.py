@@ -20,7 +20,14 @@ from graphopt.partition.tp_emit import (
     parallelize_plan,
     two_d_support,
 )
-from tests.gloo_run import gloo_mesh, needs_gloo, rank_results, save_rank, spawn, state_unchanged
+from tests.gloo_run import (
+    every_rank_equals,
+    gloo_mesh,
+    needs_gloo,
+    save_rank,
+    spawn,
+    state_unchanged,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -140,15 +147,14 @@ def test_two_gloo_processes_equal_the_single_process_model(tmp_path: Path) -> No
     spawn(_worker, 2, tmp_path, "tensor-parallel run")
     with torch.no_grad():
         want = tiny_llama()(_input_ids()).logits
-    for rank, (got, facts) in enumerate(rank_results(tmp_path, 2)):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert facts == {"q_local": [32, 64],  # 2 of 4 heads x head_dim 16, all 64 inputs
-                         "down_local": [64, 64],  # all outputs, 64 of 128 intermediate
-                         "head_local": [128, 64],  # 128 of the 256 logits, gathered after
-                         "user_model_unchanged": True,
-                         "old_heads": [2, 4]}  # the copy holds 2 local heads, the user's 4
-        with torch.no_grad():
-            old_want = OldStyleModel()(_hidden())
+        old_want = OldStyleModel()(_hidden())
+    every_rank_equals(tmp_path, 2, want, {
+        "q_local": [32, 64],  # 2 of 4 heads x head_dim 16, all 64 inputs
+        "down_local": [64, 64],  # all outputs, 64 of 128 intermediate
+        "head_local": [128, 64],  # 128 of the 256 logits, gathered after
+        "user_model_unchanged": True,
+        "old_heads": [2, 4]})  # the copy holds 2 local heads, the user's 4
+    for rank in range(2):
         torch.testing.assert_close(torch.load(tmp_path / f"old_{rank}.pt", weights_only=True),
                                    old_want, rtol=1e-5, atol=1e-5)
 
