@@ -6,7 +6,10 @@ one :class:`OutputSet`:
 1. Every path is checked before any work is written (and, in the CLI, before the slow work
    starts): a folder, a read-only file, the same path twice, or a path that is one of the
    inputs (the same file by realpath, symlink or hard link, e.g. ``-o model.onnx`` or the
-   model's external-data file) is refused with an error naming both.
+   model's external-data file) is refused with an error naming both. Paths are made absolute
+   when claimed, before any user code runs: a model builder that calls ``os.chdir`` cannot
+   send a report onto another file. The checks run again right before the files are moved
+   into place, so a link made meanwhile (by user code) is caught too.
 2. Each file is staged as a temp file beside its target, so a failing write (disk full, a
    ``/proc`` path, a render error) leaves nothing behind.
 3. :meth:`OutputSet.commit` renames the staged files into place; if a rename fails, the files
@@ -64,24 +67,33 @@ class OutputSet:
     """
 
     def __init__(self, protect: Iterable[PathLike] = ()) -> None:
-        self._protect = [Path(p) for p in protect]
+        self._protect = [_absolute(p) for p in protect]
         self._targets: list[Path] = []
+        self._given: dict[str, Path] = {}  # the path as the caller spelled it -> its target
         self._staged: dict[Path, Path] = {}  # target -> temp file beside it
         self._made_dirs: list[Path] = []  # folders this set created, removed on abort
 
     def claim(self, path: PathLike, what: str = "output") -> Path:
-        """Check that ``path`` may be written and reserve it; returns it as a Path."""
-        target = Path(path)
+        """Check that ``path`` may be written and reserve it; returns it as an absolute Path
+        (relative to the folder current now, whatever runs later)."""
+        target = _absolute(path)
         for other in self._targets:
             if same_file(target, other):
                 raise GraphoptError(f"two outputs go to the same file: {other} and {target}",
                                     "give each output its own path")
+        self._check(target, os.fspath(path), what)
+        self._targets.append(target)
+        self._given[os.fspath(path)] = target
+        return target
+
+    def _check(self, target: Path, given: str, what: str) -> None:
+        """Refuse a target that is an input, a folder, not a regular file or read-only."""
         for src in self._protect:
             if same_file(target, src):
                 raise GraphoptError(
                     f"the {what} path {target} is the input file {src}: writing it would "
                     "destroy the input", "write the output to another path")
-        if target.is_dir() or os.fspath(path).endswith(("/", os.sep)):
+        if target.is_dir() or given.endswith(("/", os.sep)):
             raise GraphoptError(f"the {what} path {target} is a folder",
                                 f"give a file path, e.g. {target / 'out'}{target.suffix}")
         if target.exists() or target.is_symlink():
@@ -91,8 +103,11 @@ class OutputSet:
             if not os.access(target, os.W_OK) or not target.stat().st_mode & stat.S_IWUSR:
                 raise GraphoptError(f"the {what} path {target} is read-only",
                                     "make it writable (chmod u+w) or choose another path")
-        self._targets.append(target)
-        return target
+
+    def resolve(self, path: PathLike) -> Path:
+        """The absolute target ``path`` was claimed as (the folder current at the claim), or
+        ``path`` made absolute now if it was not claimed."""
+        return self._given.get(os.fspath(path)) or _absolute(path)
 
     def claim_each(self, paths: Iterable[PathLike | None], what: str = "output") -> None:
         """:meth:`claim` every path given (None and "" skipped): a command refuses a bad path
@@ -103,7 +118,7 @@ class OutputSet:
 
     def claimed(self, path: PathLike) -> bool:
         """Whether ``path`` (this exact path) was claimed already."""
-        return Path(path) in self._targets
+        return os.fspath(path) in self._given or _absolute(path) in self._targets
 
     def write(self, path: PathLike, data: bytes | str, what: str = "output") -> Path:
         """Stage ``data`` for ``path`` (claimed now if it was not)."""
@@ -113,9 +128,9 @@ class OutputSet:
     def write_with(self, path: PathLike, writer: Callable[[Path], object],
                    what: str = "output") -> Path:
         """Stage ``path`` by calling ``writer(temp_path)``, a file in the target's folder."""
-        target = Path(path)
-        if not self.claimed(target):
-            self.claim(target, what)
+        if not self.claimed(path):
+            self.claim(path, what)
+        target = self.resolve(path)
         try:
             self._make_parents(target.parent)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
@@ -165,6 +180,12 @@ class OutputSet:
         """Move every staged file into place, all or none; returns the targets in order."""
         done: list[tuple[Path, Path | None]] = []  # (target, backup of the file it replaced)
         try:
+            for target in self._staged:  # again: user code ran since the claim
+                self._check(target, str(target), "output")
+        except GraphoptError:
+            self.abort()
+            raise
+        try:
             for target, tmp in self._staged.items():
                 backup = _backup(target) if target.exists() else None
                 done.append((target, backup))
@@ -185,6 +206,12 @@ class OutputSet:
         self._staged.clear()
         self._made_dirs.clear()
         return written
+
+
+def _absolute(path: PathLike) -> Path:
+    """``path`` made absolute against the current folder, links left as they are (a link to an
+    input is caught by :func:`same_file`, which follows it)."""
+    return Path(os.path.abspath(os.fspath(path)))
 
 
 def _backup(target: Path) -> Path:

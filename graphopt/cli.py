@@ -13,11 +13,41 @@ import sys
 from typing import Any
 
 from graphopt._io import OutputSet
-from graphopt.errors import GraphoptError
+from graphopt.errors import GraphoptError, UserCodeExit
 from graphopt.inputs import input_files
 from graphopt.options import CHOICES, Options
 
 __all__ = ["main"]
+
+
+# C0 controls but tab and newline, DEL, and C1 controls: a node or file name holding ESC [...
+# would otherwise move the cursor, recolour or retitle the user's terminal when printed
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))
+            if c not in (0x09, 0x0A)}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with its control characters written as ``\\xNN`` escapes."""
+    return text.translate(_CONTROL)
+
+
+class _SafeStream:
+    """A text stream that escapes control characters in everything written to it: names come
+    from models and files, which a hostile one fills with terminal escape sequences."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(terminal_safe(text))
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding...
+        return getattr(self._stream, name)
+
+
+class _SafeFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return terminal_safe(super().format(record))
 
 
 def _fmt_time(s: float) -> str:
@@ -126,7 +156,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     for warning in info.get("warnings", ()):
-        print(f"graphopt: warning: {warning}", file=sys.stderr)
+        print(terminal_safe(f"graphopt: warning: {warning}"), file=sys.stderr)
     applied = ", ".join(info["passes_applied"]) or "none"
     print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: {applied}")
     print(f"  precision: {info['precision_choice']['reason']}")
@@ -325,8 +355,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        handlers=[handler])
+    stdout = sys.stdout
+    sys.stdout = _SafeStream(stdout)  # every report line names nodes and files
+    try:
+        return _run(args)
+    finally:
+        sys.stdout = stdout
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, with every way it can end turned into an exit status and a message."""
     try:
         code = args.func(args)
         sys.stdout.flush()
@@ -338,12 +380,21 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, the shell's status for a process ended by a closed pipe
     except GraphoptError as e:
-        print(f"graphopt: error: {e.problem}", file=sys.stderr)
-        if e.fix:
-            print(f"  fix: {e.fix}", file=sys.stderr)
-        return 2
+        return _run_error(e)
+    except SystemExit as e:  # user code graphopt ran outside a user_code() guard
+        return _run_error(UserCodeExit(f"the model's code called sys.exit({e.code!r}); "
+                                       "graphopt stopped without writing anything",
+                                       "remove the sys.exit call (return instead)"))
     except KeyboardInterrupt:
+        print("graphopt: interrupted; nothing was written", file=sys.stderr)
         return 130
+
+
+def _run_error(e: GraphoptError) -> int:
+    print(terminal_safe(f"graphopt: error: {e.problem}"), file=sys.stderr)
+    if e.fix:
+        print(terminal_safe(f"  fix: {e.fix}"), file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

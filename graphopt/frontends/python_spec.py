@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from graphopt.errors import ModelLoadError
+from graphopt.errors import ModelLoadError, user_code
 
 __all__ = ["builder_functions", "is_python_spec", "load_python_spec", "names_python_file",
            "needs_function_error"]
@@ -79,24 +79,33 @@ def load_python_spec(spec: str) -> tuple[Any, Any, Any]:
     if loader_spec is None or loader_spec.loader is None:
         raise ModelLoadError(f"cannot import {path}", "give a Python source file (.py)")
     module = importlib.util.module_from_spec(loader_spec)
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as e:  # user code: report it, not our traceback
-        raise ModelLoadError(f"importing {path} failed: {type(e).__name__}: {e}",
-                             "fix the error in the model file") from None
+    with user_code(f"importing {path}"):  # sys.exit() at import: an error, not an exit
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:  # user code: report it, not our traceback
+            raise ModelLoadError(f"importing {path} failed: {type(e).__name__}: {e}",
+                                 "fix the error in the model file") from None
     func = getattr(module, func_name, None)
     if not callable(func):
         names = builder_functions(path)
         raise ModelLoadError(f"{path} has no function {func_name!r}",
                              f"use one of: {', '.join(names) or '(none)'}")
-    try:
-        result = func()
-    except Exception as e:
-        raise ModelLoadError(f"{spec}() raised {type(e).__name__}: {e}",
-                             "fix the model-building function") from None
+    with user_code(f"{spec}()"):
+        try:
+            result = func()
+        except Exception as e:
+            raise ModelLoadError(f"{spec}() raised {type(e).__name__}: {e}",
+                                 "fix the model-building function") from None
     if not (isinstance(result, tuple) and len(result) in (2, 3)):
         raise ModelLoadError(f"{spec}() must return (module, example_inputs), got "
                              f"{type(result).__name__}",
                              "return a (torch.nn.Module, tuple_of_inputs) pair, or "
                              "(module, inputs, dynamic_shapes) for shape ranges")
+    import torch  # here: naming a .py must not import torch for an ONNX-only command
+
+    if not isinstance(result[0], torch.nn.Module):  # e.g. a path: it is not an ONNX spec
+        raise ModelLoadError(f"{spec}() returned a {type(result[0]).__name__} as the module, "
+                             "not a torch.nn.Module",
+                             "return the torch.nn.Module instance itself; give an .onnx file "
+                             "to graphopt directly, not from a builder")
     return (*result, None) if len(result) == 2 else result

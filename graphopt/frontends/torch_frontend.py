@@ -36,8 +36,9 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from graphopt.errors import TraceError, first_line
+from graphopt.errors import TraceError, first_line, user_code
 from graphopt.frontends.fx_convert import graph_from_exported_program, graph_from_graph_module
+from graphopt.frontends.output_types import as_plain, register_dataclasses
 from graphopt.ir import Graph, TensorKind
 from graphopt.shape_range import DimRange, ShapeRange
 
@@ -65,38 +66,68 @@ def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = 
     warnings = [TRAINING_WARNING] if model.training else []
     modes = [(m, m.training) for m in model.modules()]
     try:
-        try:
-            with _quiet_torch():
-                ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes,
-                                         strict=False)
-        except Exception as export_err:  # noqa: BLE001 - any export failure falls back
-            logger.debug("torch.export failed", exc_info=True)
-            try:
-                with _quiet_torch():
-                    gm, kinds = _make_fx(model, args, kwargs)
-            except Exception as fx_err:  # noqa: BLE001
-                logger.debug("make_fx fallback failed", exc_info=True)
-                raise TraceError(
-                    f"could not trace {type(model).__name__}: torch.export failed with "
-                    f"{_first_lines(export_err)}; the make_fx fallback failed with "
-                    f"{_first_lines(fx_err)}", _FIX) from None
-            warnings.append(
-                f"torch.export failed ({first_line(export_err)}); traced with make_fx on "
-                "the example inputs instead: Python control flow is specialized to them (the "
-                "graph holds only the branch they took) and shapes are static"
-                + (" (dynamic_shapes could not be kept)" if dynamic_shapes else ""))
-            return graph_from_graph_module(gm, name=type(model).__name__, kinds=kinds,
-                                           warnings=warnings)
-        names = _dim_names(model, ep, dynamic_shapes)
-        graph = graph_from_exported_program(ep, name=type(model).__name__, warnings=warnings,
-                                            dim_names=names)
-        graph.shape_range = export_range(ep, names) if dynamic_shapes else None
-        return graph
+        with user_code(f"{type(model).__name__}.forward"):
+            return _trace(model, args, kwargs, dynamic_shapes, warnings)
     finally:
         for m, was in modes:  # tracing must not flip modes; restore if some forward did
             if m.training != was:
                 logger.warning("forward changed %s.training; restored", type(m).__name__)
                 m.training = was
+
+
+def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            dynamic_shapes: Any) -> Any:
+    with _quiet_torch():
+        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes,
+                                   strict=False)
+
+
+def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
+           warnings: list[str]) -> Graph:
+    """torch.export, else make_fx (after registering dataclass outputs, export once more)."""
+    name = type(model).__name__
+    try:
+        ep = _export(model, args, kwargs, dynamic_shapes)
+    except Exception as export_err:  # noqa: BLE001 - any export failure falls back
+        logger.debug("torch.export failed", exc_info=True)
+        try:
+            with _quiet_torch():
+                gm, kinds, found = _make_fx(model, args, kwargs)
+        except Exception as fx_err:  # noqa: BLE001
+            logger.debug("make_fx fallback failed", exc_info=True)
+            raise TraceError(
+                f"could not trace {name}: torch.export failed with "
+                f"{_first_lines(export_err)}; the make_fx fallback failed with "
+                f"{_first_lines(fx_err)}", _FIX) from None
+        ep = _export_again(model, args, kwargs, dynamic_shapes, found, warnings)
+        if ep is None:
+            warnings.append(
+                f"torch.export failed ({first_line(export_err)}); traced with make_fx on "
+                "the example inputs instead: Python control flow is specialized to them (the "
+                "graph holds only the branch they took) and shapes are static"
+                + (" (dynamic_shapes could not be kept)" if dynamic_shapes else ""))
+            return graph_from_graph_module(gm, name=name, kinds=kinds, warnings=warnings)
+    names = _dim_names(model, ep, dynamic_shapes)
+    graph = graph_from_exported_program(ep, name=name, warnings=warnings, dim_names=names)
+    graph.shape_range = export_range(ep, names) if dynamic_shapes else None
+    return graph
+
+
+def _export_again(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  dynamic_shapes: Any, found: list[type], warnings: list[str]) -> Any:
+    """Export once more when the outputs held dataclasses export could not flatten."""
+    registered = register_dataclasses(found)
+    if not registered:
+        return None
+    try:
+        ep = _export(model, args, kwargs, dynamic_shapes)
+    except Exception:  # noqa: BLE001 - another reason: make_fx's graph stands
+        logger.debug("torch.export failed again after registering outputs", exc_info=True)
+        return None
+    warnings.append(f"the model returns {', '.join(registered)}, a dataclass torch.export "
+                    "did not know: registered with torch.export.register_dataclass so the "
+                    "graph keeps its fields")
+    return ep
 
 
 # --- inputs and tracing -------------------------------------------------------------------------
@@ -134,8 +165,9 @@ def _split_inputs(model: nn.Module, example: Any) -> tuple[tuple[Any, ...], dict
 
 
 def _make_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-             ) -> tuple[fx.GraphModule, dict[str, TensorKind]]:
-    """Trace with make_fx over functional_call; returns the module and placeholder kinds."""
+             ) -> tuple[fx.GraphModule, dict[str, TensorKind], list[type]]:
+    """Trace with make_fx over functional_call; returns the module, the placeholder kinds and
+    the dataclass types the outputs held (returned as dicts of their fields)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     params = dict(model.named_parameters())
@@ -151,7 +183,11 @@ def _make_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         for i, t in zip(where, inputs, strict=True):
             leaves[i] = t
         a, kw = pytree.tree_unflatten(leaves, spec)
-        return torch.func.functional_call(model, dict(zip(names, state, strict=True)), tuple(a), kw)
+        out = torch.func.functional_call(model, dict(zip(names, state, strict=True)), tuple(a),
+                                         kw)
+        return as_plain(out, found)
+
+    found: list[type] = []
 
     opts: dict[str, Any] = {"tracing_mode": "real"}
     if "_error_on_data_dependent_ops" in inspect.signature(make_fx).parameters:
@@ -167,7 +203,7 @@ def _make_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             node._rename(new)
         kinds[node.name] = "param" if i < len(names) else "input"
     gm.recompile()
-    return gm, kinds
+    return gm, kinds, found
 
 
 def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:

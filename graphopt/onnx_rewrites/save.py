@@ -36,7 +36,7 @@ def claim_onnx(outputs: OutputSet, path: str | os.PathLike[str],
 def stage_onnx(outputs: OutputSet, model: onnx.ModelProto, path: str | os.PathLike[str],
                session: SessionConfig | dict[str, Any] | None = None) -> None:
     """Stage the model (and its config when ``session`` is given) into ``outputs``."""
-    target = Path(path)
+    target = outputs.resolve(path)  # absolute as claimed: user code may have changed folder
     cfg = None
     if session is not None:
         cfg = session if isinstance(session, SessionConfig) else SessionConfig.from_dict(session)
