@@ -19,6 +19,9 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     for i, item in enumerate(args.dims):
         key, eq, value = item.rpartition("=")
         key = key if eq else (order[i] if i < len(order) else f"#{i + 1}")
+        if key in dims:  # gemm 64 M=128 ...: which M was meant?
+            raise GraphoptError(f"{args.kind} dim {key} is given twice ({dims[key]} and "
+                                f"{value})", f"give each of {' '.join(order)} once")
         try:
             dims[key] = int(value)
         except ValueError:

@@ -9,6 +9,7 @@ is not a second model: change the planner's cost model and these numbers follow.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,8 @@ __all__ = ["KINDS", "OpEstimate", "estimate_op"]
 _DTYPES = {"fp32": ("fp32", None), "tf32": ("fp32", "tf32"), "bf16": ("bf16", None),
            "fp16": ("fp16", None), "fp8": ("fp8_e4m3", None), "fp8_e4m3": ("fp8_e4m3", None),
            "fp8_e5m2": ("fp8_e5m2", None), "int8": ("int8", None)}
+_MAX_DIM = 2**40  # one dim
+_MAX_NUMEL = 2**48  # one tensor's elements: half a petabyte in bf16
 _UNITS = {"tensor_core": "tensor cores", "cuda_core": "CUDA cores", "cpu_matrix": "CPU matrix "
           "unit (AMX)", "cpu_simd": "CPU SIMD units", "none": "no kernel"}
 
@@ -126,6 +129,36 @@ def _one(op: str, ins: list[tuple[str, tuple[int, ...], str]], out: tuple[int, .
                  [n for n, _, kind in ins if kind == "input"], ["out"])
 
 
+def _check_dims(kind: str, d: dict[str, int]) -> None:
+    """Dims that build no real op: a size beyond any device, a flag that is not 0/1, GQA
+    heads that do not divide the query heads, an input count the kind has no op for."""
+    big = [f"{k}={v}" for k, v in d.items() if v > _MAX_DIM]
+    if big:
+        raise GraphoptError(f"{kind}: {', '.join(big)} is larger than {_MAX_DIM:,} (2**40)",
+                            "give sizes a device can hold, like M=4096")
+    if d.get("causal", 0) not in (0, 1):
+        raise GraphoptError(f"{kind}: causal={d['causal']} is neither 0 nor 1",
+                            "give causal=1 for a causal mask, causal=0 (the default) for none")
+    heads, kv = d.get("heads", 1), d.get("kv_heads")
+    if kv is not None and (kv > heads or heads % kv):
+        raise GraphoptError(f"{kind}: kv_heads={kv} does not divide heads={heads}",
+                            "give kv_heads that divides heads (grouped-query attention: "
+                            f"e.g. kv_heads=8 for heads=32), or leave it out for kv_heads={heads}")
+    if d.get("inputs", 1) not in (1, 2):
+        raise GraphoptError(f"{kind}: inputs={d['inputs']} is neither 1 nor 2",
+                            "give inputs=1 (a unary op like Relu) or inputs=2 (a binary op "
+                            "like Add)")
+
+
+def _check_size(kind: str, graph: Graph) -> None:
+    for t in graph.tensors.values():
+        if math.prod(t.shape) > _MAX_NUMEL:
+            shape = "x".join(map(str, t.shape))
+            raise GraphoptError(f"{kind}: tensor {t.name} ({shape}) has more than "
+                                f"{_MAX_NUMEL:,} (2**48) elements, more than any device holds",
+                                "give smaller sizes")
+
+
 def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile = "h100",
                 **dims: int) -> OpEstimate:
     """The planner's estimate for one ``kind`` op (``KINDS``) of ``dims`` in ``dtype``."""
@@ -151,12 +184,14 @@ def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile
     if bad:
         raise GraphoptError(f"{kind} dims must be positive integers: {', '.join(bad)}",
                             "give sizes like M=4096")
+    _check_dims(kind, dims)
     profiles = resolve_targets(target)
     if len(profiles) != 1:
         raise GraphoptError("estimate_op costs on one target", "give one target name")
     profile = profiles[0]
     tensor_dtype, peak = _DTYPES[dtype]
     graph = build(dict(dims), tensor_dtype)
+    _check_size(kind, graph)
     a = annotate(graph)["op"]
     c = estimate(a, profile, peak)
     # the roofline's own factors: datasheet peak x efficiency x utilization x alignment

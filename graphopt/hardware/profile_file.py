@@ -3,23 +3,49 @@
 The file is :meth:`HardwareProfile.to_dict` plus a format tag, so ``graphopt targets --json``
 and a calibration file read the same way. A target given as a path ending in ``.json`` is
 loaded from here (``registry.get_target``).
+
+A profile file may be hand-edited or come from elsewhere, so reading it trusts nothing: it must
+be a regular file (not a FIFO, a device or a link to one) of at most ``MAX_PROFILE_BYTES``,
+its JSON at most ``_MAX_DEPTH`` levels deep with no ``NaN``/``Infinity``, and every field of
+the right type and in a physical range (rates > 0, memory > 0, latencies >= 0, all finite and
+below bounds no device comes near), so that no cost computed from it divides by zero or
+overflows. Unknown fields are ignored (with a warning), for files of a later version.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile, Link
 
-__all__ = ["FORMAT", "is_profile_path", "load_profile", "profile_from_dict", "save_profile"]
+__all__ = ["FORMAT", "MAX_PROFILE_BYTES", "is_profile_path", "load_profile", "profile_from_dict",
+           "save_profile"]
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "graphopt-hardware-profile/1"
 _FIX = "write it again with `graphopt calibrate -o FILE.json`"
+#: a calibrated profile is a few KB (one overhead per op type); 1 MiB is far above any
+MAX_PROFILE_BYTES = 1 << 20
+_MAX_DEPTH = 16  # a profile nests 3 levels (the object, a link or rate map, a value)
+_MAX_MEMORY = 2**60  # bytes: an exbibyte, beyond any device
+_MAX_RATE = 1e24  # FLOP/s or bytes/s: a million times the fastest chip's peak
+_MAX_SECONDS = 60.0  # a launch overhead or link latency, generously
+_MAX_UNITS = 2**20  # SMs or cores
+#: the keys of ``peak_flops``/``vector_flops`` (:class:`HardwareProfile`)
+DTYPE_KEYS = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4", "fp4")
+_CC = re.compile(r"^\d{1,2}\.\d{1,2}$")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+_KNOWN = frozenset({"format", *HardwareProfile.__slots__})
 
 
 def is_profile_path(name: str) -> bool:
@@ -38,66 +64,231 @@ def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> Path
     return target
 
 
+# ------------------------------------------------------------------------- field validation
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(value: Any, field: str, low: float, high: float, rule: str) -> float:
+    """``value`` as a float in [low, high]; a bool, a string or a non-finite number is not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} = {_show(value)} is not a number")
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
+    if not (math.isfinite(v) and low <= v <= high):
+        raise ValueError(f"{field} = {_show(value)} must be {rule}")
+    return v
+
+
+def _rate(value: Any, field: str) -> float:
+    """FLOP/s or bytes/s: at least 1 (a zero rate divides by zero) and finite."""
+    return _number(value, field, 1.0, _MAX_RATE, f"finite and > 0 (between 1 and {_MAX_RATE:g})")
+
+
+def _seconds(value: Any, field: str) -> float:
+    return _number(value, field, 0.0, _MAX_SECONDS,
+                   f"finite and >= 0 (seconds, at most {_MAX_SECONDS:g})")
+
+
+def _whole(value: Any, field: str, high: int) -> int:
+    """A positive whole number up to ``high`` (an integral float like 8e10 is one too)."""
+    v = _number(value, field, 1, high, f"a whole number from 1 to {high:.3g}")
+    if v != int(v):
+        raise ValueError(f"{field} = {_show(value)} must be a whole number")
+    return int(v)
+
+
+def _optional_whole(value: Any, field: str, high: int) -> int | None:
+    return None if value is None else _whole(value, field, high)
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{field} = {_show(value)} is not a string")
+    return value
+
+
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{field} = {_show(value)} is not an object")
+    return value
+
+
+def _field(d: dict[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise KeyError(f"{where}.{key}")
+    return d[key]
+
+
 def _link(d: Any, where: str) -> Link:
-    if not isinstance(d, dict):
-        raise ValueError(f"{where} is not an object")
-    return Link(str(d["name"]), float(d["bandwidth_bytes_per_s"]), float(d["latency_s"]))
+    d = _object(d, where)
+    return Link(_text(_field(d, "name", where), f"{where}.name"),
+                _rate(_field(d, "bandwidth_bytes_per_s", where), f"{where}.bandwidth_bytes_per_s"),
+                _seconds(_field(d, "latency_s", where), f"{where}.latency_s"))
 
 
-def _rates(d: Any, where: str) -> dict[str, float]:
-    if not isinstance(d, dict):
-        raise ValueError(f"{where} is not an object")
-    out = {str(k): float(v) for k, v in d.items()}
-    bad = [k for k, v in out.items() if not (math.isfinite(v) and v >= 0)]
-    if bad:
-        raise ValueError(f"{where}: {', '.join(bad)} must be finite and >= 0")
+def _rates(d: Any, where: str, *, seconds: bool = False, dtypes: bool = False
+           ) -> dict[str, float]:
+    """A map of rates (or of seconds); ``dtypes``: its keys are peak-table dtypes."""
+    out = {}
+    for k, v in _object(d, where).items():
+        if dtypes and k not in DTYPE_KEYS:
+            raise ValueError(f"{where} has the key {_show(k)}, which is not a dtype "
+                             f"(one of {', '.join(DTYPE_KEYS)})")
+        out[k] = (_seconds if seconds else _rate)(v, f"{where}.{k}")
     return out
+
+
+def _compute_capability(cc: Any) -> tuple[int, int] | None:
+    if cc is None:
+        return None
+    if not isinstance(cc, str) or not _CC.match(cc):
+        raise ValueError(f"compute_capability = {_show(cc)} is not MAJOR.MINOR like '9.0'")
+    major, _, minor = cc.partition(".")
+    return int(major), int(minor)
+
+
+def _capabilities(value: Any) -> frozenset[str]:
+    if not isinstance(value, list):
+        raise ValueError(f"capabilities = {_show(value)} is not a list of names")
+    return frozenset(_text(c, "capabilities[]") for c in value)
 
 
 def profile_from_dict(d: dict[str, Any]) -> HardwareProfile:
     """The inverse of :meth:`HardwareProfile.to_dict`; a missing or malformed field raises
-    ``ValueError`` naming it."""
-    cc = d.get("compute_capability")
-    major, _, minor = str(cc).partition(".") if cc else ("", "", "")
-    peer = d.get("peer_link")
+    ``ValueError`` (``KeyError`` when missing) naming it."""
+    d = _object(d, "the profile")
     kind = d["kind"]
     if kind not in ("cpu", "gpu"):
-        raise ValueError(f"kind {kind!r} is neither 'cpu' nor 'gpu'")
-    bandwidth = float(d["bandwidth_bytes_per_s"])
-    if not bandwidth > 0:
-        raise ValueError("bandwidth_bytes_per_s must be > 0")
+        raise ValueError(f"kind {_show(kind)} is neither 'cpu' nor 'gpu'")
+    peak = _rates(d["peak_flops"], "peak_flops", dtypes=True)
+    if not peak:
+        raise ValueError("peak_flops is empty: give the peak of at least one dtype")
+    unknown = sorted(k for k in d if k not in _KNOWN)
+    if unknown:
+        logger.warning("hardware profile: ignoring unknown field(s) %s",
+                       ", ".join(_show(k) for k in unknown[:5]))
+    peer = d.get("peer_link")
     return HardwareProfile(
-        name=str(d["name"]), display_name=str(d["display_name"]), kind=kind,
-        vendor=str(d["vendor"]), generation=str(d["generation"]),
-        peak_flops=_rates(d["peak_flops"], "peak_flops"),
-        memory_bytes=int(d["memory_bytes"]), bandwidth_bytes_per_s=bandwidth,
-        host_link=_link(d["host_link"], "host_link"), source=str(d["source"]),
-        compute_capability=(int(major), int(minor)) if cc else None,
-        sm_count=d.get("sm_count"), cores=d.get("cores"),
-        vector_flops=_rates(d.get("vector_flops", {}), "vector_flops"),
-        l2_bytes=d.get("l2_bytes"), smem_per_sm_bytes=d.get("smem_per_sm_bytes"),
+        name=_text(d["name"], "name"), display_name=_text(d["display_name"], "display_name"),
+        kind=kind, vendor=_text(d["vendor"], "vendor"),
+        generation=_text(d["generation"], "generation"), peak_flops=peak,
+        memory_bytes=_whole(d["memory_bytes"], "memory_bytes", _MAX_MEMORY),
+        bandwidth_bytes_per_s=_rate(d["bandwidth_bytes_per_s"], "bandwidth_bytes_per_s"),
+        host_link=_link(d["host_link"], "host_link"), source=_text(d["source"], "source"),
+        compute_capability=_compute_capability(d.get("compute_capability")),
+        sm_count=_optional_whole(d.get("sm_count"), "sm_count", _MAX_UNITS),
+        cores=_optional_whole(d.get("cores"), "cores", _MAX_UNITS),
+        vector_flops=_rates(d.get("vector_flops", {}), "vector_flops", dtypes=True),
+        l2_bytes=_optional_whole(d.get("l2_bytes"), "l2_bytes", _MAX_MEMORY),
+        smem_per_sm_bytes=_optional_whole(d.get("smem_per_sm_bytes"), "smem_per_sm_bytes",
+                                          _MAX_MEMORY),
         peer_link=None if peer is None else _link(peer, "peer_link"),
-        capabilities=frozenset(str(c) for c in d.get("capabilities", ())),
-        launch_overhead_s=float(d.get("launch_overhead_s", 5e-6)),
-        op_overhead_s=_rates(d.get("op_overhead_s", {}), "op_overhead_s"),
+        capabilities=_capabilities(d.get("capabilities", [])),
+        launch_overhead_s=_seconds(d.get("launch_overhead_s", 5e-6), "launch_overhead_s"),
+        op_overhead_s=_rates(d.get("op_overhead_s", {}), "op_overhead_s", seconds=True),
         measured_rates=_rates(d.get("measured_rates", {}), "measured_rates"),
     )
 
 
-def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
-    """Read a profile file; a missing, unreadable or malformed file is a GraphoptError."""
-    p = Path(path)
+# ------------------------------------------------------------------------------- the file
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(p: Path, mode: int) -> GraphoptError:
+    what = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return GraphoptError(f"hardware profile {str(p)!r} is {what}, not a regular file "
+                         "(a symbolic link is followed)",
+                         f"give the path of a JSON file; {_FIX}")
+
+
+def _too_big(p: Path) -> GraphoptError:
+    return GraphoptError(f"hardware profile {str(p)!r} is larger than "
+                         f"{MAX_PROFILE_BYTES // 2**20} MiB (a profile is a few KB)",
+                         f"check the path, or {_FIX}")
+
+
+def _read_bytes(p: Path) -> bytes:
+    """The file's bytes: a regular file (checked before and after opening; a FIFO opened
+    non-blocking does not wait for a writer) of at most MAX_PROFILE_BYTES, read bounded."""
     try:
-        data = json.loads(p.read_text())
+        st = os.stat(p)  # follows symbolic links: a link to /dev/zero is a character device
     except FileNotFoundError:
         raise GraphoptError(f"hardware profile {str(p)!r} does not exist",
                             f"check the path, or {_FIX}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
         raise GraphoptError(f"cannot read hardware profile {str(p)!r}: {e}", _FIX) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(p, st.st_mode)
+    if st.st_size > MAX_PROFILE_BYTES:
+        raise _too_big(p)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise GraphoptError(f"cannot read hardware profile {str(p)!r}: {e}", _FIX) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # replaced between the stat and the open
+            raise _not_regular(p, mode)
+        chunks, size = [], 0
+        while size <= MAX_PROFILE_BYTES:
+            chunk = os.read(fd, MAX_PROFILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise GraphoptError(f"cannot read hardware profile {str(p)!r}: {e}", _FIX) from None
+    finally:
+        os.close(fd)
+    if size > MAX_PROFILE_BYTES:  # grew after the stat
+        raise _too_big(p)
+    return b"".join(chunks)
+
+
+def _depth(text: str) -> int:
+    """How deep the JSON nests (strings skipped); stops counting past ``_MAX_DEPTH``."""
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub("", text)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > _MAX_DEPTH:
+                break
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}, which is not a JSON number (every number must be "
+                     "finite)")
+
+
+def _parse(p: Path) -> Any:
+    try:
+        text = _read_bytes(p).decode("utf-8")
+        if _depth(text) > _MAX_DEPTH:
+            raise ValueError(f"it nests more than {_MAX_DEPTH} levels deep (a profile nests 3)")
+        return json.loads(text, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError too
+        raise GraphoptError(f"cannot read hardware profile {str(p)!r}: {e}", _FIX) from None
+
+
+def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
+    """Read a profile file; a missing, unreadable, oversized or malformed file, or a field out
+    of range, is a GraphoptError naming the file and the field."""
+    p = Path(path)
+    data = _parse(p)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise GraphoptError(f"{str(p)!r} is not a graphopt hardware profile (format {got!r}, "
-                            f"expected {FORMAT!r})", _FIX)
+        raise GraphoptError(f"{str(p)!r} is not a graphopt hardware profile (format "
+                            f"{_show(got)}, expected {FORMAT!r})", _FIX)
     try:
         return profile_from_dict(data)
     except (KeyError, TypeError, ValueError) as e:

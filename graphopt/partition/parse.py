@@ -16,6 +16,8 @@ Grammar (comma-separated): ``NAME[=TARGET][:CAP]``.
    devices on different machines talk over that network (5 us per message, RDMA-class), not
    NVLink or PCIe: ``cuda:0=h100@a,...,cuda:3=h100@a,cuda:4=h100@b,...,net=400Gb/s`` is 2
    nodes x 4 H100s. Devices on two machines with no ``net=`` item are refused.
+6. At most :data:`~graphopt.partition.devices.MAX_DEVICES` devices (128): the schedulers' work
+   grows with the square of the count.
 
 Usable memory = min(cap, total - reserve) with the reserve policy of
 :func:`graphopt.decisions.memory.usable_memory`; a cap above the device's total memory is a
@@ -35,7 +37,7 @@ from graphopt.decisions.memory import usable_memory
 from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target, host_cpu_profile
 from graphopt.hardware.profile import HardwareProfile, Link
-from graphopt.partition.devices import Device, DeviceSet
+from graphopt.partition.devices import Device, DeviceSet, check_device_count
 
 __all__ = ["detect_devices", "make_device_set", "parse_bandwidth", "parse_devices", "parse_size"]
 
@@ -148,17 +150,22 @@ def make_device_set(devices: list[Device], hosts: dict[str, str] | None = None,
                             f"give each device its own name, {_EXAMPLE}")
     if not devices:
         raise GraphoptError("no devices given", f"name at least one, {_EXAMPLE}")
+    check_device_count(len(devices))
     if len(set(hosts.get(d.name, "") for d in devices)) > 1 and net is None:
         raise GraphoptError("devices on several machines (@HOST) but no network between them",
                             f"add an item net=BANDWIDTH, like net=400Gb/s ({_BW_FIX})")
     links: dict[tuple[str, str], Link] = {}
+    known: dict[tuple[int, int], Link] = {}  # one link per pair of profiles, not of devices
     for a in devices:
         for b in devices:
             if a.name != b.name and hosts.get(a.name, "") != hosts.get(b.name, ""):
                 links[(a.name, b.name)] = net  # type: ignore[assignment]
             elif a.name != b.name:
-                pb = dataclasses.replace(b.profile) if a.profile is b.profile else b.profile
-                links[(a.name, b.name)] = link_between(a.profile, pb)
+                key = (id(a.profile), id(b.profile))
+                if key not in known:
+                    pb = dataclasses.replace(b.profile) if a.profile is b.profile else b.profile
+                    known[key] = link_between(a.profile, pb)
+                links[(a.name, b.name)] = known[key]
     return DeviceSet(tuple(devices), links)
 
 
@@ -167,6 +174,7 @@ def parse_devices(spec: str) -> DeviceSet:
     items = [s for s in (spec or "").split(",") if s.strip()]
     if not items:
         raise GraphoptError("--devices is empty", f"list the devices, {_EXAMPLE}")
+    check_device_count(sum(1 for s in items if s.partition("=")[0].strip().lower() != "net"))
     devices = []
     hosts: dict[str, str] = {}
     net: Link | None = None
