@@ -1,167 +1,172 @@
-"""``torch.export.load`` and ``ExportedProgram.module()``, fast enough for a 7k-node graph.
+"""Loading what :meth:`Optimized.save` wrote (``graphopt.load``), from anyone's file.
 
-torch 2.13 turns the archive's JSON into its schema dataclasses with ``_dict_to_dataclass``,
-which calls ``typing.get_type_hints`` for every object (~360k objects for a 7k-node graph: 60%
-of the load). :func:`export_load` runs the same conversion with the type hints and dataclass
-fields looked up once per class, then torch's own deserializer; the result is the same
-ExportedProgram. If torch's internals differ from what this expects, it is plain
-``torch.export.load``. :func:`plain_module` unlifts the weights in place instead of
-``ep.module()``'s copy.
+Nothing here unpickles or hands the file to a loader that does (``torch.export.load`` unpickles
+members of the archive): the file must carry graphopt's marker, graphopt's own reader
+(:mod:`graphopt.pt2_reader`) builds the graph, and graphopt's JSON records are checked field by
+field. Anything else is a GraphoptError that says what the file is or what could not be read.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import gc
+import json
 import logging
 import os
-import types
-import typing
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import IO, Annotated, Any
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
 
 import torch
-from torch import fx
 
-__all__ = ["export_load", "plain_module"]
+from graphopt._version import __version__
+from graphopt.errors import GraphoptError, first_line
+from graphopt.saved import _INPUTS, _MARKER, _PLAN, _RESAVE, _RUNTIME, FORMAT, VERSION, _repack_int8
 
-logger = logging.getLogger(__name__)
+__all__ = ["load_saved"]
+
+logger = logging.getLogger("graphopt.saved")
+
+_FOREIGN = ("graphopt.load reads only what Optimized.save writes and never unpickles; if you "
+            "trust the file, load it with torch.export.load / torch.load(weights_only=True) "
+            "yourself, or " + _RESAVE)
 
 
-def _serde() -> Any:
+def _check_archive(path: Path) -> Any:
+    """The archive at ``path`` if graphopt wrote it (its marker read within bounds), else a
+    GraphoptError that says what the file is."""
+    from graphopt import pt2_reader
+    from graphopt.pt2_archive import Damaged, Unhandled
+
+    if not path.is_file():
+        raise GraphoptError(f"no saved model at {path}" if not path.exists() else
+                            f"{path} is not a file", "give the path Optimized.save wrote")
+    with open(path, "rb") as f:  # torch writes no zip comment: the archive ends with its
+        f.seek(0, os.SEEK_END)  # end record; a cut file may still hold a nested zip's
+        f.seek(max(0, f.tell() - 22))
+        end = f.read(4)
+        f.seek(0)
+        zipped = f.read(4) == b"PK\x03\x04"
+    if not zipped:
+        raise GraphoptError(f"{path} is not a graphopt saved model: not a zip archive "
+                            "(a text file, or a truncated or corrupt .pt2)", _RESAVE)
+    if end != b"PK\x05\x06":
+        raise GraphoptError(f"{path} is not a whole graphopt saved model: the zip archive's "
+                            "end record is not at the end (a truncated or corrupt .pt2)",
+                            _RESAVE)
+    ar = pt2_reader.open_archive(path)
+    marker = next((n for n in sorted(ar.names) if n.endswith(f"/extra/{_MARKER}")), None)
+    if marker is None:
+        kind = ("a torch.save file" if any(n.endswith("/data.pkl") for n in ar.names)
+                else "a torch.export archive" if any(n.endswith("/archive_format")
+                                                    for n in ar.names)
+                else "a zip archive")
+        raise GraphoptError(f"{path} is {kind} without graphopt's marker ({_MARKER}): not "
+                            "written by graphopt", _FOREIGN)
     try:
-        from torch._export.serde import serialize
-    except ImportError:
-        return None
-    needed = ("_dict_to_dataclass", "_resolve_schema_cls", "_Union", "schema")
-    return serialize if all(hasattr(serialize, n) for n in needed) else None
+        data = ar.json(marker)
+    except (Damaged, Unhandled) as e:
+        raise GraphoptError(f"{path} is a damaged graphopt archive: {e}", _RESAVE) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise GraphoptError(f"{path} has a {_MARKER} that is not graphopt's", _FOREIGN)
+    if data.get("version") != VERSION:
+        raise GraphoptError(f"{path} is graphopt archive version {data.get('version')!s:.20} "
+                            f"(written by graphopt {data.get('graphopt')!s:.40}); this graphopt "
+                            f"({__version__}) reads version {VERSION}",
+                            "load it with the graphopt version that wrote it, or " + _RESAVE)
+    return ar
 
 
-def _fast_converter(ser: Any) -> Callable[[Any, Any], Any]:
-    """torch's ``_dict_to_dataclass`` (same branches, same order), with each class's branch,
-    type hints and fields worked out once instead of per object."""
-    schema_ns = vars(ser.schema)
-    resolve, union_base = ser._resolve_schema_cls, ser._Union
-
-    @functools.cache
-    def converter(cls: Any) -> Callable[[Any], Any]:
-        cls = resolve(cls)
-        if isinstance(cls, str):
-            raise AssertionError(f"Unresolved class type: '{cls}'.")
-        origin, args = typing.get_origin(cls), typing.get_args(cls)
-        if origin is Annotated:
-            return converter(cls.__origin__)
-        if origin in (typing.Union, types.UnionType) and type(None) in args:
-            return lambda data: None if data is None else converter(args[0])(data)
-        if isinstance(cls, type) and issubclass(cls, union_base):
-            hints = typing.get_type_hints(cls, globalns=schema_ns)
-
-            def union(data: dict[str, Any]) -> Any:
-                ((key, value),) = data.items()
-                return cls.create(**{key: converter(hints[key])(value)})
-            return union
-        if dataclasses.is_dataclass(cls):
-            hints = typing.get_type_hints(cls, globalns=schema_ns)
-            names = [f.name for f in dataclasses.fields(cls)]
-            fields: list[tuple[str, Callable[[Any], Any]]] = []  # filled on first use
-
-            def record(data: dict[str, Any]) -> Any:
-                if not fields:  # not at definition: the schema's types are recursive
-                    fields.extend((n, converter(hints[n])) for n in names)
-                return cls(**{n: conv(data[n]) for n, conv in fields if n in data})
-            return record
-
-        def other(data: Any) -> Any:
-            if isinstance(data, list):
-                if not data:
-                    return data
-                item = converter(args[0])
-                return [item(d) for d in data]
-            if isinstance(data, dict):
-                value = converter(args[1])
-                return {k: value(v) for k, v in data.items()}
-            return float(data) if cls is float else data
-        return other
-
-    return lambda cls, data: converter(cls)(data)
-
-
-@contextmanager
-def _fast_decoding() -> Iterator[None]:
-    ser = _serde()
-    if ser is None:
-        yield
-        return
-    original = ser._dict_to_dataclass
-    ser._dict_to_dataclass = _fast_converter(ser)  # the recursion goes through the global
-    enabled = gc.isenabled()
-    gc.disable()  # ~10^6 small objects that all live on: nothing for the collector to find
+def _json(extra: dict[str, Any], key: str, path: Path) -> Any:
     try:
-        yield
-    finally:
-        ser._dict_to_dataclass = original
-        if enabled:
-            gc.enable()
+        data = json.loads(extra[key])
+    except (KeyError, TypeError, ValueError, RecursionError) as e:
+        raise GraphoptError(f"{path}: graphopt's record {key} is missing or damaged "
+                            f"({first_line(e)})", _RESAVE) from None
+    if not isinstance(data, dict):
+        raise GraphoptError(f"{path}: graphopt's record {key} is not a JSON object", _RESAVE)
+    return data
 
 
-def export_load(f: str | os.PathLike[str] | IO[bytes], extra_files: dict[str, Any]
-                ) -> torch.export.ExportedProgram:
-    """``torch.export.load(f, extra_files=extra_files)``, decoded faster."""
+def _settings(data: dict[str, Any]) -> Any:
+    """A ``RuntimeSettings`` from its ``to_dict`` form (what ``apply_runtime_settings`` takes)."""
+    from graphopt.decisions.runtime import RuntimeSettings, Setting
+
+    kw: dict[str, Any] = {"target": str(data["target"]), "device": str(data["device"])}
+    for f in fields(RuntimeSettings):
+        s = data.get(f.name)
+        if isinstance(s, dict):
+            value = s.get("value")
+            if not _plain_value(value):
+                raise TypeError(f"runtime setting {f.name} is {str(value)[:40]}")
+            kw[f.name] = Setting(tuple(value) if isinstance(value, list) else value,
+                                 str(s.get("reason", "")))
+    return RuntimeSettings(**kw)
+
+
+def _plain_value(v: Any) -> bool:
+    scalar = (type(None), bool, int, float, str)
+    return isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar)
+                                                                 for x in v))
+
+
+def _inputs(inputs: dict[str, Any]) -> tuple[list[str], list[tuple[int, ...] | None], Any]:
+    """Input names, shapes and shape range from their record, each of its own type."""
+    from graphopt.shape_range import ShapeRange
+
+    names, shapes = inputs["names"], inputs["shapes"]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"input names {str(names)[:60]}")
+    if not isinstance(shapes, list) or not all(
+            s is None or (isinstance(s, list) and all(type(d) is int and d >= 0 for d in s))
+            for s in shapes):
+        raise TypeError(f"input shapes {str(shapes)[:60]}")
+    record = inputs.get("shape_range")
+    if record is not None and not isinstance(record, dict):
+        raise TypeError(f"shape range {str(record)[:60]}")
+    shape_range = ShapeRange.from_dict(record) if record else None
+    return names, [None if s is None else tuple(s) for s in shapes], shape_range
+
+
+def _check_device(device: Any) -> None:
     try:
-        with _fast_decoding():
-            return torch.export.load(f, extra_files=extra_files)
-    except Exception as e:  # torch's own load decides, and its error is the one raised
-        logger.debug("fast torch.export.load failed (%s): loading the plain way", e)
-        if hasattr(f, "seek"):
-            f.seek(0)
-        return torch.export.load(f, extra_files=extra_files)
+        torch.empty(0, device=torch.device(device))
+    except (RuntimeError, AssertionError, TypeError, ValueError) as e:  # no such device here
+        raise GraphoptError(f"cannot move the saved model to {device!r}: {first_line(e)}",
+                            "give a device this machine has (torch.cuda.is_available()), or "
+                            "device=None") from None
 
 
-def plain_module(ep: torch.export.ExportedProgram) -> fx.GraphModule:
-    """The program as the optimizer itself holds it: weights as attributes, no per-call input
-    hooks (the wrapper checks the shape range), ``eval()`` allowed.
+def load_saved(path: str | os.PathLike[str], device: str | torch.device | None = None
+               ) -> torch.nn.Module:
+    """:func:`graphopt.saved.load`: the archive checked, read, its records checked, wrapped."""
+    from graphopt import pt2_reader
+    from graphopt.rewrites.optimized_module import OptimizedModule
+    from graphopt.rewrites.pipeline import strip_unused
 
-    Done on ``ep``'s own graph when it only lifts weights and returns plain tensors (what
-    :func:`save` writes): ``ep.module()`` deep-copies the graph and compiles it twice more,
-    a third of a 7k-node load.
-    """
-    from torch.export.graph_signature import InputKind, OutputKind
-
-    sig, gm = ep.graph_signature, ep.graph_module
-    kinds = {InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR,
-             InputKind.USER_INPUT}
-    out_spec = ep.call_spec.out_spec
-    plain_out = out_spec is not None and (out_spec.is_leaf() or (
-        out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children())))
-    if not plain_out or any(s.kind not in kinds for s in sig.input_specs) or \
-            any(s.kind is not OutputKind.USER_OUTPUT for s in sig.output_specs):
-        module = ep.module(check_guards=False)
-        module._forward_pre_hooks.clear()
-        module._forward_hooks.clear()
-        for name in ("train", "eval"):
-            vars(module).pop(name, None)
-        return module
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    for node, spec in zip(placeholders, sig.input_specs, strict=True):
-        if spec.kind is InputKind.USER_INPUT:
-            continue
-        persistent = spec.kind is InputKind.PARAMETER or (
-            spec.kind is InputKind.BUFFER and spec.persistent)
-        value = ep.state_dict[spec.target] if persistent else ep.constants[spec.target]
-        name = "_".join(str(spec.target).split("."))
-        if isinstance(value, torch.nn.Parameter):
-            gm.register_parameter(name, value)
-        else:
-            gm.register_buffer(name, value, persistent=persistent)
-        with gm.graph.inserting_before(first_op):
-            attr = gm.graph.get_attr(name)
-        attr.meta = node.meta
-        node.replace_all_uses_with(attr)
-        gm.graph.erase_node(node)
-    if out_spec.is_leaf():  # the model returns one tensor, not a 1-tuple
-        output = next(n for n in gm.graph.nodes if n.op == "output")
-        output.args = (output.args[0][0],)
-    return gm  # strip_unused recompiles it
+    file = Path(path)
+    if device is not None:
+        _check_device(device)
+    archive = _check_archive(file)
+    extra: dict[str, Any] = {_PLAN: "", _RUNTIME: "", _INPUTS: ""}
+    gm = pt2_reader.build(file, archive, extra, device, compile=False)  # strip_unused compiles
+    inputs, runtime = _json(extra, _INPUTS, file), _json(extra, _RUNTIME, file)
+    plan = _json(extra, _PLAN, file)
+    try:
+        names, shapes, shape_range = _inputs(inputs)
+        settings, flags = _settings(runtime["settings"]), dict(runtime["flags"])
+        if not all(isinstance(k, str) and isinstance(v, bool) for k, v in flags.items()):
+            raise TypeError(f"runtime flags {str(flags)[:60]}")
+    except (KeyError, TypeError, ValueError, AttributeError, GraphoptError) as e:
+        raise GraphoptError(f"{file}: graphopt's records are damaged ({first_line(e)})",
+                            _RESAVE) from None
+    _repack_int8(gm)
+    try:
+        strip_unused(gm)  # export's guard (the wrapper checks the range), plain calls, portable
+        module = OptimizedModule(gm, shapes, flags, shape_range=shape_range, input_names=names)
+    except (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError,
+            SyntaxError) as e:
+        raise GraphoptError(f"{file} is a damaged graphopt archive: its graph does not build "
+                            f"({first_line(e)})", _RESAVE) from None
+    module.plan = plan
+    module.runtime_settings = settings
+    logger.info("loaded %s (%d graph nodes)", file, len(gm.graph.nodes))
+    return module

@@ -37,6 +37,9 @@ class Optimized:
         self._source = source
         #: the shape range the module accepts (``graphopt.shape_range.ShapeRange``), or None
         self.shape_range: Any = None
+        #: the model's input names, which key the shape range; kept here for every module,
+        #: the plain copy of the model included, so that save() exports over the range
+        self.input_names: list[str] = []
 
     @property
     def runtime_settings(self) -> Any:
@@ -203,7 +206,7 @@ def optimize(model: Any, example_inputs: Any = None,
               if isinstance(gm, fx.GraphModule) else gm)
     result = Optimized(module, plan, args, info,
                        source=(model, example_inputs, options, dynamic_shapes))
-    result.shape_range = shape_range
+    result.shape_range, result.input_names = shape_range, list(names)
     # the report shows the settings for the precision actually applied, not the planner's guess
     result.plan = replace(plan, extra={**plan.extra,
                                        "runtime_settings": result.runtime_settings.to_dict()})

@@ -1,37 +1,35 @@
 """graphopt's own reader for the ``.pt2`` archives :func:`graphopt.saved.save` writes.
 
-``torch.export.load`` spends most of a large load on what graphopt's module never uses:
-importing torch._dynamo, JSON -> schema dataclasses, FakeTensor metadata for every node, two
-more compiles. :func:`read` builds the GraphModule ``plain_module(export_load(path))`` gives
-(same node names, targets, arguments, weights and code) straight from the JSON. It returns
-None, and ``load`` takes torch's path, for anything it does not know (another schema version,
-a subgraph or higher-order op, a torchbind object, pickled weights, an argument or output kind
-it does not read): it never guesses. Node metadata: ``stack_trace``, and a user input's
-``meta["val"]`` is a 0-element tensor of its dtype and device (make_portable reads the device).
+It builds the GraphModule straight from the archive's JSON (the one ``ExportedProgram`` with
+its weights unlifted would give: same node names, targets, arguments, weights and code) without
+``torch.export.load``, which unpickles members of the archive and spends most of a large load
+on what graphopt's module never uses. It is the only way :func:`graphopt.load` reads a file, so
+it trusts nothing in it: the zip is read within bounds (:mod:`graphopt.pt2_archive`), weights
+are checked against the bytes present before anything is allocated, every name that becomes
+Python code is a plain identifier, and no module a file names is imported. What it does not
+read (another schema version, a subgraph or higher-order op, a torchbind object, a pickled
+weight, an output container other than tuple, list or dict) is a GraphoptError that names it,
+and damage is one that says so. Node metadata: ``stack_trace`` (printable text only), and a
+user input's ``meta["val"]`` is a 0-element tensor of its dtype and device.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import keyword
-import logging
 import math
 import operator
 import os
-import struct
 import sys
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx
 
-__all__ = ["read"]
+from graphopt.errors import GraphoptError, first_line
+from graphopt.pt2_archive import Archive, Damaged, Unhandled, leaves, payloads, rebuild, structure
 
-logger = logging.getLogger(__name__)
+__all__ = ["build", "open_archive", "read"]
 
 _SCHEMA_MAJOR, _SCHEMA_MINOR = 8, 20  # the versions this reader was written against
 _DTYPES = {1: torch.uint8, 2: torch.int8, 3: torch.int16, 4: torch.int32, 5: torch.int64,
@@ -54,32 +52,61 @@ _SYM_OPS = {getattr(operator, n) for n in (
     torch.sym_min, torch.sym_sqrt}
 _SYM = ("as_sym_int", "as_sym_bool", "as_sym_float")
 _SYM_LISTS = {"as_sym_ints": "as_int", "as_sym_bools": "as_bool", "as_sym_floats": "as_float"}
-
-
-class _Unhandled(Exception):
-    """Something this reader does not read: torch's loader takes the archive."""
+# names the generated forward() relies on: a value may not take them (fx's own globals)
+_RESERVED = {"self", "torch", "device", "inf", "nan", "NoneType"}
+_RESAVE = "save the model again with Optimized.save (graphopt.optimize(...).save(path))"
+_SELF_LOAD = ("save the model again with this graphopt's Optimized.save; graphopt.load never "
+              "hands a file to torch.export.load, which unpickles: if you trust the file, "
+              "call torch.export.load yourself")
+_BROKEN = (Damaged, KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError,
+           OverflowError, RecursionError, AssertionError, StopIteration, SyntaxError)
 
 
 def _one(d: Any, what: str) -> tuple[str, Any]:
     if not isinstance(d, dict) or len(d) != 1:
-        raise _Unhandled(f"{what} is not a one-field union: {str(d)[:80]}")
+        raise Damaged(f"{what} is not a one-field union: {str(d)[:80]}")
     return next(iter(d.items()))
 
 
-def _device(d: dict[str, Any]) -> torch.device:
+def _device(d: Any) -> torch.device:
+    if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+        raise Damaged(f"device {str(d)[:60]}")
     index = d.get("index")
     return torch.device(d["type"]) if index is None else torch.device(d["type"], index)
+
+
+def _name(v: Any) -> str:
+    """A value's name, which becomes a variable of the generated code: a plain identifier."""
+    if not isinstance(v, str) or not v.isidentifier() or keyword.iskeyword(v) or \
+            v in _RESERVED or v.startswith("__"):
+        raise Damaged(f"value name {str(v)[:60]!r} is not a plain identifier")
+    return v
+
+
+def _stack_trace(v: Any) -> str | None:
+    """The node's stack trace if it is printable text (print_readable writes it into code as
+    a comment, which a carriage return would end)."""
+    return v if isinstance(v, str) and v.replace("\n", "").isprintable() else None
+
+
+def _scalar(kind: str, v: Any) -> Any:
+    want = {"as_int": int, "as_bool": bool, "as_string": str}[kind]
+    if type(v) is not want:
+        raise Damaged(f"argument {kind} is {str(v)[:40]}")
+    return v
 
 
 def _sym_name(kind: str, value: Any) -> str:
     """The name a symbolic output defines (``{"as_name": ...}``); a constant is refused."""
     if kind not in _SYM or _one(value, "symbolic output")[0] != "as_name":
-        raise _Unhandled(f"output {kind} {value}")
-    return value["as_name"]
+        raise Unhandled(f"output {kind} {str(value)[:60]}")
+    return _name(value["as_name"])
 
 
 def _target(name: str) -> Any:
     """The callable a serialized target names: an ATen/custom op overload or a sym op."""
+    if not isinstance(name, str):
+        raise Damaged(f"target {str(name)[:60]}")
     parts = name.split(".")
     try:
         if parts[:2] == ["torch", "ops"] and len(parts) == 5:
@@ -92,7 +119,7 @@ def _target(name: str) -> Any:
                 return fn
     except (AttributeError, RuntimeError):
         pass
-    raise _Unhandled(f"target {name}")
+    raise Unhandled(f"the op {name[:120]} (not an op this process has registered)")
 
 
 class _Builder:
@@ -102,8 +129,8 @@ class _Builder:
         self.graph, self.nodes = fx.Graph(), {}
 
     def sync(self, name: str, node: fx.Node) -> None:
-        if name in self.nodes:
-            raise _Unhandled(f"value {name} defined twice")
+        if _name(name) in self.nodes:
+            raise Damaged(f"value {name} defined twice")
         node.name = name  # torch overwrites the name fx's namespace chose
         self.nodes[name] = node
 
@@ -112,19 +139,21 @@ class _Builder:
         if kind == "as_name":
             return self.nodes[value]
         if kind != scalar:
-            raise _Unhandled(f"symbolic argument {a}")
-        return float(value) if scalar == "as_float" else value
+            raise Unhandled(f"symbolic argument {str(a)[:60]}")
+        return float(value) if scalar == "as_float" else _scalar(scalar, value)
 
     def arg(self, a: Any) -> Any:
         kind, v = _one(a, "argument")
         if kind in ("as_none", "as_int", "as_bool", "as_string"):
-            return None if kind == "as_none" else v
+            return None if kind == "as_none" else _scalar(kind, v)
         if kind == "as_float":
             return float(v)  # torch writes inf and nan as strings
         if kind == "as_tensor":
             return self.nodes[v["name"]]
         if kind in _ENUMS:
-            return _ENUMS[kind][v]  # an unknown code: a KeyError, refused
+            if v not in _ENUMS[kind]:
+                raise Unhandled(f"{kind} code {str(v)[:20]}")
+            return _ENUMS[kind][v]
         if kind == "as_device":
             return _device(v)
         if kind == "as_complex":
@@ -132,10 +161,11 @@ class _Builder:
         if kind in _SYM:
             return self.sym(v, kind.replace("sym_", ""))
         if not isinstance(v, list):
-            raise _Unhandled(f"argument kind {kind}")
-        if kind in ("as_ints", "as_bools", "as_strings") or (not v and kind in (
-                "as_tensors", "as_floats", "as_optional_tensors", *_SYM_LISTS)):
-            return list(v)
+            raise Unhandled(f"argument kind {kind}")
+        if kind in ("as_ints", "as_bools", "as_strings"):
+            return [_scalar(kind[:-1], x) for x in v]
+        if not v and kind in ("as_tensors", "as_floats", "as_optional_tensors", *_SYM_LISTS):
+            return []
         if kind == "as_floats":
             return [float(x) for x in v]
         if kind == "as_tensors":
@@ -145,13 +175,14 @@ class _Builder:
                     for k, t in (_one(x, "optional tensor") for x in v)]
         if kind in _SYM_LISTS:
             return [self.sym(x, _SYM_LISTS[kind]) for x in v]
-        raise _Unhandled(f"argument kind {kind}")
+        raise Unhandled(f"argument kind {kind}")
 
     def node(self, s: dict[str, Any]) -> None:
-        target, outputs, name = _target(s["target"]), s["outputs"], s.get("name")
-        meta = {k: v for k, v in (s.get("metadata") or {}).items() if k == "stack_trace" and v}
-        if not name:
-            raise _Unhandled(f"unnamed node {s['target']}")
+        target, outputs, name = _target(s["target"]), s["outputs"], _name(s.get("name"))
+        trace = _stack_trace((s.get("metadata") or {}).get("stack_trace"))
+        meta = {"stack_trace": trace} if trace else {}
+        if not isinstance(outputs, list):
+            raise Damaged(f"node {name} outputs")
         if target in _SYM_OPS:
             args = tuple(self.arg(i["arg"]) for i in s["inputs"])
             node = self.graph.create_node("call_function", target, args, {}, name)
@@ -170,17 +201,20 @@ class _Builder:
         kwargs: dict[str, Any] = {}
         for sa in target._schema.arguments:
             i = given.pop(sa.name, None)
+            kind = None if i is None else i.get("kind")
+            if kind is None and i is not None:  # an older writer: placed by the schema
+                kind = 1 if not sa.has_default_value() and not sa.kwarg_only else 2
             if i is None:
                 if not sa.has_default_value() and not sa.kwarg_only:
-                    raise _Unhandled(f"{target}: argument {sa.name} missing")
-            elif keyword.iskeyword(sa.name) or i.get("kind") not in (1, 2):
-                raise _Unhandled(f"{target}: argument {sa.name} kind {i.get('kind')}")
-            elif i["kind"] == 1:
+                    raise Damaged(f"{target}: argument {sa.name} missing")
+            elif keyword.iskeyword(sa.name) or kind not in (1, 2):
+                raise Unhandled(f"{target}: argument {sa.name} of kind {str(kind)[:20]}")
+            elif kind == 1:
                 args.append(self.arg(i["arg"]))
             else:
                 kwargs[sa.name] = self.arg(i["arg"])
         if given:
-            raise _Unhandled(f"{target}: arguments not in its schema {sorted(given)}")
+            raise Damaged(f"{target}: arguments not in its schema {sorted(given)[:5]}")
         return tuple(args), kwargs
 
     def outputs(self, node: fx.Node, outputs: list[Any], meta: dict[str, Any]) -> None:
@@ -197,11 +231,11 @@ class _Builder:
             if kind == "as_none":
                 return node._rename(f"{self.graph._target_to_str(node.target)}_unused")
             if kind != "as_tensors" or not value:
-                raise _Unhandled(f"output kind {kind}")
+                raise Unhandled(f"output kind {kind}")
             items = [("as_tensor", v) for v in value]
         for idx, (kind, value) in enumerate(items):
             if kind not in ("as_tensor", "as_none", "as_sym_int", "as_sym_float"):
-                raise _Unhandled(f"multiple-output kind {kind}")
+                raise Unhandled(f"multiple-output kind {kind}")
             name = None if kind == "as_none" else value["name"] if kind == "as_tensor" \
                 else _sym_name(kind, value)
             item = self.graph.create_node("call_function", operator.getitem, (node, idx),
@@ -212,131 +246,99 @@ class _Builder:
         self.nodes[node.name] = node
 
 
-def _single_out(calls: list[dict[str, Any]]) -> bool:
-    """Whether the program returns one tensor (True) or a flat tuple (False), per out_spec."""
-    entry = next((e for e in calls if e["fqn"] == "" and e.get("signature")), None)
-    if entry is None:
-        raise _Unhandled("no root call signature")
-    protocol, spec = json.loads(entry["signature"]["out_spec"])
-    leaf = lambda t: t.get("type") is None and not t.get("children_spec")  # noqa: E731
-    if protocol == 1 and (leaf(spec) or spec.get("type") == "builtins.tuple" and all(
-            leaf(c) for c in spec["children_spec"])):
-        return leaf(spec)
-    raise _Unhandled(f"output structure {protocol} {spec.get('type')}")
-
-
-class _Archive:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.view = data, memoryview(data)
-        self.zip = zipfile.ZipFile(io.BytesIO(data))
-        self.names = set(self.zip.namelist())
-        roots = {n.split("/", 1)[0] for n in self.names}
-        if len(roots) != 1:
-            raise _Unhandled(f"archive roots {sorted(roots)}")
-        self.root = roots.pop() + "/"
-
-    def read(self, name: str) -> bytes:  # a small member: zipfile's own checks
-        return self.zip.read(self.root + name)
-
-    def stored(self, name: str) -> memoryview:
-        """An uncompressed member's bytes, CRC-checked, without zipfile's per-read setup."""
-        info = self.zip.getinfo(self.root + name)
-        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1:
-            return memoryview(self.zip.read(info))
-        start = info.header_offset
-        if self.data[start:start + 4] != b"PK\x03\x04":
-            raise _Unhandled(f"{name}: no local header")
-        start += 30 + sum(struct.unpack_from("<HH", self.data, start + 26))
-        raw = self.view[start:start + info.file_size]
-        if len(raw) != info.file_size or zlib.crc32(raw) != info.CRC:
-            raise _Unhandled(f"{name}: damaged")
-        return raw
-
-    def payloads(self, folder: str, prefix: str, to: str | None) -> dict[str, torch.Tensor]:
-        """The tensors a payload config names, each a view of its file's storage, shared by
-        the entries of one file (torch's aliasing); moved ``to`` as move_to_device_pass does."""
-        files: dict[str, torch.Tensor] = {}
-        out: dict[str, torch.Tensor] = {}
-        config = self.read(f"data/{folder}/model_{folder}_config.json")
-        for fqn, p in json.loads(config)["config"].items():
-            meta, path = p.get("tensor_meta"), p["path_name"]
-            if p.get("use_pickle") or meta is None or not path.startswith(prefix) or \
-                    meta.get("layout", 7) != 7:
-                raise _Unhandled(f"payload {fqn} ({path}) is not a plain strided tensor")
-            dtype, grad = _DTYPES[meta["dtype"]], bool(meta["requires_grad"])
-            if (flat := files.get(path)) is None:
-                raw = self.stored(f"data/{folder}/{path}")
-                if len(raw) % dtype.itemsize:
-                    raise _Unhandled(f"{path}: {len(raw)} bytes for {dtype}")
-                flat = torch.frombuffer(bytearray(raw), dtype=dtype) if len(raw) else \
-                    torch.zeros([s["as_int"] for s in meta["sizes"]], dtype=dtype)
-                if grad:
-                    flat.requires_grad_(True)
-                device = _device(meta["device"])
-                files[path] = flat = flat if device.type == "cpu" else flat.to(device)
-            view = torch.as_strided(flat, [s["as_int"] for s in meta["sizes"]],
-                                    [s["as_int"] for s in meta["strides"]],
-                                    meta["storage_offset"]["as_int"])
-            if p.get("is_param"):
-                view = torch.nn.Parameter(view, requires_grad=grad)
-                out[fqn] = view if to is None else torch.nn.Parameter(view.to(to), grad)
-            else:
-                out[fqn] = view if to is None else view.to(to)
-        return out
+def open_archive(path: Path) -> Archive:
+    """The archive at ``path``, its zip directory read (a GraphoptError if it cannot be)."""
+    try:
+        return Archive(path)
+    except Damaged as e:
+        raise GraphoptError(f"{path} is a damaged zip archive: {e}", _RESAVE) from None
 
 
 def read(path: str | os.PathLike[str], extra_files: dict[str, Any],
-         device: str | torch.device | None = None, *, compile: bool = True
-         ) -> fx.GraphModule | None:
-    """The saved program as ``plain_module(export_load(path))`` (after
-    ``move_to_device_pass`` when ``device`` is given) gives it, the archive's ``extra/``
-    files put in ``extra_files``; None (logged at debug level) if the archive holds anything
-    this reader does not handle. ``compile=False`` leaves the code to the caller's own
-    ``recompile()`` (load's strip_unused does one): a 6k-node compile is ~0.3 s."""
+         device: str | torch.device | None = None, *, compile: bool = True) -> fx.GraphModule:
+    """The saved program as a GraphModule, weights unlifted (moved to ``device`` when given,
+    as ``move_to_device_pass`` would), and each ``extra/`` file named in ``extra_files`` read
+    into it as text. A GraphoptError for anything it does not read or finds damaged.
+    ``compile=False`` leaves the code to the caller's own ``recompile()``."""
+    return build(Path(path), open_archive(Path(path)), extra_files, device, compile)
+
+
+def build(path: Path, ar: Archive, extra_files: dict[str, Any], device: Any,
+          compile: bool = True) -> fx.GraphModule:
+    """:func:`read` on an archive already open (``load`` checks graphopt's marker first)."""
     try:
-        return _read(Path(path).read_bytes(), extra_files, device, compile)
-    except (_Unhandled, KeyError, TypeError, ValueError, zipfile.BadZipFile) as e:
-        logger.debug("pt2_reader: %s: %r; using torch.export.load", path, e)
-        return None
+        return _read(ar, extra_files, device, compile)
+    except GraphoptError:
+        raise
+    except Unhandled as e:
+        raise GraphoptError(f"{path} is a graphopt archive holding what this graphopt's reader "
+                            f"does not read: {e}", _SELF_LOAD) from None
+    except _BROKEN as e:
+        what = str(e) if isinstance(e, Damaged) else first_line(e)
+        raise GraphoptError(f"{path} is a damaged graphopt archive: {what}", _RESAVE) from None
 
 
-def _read(data: bytes, extra_files: dict[str, Any], device: Any, compile: bool
-          ) -> fx.GraphModule:
-    ar = _Archive(data)
+def _mover(to: str | None) -> Any:
+    """Puts a weight where it is loaded: ``to``, else the device it was saved from."""
+    def move(t: torch.Tensor, saved: Any) -> torch.Tensor:
+        dev = torch.device(to) if to is not None else _device(saved)
+        if dev == t.device:
+            return t
+        try:
+            return t.to(dev)
+        except (RuntimeError, AssertionError) as e:
+            raise GraphoptError(f"cannot move the saved model's weights to {dev}: "
+                                f"{first_line(e)}", "load it with device='cpu' or another "
+                                "device this machine has") from None
+    return move
+
+
+def _program(ar: Archive) -> dict[str, Any]:
     if [n for n in ar.names if n.startswith(ar.root + "models/")] != \
-            [ar.root + "models/model.json"] or ar.read("archive_format") != b"pt2" or \
-            ar.read("archive_version") != b"0" or ar.read("byteorder").decode() != sys.byteorder:
-        raise _Unhandled("not one model in archive format pt2 version 0 in this byte order")
-    program = json.loads(ar.read("models/model.json"))
+            [ar.root + "models/model.json"] or ar.member(ar.root + "archive_format") != b"pt2" \
+            or ar.member(ar.root + "archive_version") != b"0" or \
+            ar.member(ar.root + "byteorder") != sys.byteorder.encode():
+        raise Unhandled("not one model in archive format pt2 version 0 in this byte order")
+    program = ar.json(ar.root + "models/model.json")
     version = program["schema_version"]
     if version["major"] != _SCHEMA_MAJOR or not 0 <= version["minor"] <= _SCHEMA_MINOR:
-        raise _Unhandled(f"schema version {version}")
+        raise Unhandled(f"torch.export schema version {version['major']}.{version['minor']} "
+                        f"(this reader reads {_SCHEMA_MAJOR}.0-{_SCHEMA_MINOR})")
     gm_json = program["graph_module"]
     if gm_json["graph"].get("custom_obj_values") or gm_json["metadata"].get("custom"):
-        raise _Unhandled("custom objects or custom metadata")
+        raise Unhandled("custom objects or custom metadata")
+    return gm_json
+
+
+def _read(ar: Archive, extra_files: dict[str, Any], device: Any, compile: bool
+          ) -> fx.GraphModule:
+    gm_json = _program(ar)
     graph_json, signature = gm_json["graph"], gm_json["signature"]
-    single = _single_out(gm_json["module_call_graph"])
+    tree = structure(gm_json["module_call_graph"])
     specs = [_one(s, "input spec") for s in signature["input_specs"]]
     if any(k not in ("parameter", "buffer", "tensor_constant", "user_input") for k, _ in specs) \
             or any(_one(o, "output spec")[0] != "user_output"
                    for o in signature["output_specs"]):
-        raise _Unhandled("an input or output that is not a weight or a user tensor")
+        raise Unhandled("an input or output that is not a weight or a user tensor")
     if len(graph_json["inputs"]) != len(specs):
-        raise _Unhandled("graph inputs and signature differ")
+        raise Damaged("graph inputs and signature differ")
     to = None if device is None else str(torch.device(device))
-    state, constants = ar.payloads("weights", "weight_", to), ar.payloads("constants",
-                                                                          "tensor_", to)
+    move = _mover(to)
+    state = payloads(ar, "weights", "weight_", _DTYPES, move)
+    constants = payloads(ar, "constants", "tensor_", _DTYPES, move)
     b = _Builder()
     for inp, (kind, spec) in zip(graph_json["inputs"], specs, strict=True):
         ikind, value = _one(inp, "graph input")
         name = value["name"] if ikind == "as_tensor" else None
         if name is None or name != (spec["arg"].get("as_tensor", {}) if kind == "user_input"
                                     else spec["arg"]).get("name"):
-            raise _Unhandled(f"graph input {name} is not its spec's")
-        node = b.graph.placeholder(name)
+            raise Unhandled(f"graph input {str(name)[:60]} is not its spec's")
+        node = b.graph.placeholder(_name(name))
         b.sync(name, node)
         if kind == "user_input":  # what make_portable reads: the input's dtype and device
             tv = graph_json["tensor_values"][name]
+            if tv["dtype"] not in _DTYPES:
+                raise Unhandled(f"input {name} of dtype code {str(tv['dtype'])[:20]}")
             node.meta["val"] = torch.empty(0, dtype=_DTYPES[tv["dtype"]],
                                            device=to or _device(tv["device"]))
     for s in graph_json["nodes"]:
@@ -348,24 +350,26 @@ def _read(data: bytes, extra_files: dict[str, Any], device: Any, compile: bool
             if node.op == "call_function" and node.target is torch.ops.aten.to.device:
                 node.args = (node.args[0], to, *node.args[2:])
     outs = [b.arg(o) for o in graph_json["outputs"]]
-    one = graph_json["is_single_tensor_return"]
-    if any(isinstance(o, list) for o in outs) or (one and len(outs) != 1):
-        raise _Unhandled("graph outputs")
-    output = b.graph.output(outs[0] if one else tuple(outs))
-    gm = _module(b.graph, specs, state, constants, output, single, gm_json, compile)
-    for name in sorted(ar.names):  # as torch.export.load: every extra file, as text
-        if name.startswith(ar.root + "extra/"):
-            extra_files[name[len(ar.root) + 6:]] = ar.zip.read(name).decode("utf-8")
+    if any(isinstance(o, list) for o in outs) or len(outs) != leaves(tree) or \
+            (graph_json["is_single_tensor_return"] and tree is not None):
+        raise Damaged("graph outputs do not match the output structure")
+    b.graph.output(rebuild(tree, iter(outs)))
+    gm = _module(b.graph, specs, state, constants, gm_json, compile)
+    for key in list(extra_files):  # as torch.export.load: the extra files asked for, as text
+        name = f"{ar.root}extra/{key}"
+        if name in ar.names:
+            extra_files[key] = ar.member(name).decode("utf-8")
     return gm
 
 
 def _module(graph: fx.Graph, specs: list[tuple[str, Any]], state: dict[str, torch.Tensor],
-            constants: dict[str, torch.Tensor], output: fx.Node, single: bool,
-            gm_json: dict[str, Any], compile: bool) -> fx.GraphModule:
+            constants: dict[str, torch.Tensor], gm_json: dict[str, Any], compile: bool
+            ) -> fx.GraphModule:
     """plain_module's unlifting: each weight placeholder -> a get_attr of a registered name."""
     gm = fx.GraphModule(torch.nn.Module(), fx.Graph())
-    gm.meta = {"treespec_namedtuple_fields": {
-        k: v["field_names"] for k, v in gm_json.get("treespec_namedtuple_fields", {}).items()}}
+    if gm_json.get("treespec_namedtuple_fields"):
+        raise Unhandled("named tuples")
+    gm.meta = {"treespec_namedtuple_fields": {}}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     first_op = next(n for n in graph.nodes if n.op != "placeholder")
     for node, (kind, spec) in zip(placeholders, specs, strict=True):
@@ -374,9 +378,9 @@ def _module(graph: fx.Graph, specs: list[tuple[str, Any]], state: dict[str, torc
         target = next(v for k, v in spec.items() if k.endswith("_name"))
         persistent = kind == "parameter" or (kind == "buffer" and spec.get("persistent"))
         source = state if persistent else constants
-        if target not in source:
-            raise _Unhandled(f"weight {target} not in the archive")
-        value, name = source[target], "_".join(str(target).split("."))
+        if not isinstance(target, str) or target not in source:
+            raise Damaged(f"weight {str(target)[:60]} not in the archive")
+        value, name = source[target], _name("_".join(target.split(".")))
         if isinstance(value, torch.nn.Parameter):
             gm.register_parameter(name, value)
         else:
@@ -386,10 +390,6 @@ def _module(graph: fx.Graph, specs: list[tuple[str, Any]], state: dict[str, torc
         attr.meta = node.meta
         node.replace_all_uses_with(attr)
         graph.erase_node(node)
-    if single:  # the model returns one tensor, not a 1-tuple
-        if not isinstance(output.args[0], tuple) or len(output.args[0]) != 1:
-            raise _Unhandled("one output in the spec, not in the graph")
-        output.args = (output.args[0][0],)
     if compile:
         gm.graph = graph  # the one compile of the program
     else:  # as torch's _create_graph_module_for_export does on a graph it cannot compile

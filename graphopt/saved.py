@@ -14,7 +14,8 @@ One op of the optimized graph cannot be serialized by torch.export: the INT8 pas
 ``graphopt::int8_linear(x, int8 weight, per-channel scale, zero point, bias)``, plain tensors
 the archive stores, and :func:`load` packs those once and puts ``linear_dynamic`` back: the
 same kernel, the same numbers. :func:`load` reads the archive with graphopt's own reader
-(:mod:`graphopt.pt2_reader`, fast) and falls back to ``torch.export.load``.
+(:mod:`graphopt.pt2_reader`) and nothing else: it never unpickles, so a file that reader cannot
+read (another writer's, a crafted one) is a GraphoptError, never handed to ``torch.export.load``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import json
 import logging
 import os
 import warnings
-import zipfile
-from dataclasses import fields
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphopt._export_load import export_load, plain_module
 from graphopt._io import OutputSet
 from graphopt._version import __version__
 from graphopt.errors import GraphoptError, first_line
@@ -205,11 +203,39 @@ def _exported(opt: Any) -> torch.export.ExportedProgram:
                             f"applied: {passes}): {first_line(e)}",
                             "optimize again with the pass that added the failing op turned "
                             "off (e.g. quantize='none', precision='fp32'), then save") from e
+    _check_structure(ep.call_spec.in_spec, ep.call_spec.out_spec)
     return ep
 
 
+def _check_structure(in_spec: Any, out_spec: Any) -> None:
+    """What :func:`load` rebuilds, refused here rather than in a file it cannot read: flat
+    positional inputs, and outputs in plain tuples, lists and dicts (it imports no class)."""
+    def plain(spec: Any) -> bool:
+        return spec.is_leaf() or (spec.type in (tuple, list, dict) and
+                                  all(plain(c) for c in spec.children()))
+
+    args, kwargs = in_spec.children() if in_spec.num_children == 2 else (None, None)
+    if args is None or args.type is not tuple or kwargs.num_children or \
+            not all(c.is_leaf() for c in args.children()):
+        raise GraphoptError("save writes a model that takes its inputs as positional tensors; "
+                            "this one takes nested containers or keywords",
+                            "wrap the model so forward takes each tensor as an argument")
+    if not plain(out_spec):
+        odd = out_spec
+        while odd.type in (tuple, list, dict):
+            odd = next(c for c in odd.children() if not plain(c))
+        raise GraphoptError("the model returns a container other than a tuple, list or dict "
+                            f"(a {getattr(odd.type, '__name__', odd.type)}): graphopt.load "
+                            "rebuilds only those, and never imports a class a file names",
+                            "return a tuple, list or dict of tensors from forward, then "
+                            "optimize and save again")
+
+
 def _input_names(opt: Any) -> list[str]:
-    names = list(getattr(opt.module, "_input_names", None) or [])
+    """The model's own input names (the shape range is keyed by them), also for the plain
+    copy of the model optimize returns when nothing pays."""
+    names = list(getattr(opt, "input_names", None) or
+                 getattr(opt.module, "_input_names", None) or [])
     return names or [f"input_{i}" for i in range(len(opt.example_inputs))]
 
 
@@ -277,123 +303,16 @@ def save(opt: Any, path: str | os.PathLike[str],
 
 
 # --- loading -----------------------------------------------------------------------------------
-def _check_archive(path: Path) -> None:
-    """Refuse a file that is not graphopt's archive before torch reads it."""
-    if not path.is_file():
-        raise GraphoptError(f"no saved model at {path}" if not path.exists() else
-                            f"{path} is not a file", "give the path Optimized.save wrote")
-    if not zipfile.is_zipfile(path):
-        raise GraphoptError(f"{path} is not a graphopt saved model: not a zip archive "
-                            "(a text file, or a truncated or corrupt .pt2)", _RESAVE)
-    with open(path, "rb") as f:  # torch writes no zip comment: the archive ends with its
-        f.seek(-22, os.SEEK_END)  # end record; a cut file may still hold a nested zip's
-        whole = f.read(4) == b"PK\x05\x06"
-    if not whole:
-        raise GraphoptError(f"{path} is not a whole graphopt saved model: the zip archive's "
-                            "end record is not at the end (a truncated or corrupt .pt2)",
-                            _RESAVE)
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-            marker = next((n for n in names if n.endswith(f"/extra/{_MARKER}")), None)
-            if marker is None:
-                kind = ("a torch.save file" if any(n.endswith("/data.pkl") for n in names)
-                        else "a torch.export archive" if any(n.endswith("/archive_format")
-                                                            for n in names)
-                        else "a zip archive")
-                raise GraphoptError(f"{path} is {kind} without graphopt's marker "
-                                    f"({_MARKER}): not written by Optimized.save",
-                                    "load it with torch.load / torch.export.load, or "
-                                    + _RESAVE)
-            data = json.loads(z.read(marker))
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
-        raise GraphoptError(f"{path} is a damaged graphopt archive: {first_line(e)}",
-                            _RESAVE) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise GraphoptError(f"{path} has a {_MARKER} that is not graphopt's", _RESAVE)
-    if data.get("version") != VERSION:
-        raise GraphoptError(f"{path} is graphopt archive version {data.get('version')} (written "
-                            f"by graphopt {data.get('graphopt')}); this graphopt "
-                            f"({__version__}) reads version {VERSION}",
-                            "load it with the graphopt version that wrote it, or " + _RESAVE)
-
-
-def _json(extra: dict[str, Any], key: str, path: Path) -> Any:
-    try:
-        return json.loads(extra[key])
-    except (KeyError, TypeError, ValueError) as e:
-        raise GraphoptError(f"{path}: graphopt's record {key} is missing or damaged "
-                            f"({first_line(e)})", _RESAVE) from None
-
-
-def _settings(data: dict[str, Any]) -> Any:
-    """A ``RuntimeSettings`` from its ``to_dict`` form (what ``apply_runtime_settings`` takes)."""
-    from graphopt.decisions.runtime import RuntimeSettings, Setting
-
-    kw: dict[str, Any] = {"target": data["target"], "device": data["device"]}
-    for f in fields(RuntimeSettings):
-        s = data.get(f.name)
-        if isinstance(s, dict):
-            value = s.get("value")
-            kw[f.name] = Setting(tuple(value) if isinstance(value, list) else value,
-                                 str(s.get("reason", "")))
-    return RuntimeSettings(**kw)
-
-
 def load(path: str | os.PathLike[str], device: str | torch.device | None = None
          ) -> torch.nn.Module:
     """The module :meth:`Optimized.save` wrote, on ``device`` (default: where it was saved).
 
     It accepts the same shape range (a GraphoptError outside it), sets the same CUDA flags per
     call, and carries ``plan`` (the report as a dict), ``runtime_settings`` (for
-    ``apply_runtime_settings``) and ``shape_range``.
+    ``apply_runtime_settings``) and ``shape_range``. Only graphopt's own reader reads the file
+    (nothing is unpickled); what it cannot read is a GraphoptError that says what
+    (:mod:`graphopt._export_load`).
     """
-    from graphopt.rewrites.optimized_module import OptimizedModule
-    from graphopt.rewrites.pipeline import strip_unused
-    from graphopt.shape_range import ShapeRange
+    from graphopt._export_load import load_saved
 
-    file = Path(path)
-    _check_archive(file)
-    extra: dict[str, Any] = {_PLAN: "", _RUNTIME: "", _INPUTS: ""}
-    from graphopt import pt2_reader
-
-    try:  # graphopt's own reader first (no FakeTensors, no torch._dynamo import)
-        gm = pt2_reader.read(file, extra, device, compile=False)  # strip_unused compiles
-    except Exception as e:  # a reader bug or a device it cannot move to: torch's path decides
-        logger.debug("pt2_reader failed on %s (%s): using torch.export.load", file, e)
-        gm = None
-    if gm is None:  # torch.export.load (decoded faster), moved to ``device``, unlifted
-        extra = {_PLAN: "", _RUNTIME: "", _INPUTS: ""}
-        try:
-            ep = export_load(file, extra)
-        except Exception as e:
-            raise GraphoptError(f"{file} is a damaged graphopt archive: torch.export.load "
-                                f"failed ({first_line(e)})", _RESAVE) from None
-        if device is not None:
-            from torch.export.passes import move_to_device_pass
-
-            try:
-                ep = move_to_device_pass(ep, torch.device(device))
-            except (RuntimeError, AssertionError) as e:  # e.g. no such device here
-                raise GraphoptError(f"cannot move the saved model to {device!r}: "
-                                    f"{first_line(e)}", "give a device this machine has "
-                                    "(torch.cuda.is_available()), or device=None") from None
-        gm = plain_module(ep)
-    inputs, runtime = _json(extra, _INPUTS, file), _json(extra, _RUNTIME, file)
-    plan = _json(extra, _PLAN, file)
-    try:
-        shape_range = (ShapeRange.from_dict(inputs["shape_range"])
-                       if inputs.get("shape_range") else None)
-        shapes = [None if s is None else tuple(s) for s in inputs["shapes"]]
-        settings, flags = _settings(runtime["settings"]), dict(runtime["flags"])
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise GraphoptError(f"{file}: graphopt's records are damaged ({first_line(e)})",
-                            _RESAVE) from None
-    _repack_int8(gm)
-    strip_unused(gm)  # export's guard (the wrapper checks the range), plain calls, portable
-    module = OptimizedModule(gm, shapes, flags, shape_range=shape_range,
-                             input_names=list(inputs["names"]))
-    module.plan = plan
-    module.runtime_settings = settings
-    logger.info("loaded %s (%d graph nodes)", file, len(gm.graph.nodes))
-    return module
+    return load_saved(path, device)

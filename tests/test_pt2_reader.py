@@ -1,10 +1,13 @@
 """graphopt's own ``.pt2`` reader (graphopt/pt2_reader.py): ``graphopt.load`` builds the module
 from the archive's JSON without torch.export.load, the same module torch's path gives (code,
-weights, outputs bit for bit), and hands anything it does not read to torch's path.
+weights, outputs bit for bit), and refuses anything it does not read with a GraphoptError that
+names it (it never hands a file to torch.export.load, which unpickles). torch's path is the
+trusted reference here, on files these tests wrote themselves.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -16,32 +19,80 @@ import pytest
 import torch
 
 import graphopt
-import graphopt.saved as saved
 from graphopt import pt2_reader
-from graphopt._export_load import export_load, plain_module
 from tests.test_save_load import PASSES, Tokens, _convnet
+
+_EXTRAS = ("graphopt_format.json", "graphopt_plan.json", "graphopt_runtime.json",
+           "graphopt_inputs.json")
+
+
+def plain_module(ep: torch.export.ExportedProgram) -> torch.fx.GraphModule:
+    """The reference: ``ep``'s own graph with each weight placeholder unlifted to an attribute
+    (what the reader builds), or ``ep.module()`` for a structured output."""
+    from torch.export.graph_signature import InputKind
+
+    sig, gm, out_spec = ep.graph_signature, ep.graph_module, ep.call_spec.out_spec
+    if not (out_spec.is_leaf() or (out_spec.type is tuple and all(
+            c.is_leaf() for c in out_spec.children()))):
+        module = ep.module(check_guards=False)
+        module._forward_pre_hooks.clear()
+        module._forward_hooks.clear()
+        return module
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for node, spec in zip(placeholders, sig.input_specs, strict=True):
+        if spec.kind is InputKind.USER_INPUT:
+            continue
+        persistent = spec.kind is InputKind.PARAMETER or (
+            spec.kind is InputKind.BUFFER and spec.persistent)
+        value = ep.state_dict[spec.target] if persistent else ep.constants[spec.target]
+        name = "_".join(str(spec.target).split("."))
+        if isinstance(value, torch.nn.Parameter):
+            gm.register_parameter(name, value)
+        else:
+            gm.register_buffer(name, value, persistent=persistent)
+        with gm.graph.inserting_before(first_op):
+            attr = gm.graph.get_attr(name)
+        attr.meta = node.meta
+        node.replace_all_uses_with(attr)
+        gm.graph.erase_node(node)
+    if out_spec.is_leaf():  # the model returns one tensor, not a 1-tuple
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        output.args = (output.args[0][0],)
+    return gm
+
+
+def export_load(path: Path, extra: dict[str, Any], device: Any = None) -> Any:
+    """torch's own path, trusted on the files these tests wrote: torch.export.load, moved."""
+    ep = torch.export.load(path, extra_files=extra)
+    if device is not None:
+        from torch.export.passes import move_to_device_pass
+
+        ep = move_to_device_pass(ep, torch.device(device))
+    return plain_module(ep)
 
 
 def _load_by_reader(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
-    """graphopt.load(path) with torch's path made to fail: the reader must have read it."""
+    """graphopt.load(path), with torch.export.load made to fail: the reader reads it alone."""
     def refuse(*a: object, **k: object) -> None:
-        raise AssertionError("graphopt.load fell back to torch.export.load")
+        raise AssertionError("graphopt.load called torch.export.load")
 
     with monkeypatch.context() as m:
-        m.setattr(saved, "export_load", refuse)
+        m.setattr(torch.export, "load", refuse)
         return graphopt.load(path, **kw)
 
 
 def _load_by_torch(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
+    """graphopt.load(path) with the graph built by torch's path instead of the reader."""
     calls = []
 
-    def torch_path(*a: Any, **k: Any) -> Any:
-        calls.append(a)
-        return export_load(*a, **k)
+    def torch_path(file: Path, archive: Any, extra: dict[str, Any], device: Any,
+                   compile: bool = True) -> Any:
+        calls.append(file)
+        return export_load(file, extra, device)
 
     with monkeypatch.context() as m:
-        m.setattr(pt2_reader, "read", lambda *a, **k: None)
-        m.setattr(saved, "export_load", torch_path)
+        m.setattr(pt2_reader, "build", torch_path)
         module = graphopt.load(path, **kw)
     assert calls  # it did take torch's path
     return module
@@ -156,26 +207,34 @@ def _newer_schema(program: dict[str, Any]) -> None:
     program["schema_version"]["minor"] += 1
 
 
-@pytest.mark.parametrize("edit", [_no_kinds, _newer_schema])
-def test_reader_refuses_what_it_does_not_know(edit: Any, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_reader_places_arguments_without_kinds(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older writer's file (no argument kinds) reads as torch reads it: by the schema."""
     x = torch.randn(4, 3, 8, 8)
     opt = graphopt.optimize(_convnet(), x, target="h100", pad="always", measure=False)
     good = opt.save(tmp_path / "good.pt2")
-    bad = _edited(good, tmp_path / "edited.pt2", edit)
-    with caplog.at_level("DEBUG", logger="graphopt.pt2_reader"):
-        assert pt2_reader.read(bad, {}) is None
-    assert "using torch.export.load" in caplog.text
-    calls: list[Any] = []
-    monkeypatch.setattr(saved, "export_load", lambda *a, **k: calls.append(a) or
-                        export_load(*a, **k))
-    loaded = graphopt.load(bad)  # torch's path, the same module
-    assert calls
-    monkeypatch.undo()
-    # the same weights and outputs (without kinds, torch passes ``value`` by keyword)
-    _same_module(loaded, _load_by_reader(good, monkeypatch), [(x,), (torch.randn(4, 3, 8, 8),)],
-                 same_code=edit is not _no_kinds)
+    bad = _edited(good, tmp_path / "edited.pt2", _no_kinds)
+    calls = [(x,), (torch.randn(4, 3, 8, 8),)]
+    _same_module(_load_by_reader(bad, monkeypatch), _load_by_torch(bad, monkeypatch), calls)
+    # the same weights and outputs as the file with kinds (torch passes ``value`` by keyword)
+    _same_module(_load_by_reader(bad, monkeypatch), _load_by_reader(good, monkeypatch), calls,
+                 same_code=False)
+
+
+def test_reader_refuses_what_it_does_not_know(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newer torch.export schema is a reader limit, said as such (not "damaged"), and the
+    file is not handed to torch.export.load (load_by_reader makes that call fail)."""
+    opt = graphopt.optimize(_convnet(), torch.randn(4, 3, 8, 8), target="h100", pad="always",
+                            measure=False)
+    bad = _edited(opt.save(tmp_path / "good.pt2"), tmp_path / "edited.pt2", _newer_schema)
+    with pytest.raises(graphopt.GraphoptError) as info:
+        _load_by_reader(bad, monkeypatch)
+    assert "does not read: torch.export schema version" in info.value.problem
+    assert "damaged" not in info.value.problem
+    assert "torch.export.load yourself" in info.value.fix
+    with pytest.raises(graphopt.GraphoptError, match="schema version"):
+        pt2_reader.read(bad, {})
 
 
 def test_reader_does_not_import_dynamo(tmp_path: Path) -> None:
@@ -202,9 +261,45 @@ def test_reader_matches_plain_module(tmp_path: Path) -> None:
     opt = graphopt.optimize(_convnet(), torch.randn(4, 3, 8, 8), target="cpu",
                             quantize="int8", measure=False)
     path = opt.save(tmp_path / "m.pt2")
-    mine, theirs = {"graphopt_plan.json": ""}, {"graphopt_plan.json": ""}
-    got, want = pt2_reader.read(path, mine), plain_module(export_load(path, theirs))
+    mine, theirs = dict.fromkeys(_EXTRAS, ""), dict.fromkeys(_EXTRAS, "")
+    got, want = pt2_reader.read(path, mine), export_load(path, theirs)
     want.recompile()
-    assert got.code == want.code and mine == theirs and set(mine) > {"graphopt_plan.json"}
+    assert got.code == want.code and mine == theirs and all(mine.values())
     assert _nodes(got) == _nodes(want)
     assert got.meta == want.meta
+
+
+class _Structured(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = self.lin(x)
+        return {"y": y, "parts": [x * 2, (y + 1, x)]}
+
+
+def test_reader_rebuilds_plain_output_containers(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model returning a dict of a list of a tuple loads by the reader alone (no
+    torch.export.load) with the same structure and numbers; a named tuple is refused at save."""
+    torch.manual_seed(0)
+    m = _Structured().eval()
+    x = torch.randn(2, 4)
+    opt = graphopt.optimize(m, x, target="cpu", precision="fp32", measure=False)
+    got = _load_by_reader(opt.save(tmp_path / "dict.pt2"), monkeypatch)(x)
+    want = m(x)
+    assert isinstance(got, dict) and list(got) == ["y", "parts"]
+    assert isinstance(got["parts"], list) and isinstance(got["parts"][1], tuple)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    pair = collections.namedtuple("Pair", "a b")
+
+    class Named(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> Any:
+            return pair(x + 1, x * 2)
+
+    opt = graphopt.optimize(Named().eval(), x, target="cpu", precision="fp32", measure=False)
+    with pytest.raises(graphopt.GraphoptError, match="returns a container other than"):
+        opt.save(tmp_path / "named.pt2")
+    assert not (tmp_path / "named.pt2").exists()
