@@ -22,12 +22,16 @@ from typing import Any
 from graphopt.errors import GraphoptError
 from graphopt.ir import Graph, TensorInfo
 
-__all__ = ["CHECK_BUDGET", "POINTS", "DimRange", "ShapeRange", "bind", "bind_shape", "evaluate"]
+__all__ = ["CHECK_BUDGET", "CHECK_MAX_ELEMENTS", "MAX_DIM_VALUE", "POINTS", "DimRange",
+           "ShapeRange", "bind", "bind_shape", "evaluate"]
 
 #: the points of a range the plan is costed at, in order
 POINTS = ("min", "opt", "max")
 #: a check point's inputs may hold at most this many times the opt inputs' elements
 CHECK_BUDGET = 16
+#: ... and at most this many elements in all (256 MiB of fp32) when opt holds fewer: a max of
+#: 10**9 is costed by the plan, never materialized for a numeric check
+CHECK_MAX_ELEMENTS = 2**26
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,14 +122,16 @@ class ShapeRange:
     def check_values(self, point: str, budget: int = CHECK_BUDGET) -> dict[str, int]:
         """The sizes to check ``point`` at: its own, with the dims above opt scaled down (the
         same factor each) until the inputs hold at most ``budget`` x the opt inputs' elements
-        (a numeric check at a 64 x 4096 max would take longer than the whole optimization)."""
+        (a numeric check at a 64 x 4096 max would take longer than the whole optimization),
+        and at most ``CHECK_MAX_ELEMENTS`` (or the opt inputs' own count, if more)."""
         def size(sizes: dict[str, int]) -> int:
             v = self._with_symbols(sizes)
             return sum(math.prod(d for d in bind_shape(shape, v) or () if isinstance(d, int))
                        for shape in self.inputs.values())
 
         sizes = {d.name: d.at(point) for d in self.dims}
-        limit = budget * size({d.name: d.opt for d in self.dims})
+        at_opt = size({d.name: d.opt for d in self.dims})
+        limit = min(budget * at_opt, max(at_opt, CHECK_MAX_ELEMENTS))
         while size(sizes) > limit:
             shrunk = {d.name: max(d.opt, sizes[d.name] * 3 // 4) for d in self.dims}
             if shrunk == sizes:
@@ -171,15 +177,25 @@ class ShapeRange:
                                   d.get("source", ""), d.get("symbol", ""))
                          for d in data["dims"])
             inputs = {k: tuple(v) for k, v in data["inputs"].items()}
-        except (KeyError, TypeError, ValueError) as e:
-            raise GraphoptError(f"a shape range record is malformed ({e})",
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise GraphoptError(f"a shape range record is malformed ({str(e)[:200]})",
                                 "write it with ShapeRange.to_dict") from None
         return cls(dims, inputs)
 
 
 # --- evaluating dimension expressions ---------------------------------------------------------
+# A dim expression comes from a model file (an ONNX ``dim_param``) as much as from torch's sympy
+# printer, so it is evaluated within limits: ``9**9**9**9`` is refused, not computed for ever.
+#: longest expression evaluated (torch's printer writes a few dozen characters)
+MAX_EXPR_CHARS = 1000
+#: most AST nodes, and the deepest nesting, in one expression
+MAX_EXPR_NODES, MAX_EXPR_DEPTH = 400, 60
+#: largest magnitude of any value along the way (a dim is an int64), and of a power's exponent
+MAX_DIM_VALUE, MAX_EXPONENT = 2**62, 64
+
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+           ast.Pow: operator.pow}
 # the functions torch's sympy printer writes into size expressions
 _CALLS = {"Max": max, "Min": min, "max": max, "min": min, "FloorDiv": operator.floordiv,
           "CeilDiv": lambda a, b: -(-a // b), "Mod": operator.mod, "PythonMod": operator.mod,
@@ -187,35 +203,72 @@ _CALLS = {"Max": max, "Min": min, "max": max, "min": min, "FloorDiv": operator.f
           "FloorToInt": math.floor, "TruncToInt": int, "IntTrueDiv": operator.truediv}
 
 
+class _TooBig(ValueError):
+    """An expression past the limits above: not evaluated."""
+
+
 def evaluate(expr: str, values: Mapping[str, int]) -> int | None:
     """The integer value of a dimension expression at ``values``, or None if it names an
-    unknown symbol or is not plain arithmetic."""
+    unknown symbol, is not plain arithmetic, or goes past the limits above (too long, too
+    deep, a value above ``MAX_DIM_VALUE`` or an exponent above ``MAX_EXPONENT``)."""
     if expr in values:
         return values[expr]
-    try:
-        tree = ast.parse(expr, mode="eval").body
-    except SyntaxError:
+    if not isinstance(expr, str) or len(expr) > MAX_EXPR_CHARS:
         return None
     try:
-        out = _eval(tree, values)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+        tree = ast.parse(expr, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: a NUL byte
+        return None
+    try:
+        if sum(1 for _ in ast.walk(tree)) > MAX_EXPR_NODES:
+            return None
+        out = _eval(tree, values, 0)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
         return None
     return int(out) if isinstance(out, (int, float)) and float(out).is_integer() else None
 
 
-def _eval(node: ast.AST, values: Mapping[str, int]) -> float:
+def _bounded(v: Any) -> float:
+    """``v`` if it is a finite number within ``MAX_DIM_VALUE``, else _TooBig."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(type(v).__name__)
+    if not (isinstance(v, int) or math.isfinite(v)) or abs(v) > MAX_DIM_VALUE:
+        raise _TooBig(v)
+    return v
+
+
+def _power(base: float, exp: float) -> float:
+    """``base ** exp``, refused before it is computed when the result would pass the bounds."""
+    if isinstance(exp, int) and (exp < 0 or exp > MAX_EXPONENT) and abs(base) > 1:
+        raise _TooBig(exp)
+    if abs(exp) > MAX_EXPONENT:  # a float exponent (or a huge one on 0/1): keep it small too
+        raise _TooBig(exp)
+    if abs(base) > 1 and exp > 0 and exp * math.log2(abs(base)) > math.log2(MAX_DIM_VALUE):
+        raise _TooBig(base)
+    return base ** exp
+
+
+def _eval(node: ast.AST, values: Mapping[str, int], depth: int) -> float:
+    if depth > MAX_EXPR_DEPTH:
+        raise _TooBig(depth)
+    depth += 1
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-        return node.value
+        return _bounded(node.value)
     if isinstance(node, ast.Name):
-        return values[node.id]
+        return _bounded(values[node.id])
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return _BINOPS[type(node.op)](_eval(node.left, values), _eval(node.right, values))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_eval(node.operand, values)
+        a, b = _eval(node.left, values, depth), _eval(node.right, values, depth)
+        if isinstance(node.op, ast.Pow):
+            return _bounded(_power(a, b))
+        return _bounded(_BINOPS[type(node.op)](a, b))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval(node.operand, values, depth)
+        return -v if isinstance(node.op, ast.USub) else v
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-            node.func.id in _CALLS and not node.keywords:
-        return _CALLS[node.func.id](*(_eval(a, values) for a in node.args))
-    raise ValueError(ast.dump(node))
+            node.func.id in _CALLS and not node.keywords and node.args:
+        args = [_eval(a, values, depth) for a in node.args]
+        return _bounded(_CALLS[node.func.id](*args))
+    raise ValueError(ast.dump(node)[:200])
 
 
 def bind_shape(shape: tuple[int | str, ...] | None, values: Mapping[str, int]

@@ -13,7 +13,7 @@ from typing import Any
 
 from graphopt.errors import GraphoptError
 from graphopt.ir import Graph, TensorInfo
-from graphopt.shape_range import DimRange, ShapeRange
+from graphopt.shape_range import MAX_DIM_VALUE, DimRange, ShapeRange
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_OTHER", "onnx_range", "parse_dim_spec"]
 
@@ -22,7 +22,8 @@ DEFAULT_BATCH, DEFAULT_OTHER = 1, 128
 
 
 def parse_dim_spec(name: str, value: Any) -> DimRange:
-    """``8`` (opt) or ``(min, opt, max)`` (max None for unbounded) -> a DimRange."""
+    """``8`` (opt) or ``(min, opt, max)`` (max None for unbounded) -> a DimRange.
+    ``min = opt = max`` is a symbolic dim fixed at one size: planned and checked there only."""
     fix = (f"give {name!r} an opt size (e.g. {name}=512) or (min, opt, max) "
            f"(e.g. {name}=1:512:2048 on the CLI)")
     if isinstance(value, bool):
@@ -37,7 +38,11 @@ def parse_dim_spec(name: str, value: Any) -> DimRange:
             not (hi is None or isinstance(hi, int)):
         raise GraphoptError(f"dim {name!r}: sizes must be integers, got {value!r}", fix)
     if lo < 1 or opt < lo or (hi is not None and hi < opt):
-        raise GraphoptError(f"dim {name!r}: need 1 <= min <= opt <= max, got {value!r}", fix)
+        raise GraphoptError(f"dim {name!r}: need 1 <= min <= opt <= max (min = max fixes it "
+                            f"at one size), got {value!r}", fix)
+    if max(lo, opt, hi or 0) > MAX_DIM_VALUE:
+        raise GraphoptError(f"dim {name!r}: {value!r} is larger than any tensor dim (at most "
+                            "2**62)", fix)
     return DimRange(name, lo, opt, hi, "dynamic_shapes")
 
 
@@ -50,6 +55,7 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
         raise GraphoptError(f"dynamic_shapes for an ONNX model is a dict of symbolic dim "
                             f"sizes, got {type(spec).__name__}",
                             "pass e.g. dynamic_shapes={'batch': (1, 8, 64), 'seq': 512}")
+    _check_keys(graph, spec)
     dims: dict[str, DimRange] = {}
     inputs: dict[str, tuple[int | str, ...]] = {}
     defaults: list[str] = []
@@ -84,3 +90,21 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
             "dynamic_shapes={'name': opt or (min, opt, max)} or --dynamic name=min:opt:max")
     graph.shape_range = ShapeRange(tuple(dims.values()), inputs) if dims else None
     return graph
+
+
+def _check_keys(graph: Graph, spec: Mapping[str, Any] | None) -> None:
+    """Every key of ``spec`` is a dim's name (a string): an axis number or an input name's
+    tuple is ONNX-meaningless here, and would fail later as a TypeError."""
+    bad = [k for k in spec or () if not isinstance(k, str)]
+    if not bad:
+        return
+    names = []
+    for name in graph.inputs:
+        t = graph.tensors.get(name)
+        if t is not None and t.shape is not None and not t.is_static:
+            names += [f"{name}_{i}" if d == "?" else str(d) for i, d in enumerate(t.shape)
+                      if not isinstance(d, int)]
+    raise GraphoptError(f"dynamic_shapes for an ONNX model is keyed by symbolic dim name, got "
+                        f"the key {bad[0]!r} ({type(bad[0]).__name__})",
+                        f"use the dims' names: {', '.join(dict.fromkeys(names)) or 'none'} "
+                        "(e.g. dynamic_shapes={'seq': (1, 512, 2048)})")

@@ -36,6 +36,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from graphopt.dynamic_spec import check_against
 from graphopt.errors import TraceError, first_line, user_code
 from graphopt.frontends.fx_convert import graph_from_exported_program, graph_from_graph_module
 from graphopt.frontends.output_types import as_plain, register_dataclasses
@@ -63,6 +64,7 @@ def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = 
                          "pass the nn.Module instance itself (load ONNX files with the ONNX "
                          "frontend, TorchScript files with torch.jit.load first)")
     args, kwargs = _split_inputs(model, example_inputs)
+    check_against(dynamic_shapes, model, example_inputs)  # an unknown input is an error
     warnings = [TRAINING_WARNING] if model.training else []
     modes = [(m, m.training) for m in model.modules()]
     try:

@@ -258,24 +258,86 @@ def sample_feeds(model: onnx.ModelProto, count: int = 1, seed: int = 0,
     integers (token ids and masks stay in range), true for bools; symbolic dims at ``dims``
     (name -> size: the plan's opt sizes), else 2.
 
-    Real data (``--calibration``) is better: the guard can only catch what the inputs trigger.
+    Their size is checked before anything is allocated (``SAMPLE_BYTES_LIMIT``), and each is
+    made in its own dtype, a chunk of random numbers at a time (the values are those one draw
+    of the whole array gives). Real data (``--calibration``) is better: the guard can only
+    catch what the inputs trigger.
     """
     rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
+    wanted = [(vi, *_sample_type(vi), _dims(vi, dims)) for vi in model.graph.input
+              if vi.name not in inits]
+    _check_sample_bytes(wanted, count)
     feeds: list[dict[str, np.ndarray]] = []
     for _ in range(count):
         feed: dict[str, np.ndarray] = {}
-        for vi in model.graph.input:
-            if vi.name in inits:
-                continue
-            elem = vi.type.tensor_type.elem_type
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-            shape = _dims(vi, dims)
-            if elem in _FLOATS:
-                feed[vi.name] = rng.standard_normal(shape).astype(dtype)
-            elif elem == _T.BOOL:
+        for vi, elem, dtype, shape in wanted:
+            if elem == _T.BOOL:
                 feed[vi.name] = np.ones(shape, dtype=bool)
+            elif elem in _FLOATS:
+                feed[vi.name] = _chunked(shape, dtype, rng.standard_normal)
             else:
-                feed[vi.name] = rng.integers(0, 2, size=shape).astype(dtype)
+                feed[vi.name] = _chunked(shape, dtype, lambda n: rng.integers(0, 2, size=n))
         feeds.append(feed)
     return feeds
+
+
+#: all generated sample inputs together (``count`` feeds) hold at most this many bytes. Real
+#: inputs are far smaller (8 images of 224x224x3 in fp32: 4.8 MB; 8 x 4096 token ids: 256 KB),
+#: ONNX Runtime needs a multiple of an input's size again for the activations, and the checks at
+#: the range's ends add more (``shape_range.CHECK_MAX_ELEMENTS``); an input past this is a typo'd
+#: or far too large opt size (seq=1000000000: 477 GiB as float64), refused before allocating
+SAMPLE_BYTES_LIMIT = 1 << 30
+#: random numbers are drawn (as float64/int64) this many at a time, then cast into the input
+_CHUNK = 1 << 20
+
+
+def _sample_type(vi: onnx.ValueInfoProto) -> tuple[int, np.dtype]:
+    elem = vi.type.tensor_type.elem_type
+    try:
+        return elem, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+    except (KeyError, TypeError, ValueError):
+        raise GraphoptError(f"input {vi.name!r} has element type {elem}, which graphopt cannot "
+                            "make sample values for",
+                            "pass real inputs: calibration=[{input: array}] in the API, or "
+                            "--calibration inputs.npz on the CLI") from None
+
+
+def _check_sample_bytes(wanted: list[tuple[Any, int, np.dtype, list[int]]], count: int) -> None:
+    """GraphoptError naming the largest input when the samples would pass the limit."""
+    sizes = []
+    for vi, _, dtype, shape in wanted:
+        if any(d < 0 for d in shape):
+            raise GraphoptError(f"input {vi.name!r} has a negative dim {tuple(shape)}",
+                                "fix the model's input shape (dims are >= 0)")
+        sizes.append((math.prod(shape) * dtype.itemsize, vi, dtype, shape))
+    total = count * sum(b for b, *_ in sizes)
+    if total <= SAMPLE_BYTES_LIMIT:
+        return
+    nbytes, vi, dtype, shape = max(sizes, key=lambda x: x[0])
+    symbolic = [d.dim_param or f"{vi.name}_{i}" for i, d in
+                enumerate(vi.type.tensor_type.shape.dim) if not d.HasField("dim_value")]
+    fix = (f"give a smaller opt size for {', '.join(symbolic)} (e.g. --dynamic "
+           f"{symbolic[0]}=1:64:1024 on the CLI, dynamic_shapes={{{symbolic[0]!r}: (1, 64, "
+           "1024)} in the API): the max is costed by the plan, not allocated" if symbolic else
+           "pass real inputs: calibration=[{input: array}] in the API, or --calibration "
+           "inputs.npz on the CLI")
+    raise GraphoptError(
+        f"the sample inputs graphopt would generate take {_gib(total)} ({count} batch(es)), "
+        f"over the {_gib(SAMPLE_BYTES_LIMIT)} limit: input {vi.name!r} has shape "
+        f"{tuple(shape)} ({dtype.name}, {nbytes:,} bytes per batch)", fix)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def _chunked(shape: list[int], dtype: np.dtype, draw: Any) -> np.ndarray:
+    """An array of ``shape`` in ``dtype`` filled by ``draw(n)`` a chunk at a time (even
+    chunks: the values equal one ``draw`` of the whole array)."""
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, _CHUNK):
+        stop = min(start + _CHUNK, flat.size)
+        np.copyto(flat[start:stop], draw(stop - start), casting="unsafe")  # as astype does
+    return out

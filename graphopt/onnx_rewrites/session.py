@@ -70,19 +70,56 @@ class SessionConfig:
                 "reasons": dict(self.reasons)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SessionConfig:
-        if d.get("format") != "graphopt-ort-session":
-            raise GraphoptError("not a graphopt session config",
-                                "write it with graphopt (optimize ... -o model.onnx)")
-        level = str(d.get("graph_optimization_level", "ORT_ENABLE_ALL"))
-        if level not in _LEVELS:
-            raise GraphoptError(f"unknown graph optimization level {level!r}",
+    def from_dict(cls, d: Any) -> SessionConfig:
+        """The config ``to_dict`` wrote; GraphoptError on anything else (a list, a wrong type)."""
+        fix = "write it with graphopt (optimize ... -o model.onnx)"
+        if not isinstance(d, dict) or d.get("format") != "graphopt-ort-session":
+            raise GraphoptError("not a graphopt session config (a JSON object with "
+                                f"\"format\": \"graphopt-ort-session\"), got {_short(d)}", fix)
+        level = d.get("graph_optimization_level", "ORT_ENABLE_ALL")
+        if not isinstance(level, str) or level not in _LEVELS:
+            raise GraphoptError(f"unknown graph optimization level {_short(level)}",
                                 f"use one of: {', '.join(_LEVELS)}")
-        provs = tuple((str(p[0]), {str(k): str(v) for k, v in dict(p[1]).items()})
-                      for p in d.get("providers", []))
         threads = d.get("intra_op_num_threads")
-        return cls(str(d.get("target", "")), provs, level,
-                   None if threads is None else int(threads), dict(d.get("reasons", {})))
+        if threads is not None and (type(threads) is not int or
+                                    not 1 <= threads <= _MAX_THREADS):
+            raise GraphoptError(f"intra_op_num_threads is {_short(threads)}, not a thread count",
+                                f"give an integer from 1 to {_MAX_THREADS}, or null for ORT's "
+                                "default")
+        target, reasons = d.get("target", ""), d.get("reasons", {})
+        if not isinstance(target, str) or not isinstance(reasons, dict):
+            raise GraphoptError(f"target {_short(target)} or reasons {_short(reasons)} has the "
+                                "wrong type (a string, an object)", fix)
+        return cls(target, _providers(d.get("providers", [])), level, threads,
+                   {str(k): str(v) for k, v in reasons.items()})
+
+
+#: a session config is a few hundred bytes; one past this is not a file graphopt wrote
+_CONFIG_MAX_BYTES = 1 << 20
+_MAX_THREADS = 4096
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _providers(raw: Any) -> tuple[tuple[str, dict[str, str]], ...]:
+    """``[[name, {option: value}], ...]`` -> providers; GraphoptError on another shape."""
+    fix = ('give "providers": [["CUDAExecutionProvider", {"use_tf32": "0"}], '
+           '["CPUExecutionProvider", {}]] (name, options of strings)')
+    if not isinstance(raw, list):
+        raise GraphoptError(f"providers is {_short(raw)}, not a list", fix)
+    out = []
+    for p in raw:
+        if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                and isinstance(p[1], dict)):
+            raise GraphoptError(f"provider entry {_short(p)} is not [name, options]", fix)
+        if not all(isinstance(v, (str, int, float)) for v in p[1].values()):
+            raise GraphoptError(f"provider {p[0]}'s options {_short(p[1])} hold a value that "
+                                "is not a string or number", fix)
+        out.append((p[0], {str(k): str(v) for k, v in p[1].items()}))
+    return tuple(out)
 
 
 _CPU_EP = "ORT's CPU EP picks its own blocked (NCHWc) conv layout; the graph stays NCHW"
@@ -169,12 +206,8 @@ def ort_session(path: str | os.PathLike[str], providers: list[Any] | None = None
     cfg_file = config_path(model)
     options = ort.SessionOptions()
     chosen: list[Any] = ["CPUExecutionProvider"]
-    if cfg_file.is_file():
-        try:
-            cfg = SessionConfig.from_dict(json.loads(cfg_file.read_text()))
-        except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
-            raise GraphoptError(f"cannot read the session config {cfg_file}: {e}",
-                                "delete it or write it again with graphopt") from None
+    cfg = _load_config(cfg_file)
+    if cfg is not None:
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                                    cfg.graph_optimization_level)
         if cfg.intra_op_num_threads:
@@ -190,3 +223,28 @@ def ort_session(path: str | os.PathLike[str], providers: list[Any] | None = None
         raise GraphoptError(f"ONNX Runtime cannot load {model}: {' '.join(str(e).split())[:300]}",
                             "check the model with onnx.checker.check_model(path, "
                             "full_check=True)") from None
+
+
+def _load_config(path: Path) -> SessionConfig | None:
+    """The session config at ``path``, None when there is none; GraphoptError naming the file
+    when it is not one graphopt wrote (not a regular file, too big, not JSON, malformed)."""
+    fix = (f"delete {path} (ORT's defaults then apply) or write it again with graphopt "
+           "(optimize ... -o model.onnx)")
+    if not path.is_file():
+        if path.exists() or path.is_symlink():  # a folder, a FIFO, a device, a dangling link
+            raise GraphoptError(f"the session config {path} is not a regular file", fix)
+        return None
+    try:
+        with path.open("rb") as f:  # read at most the limit: a size on disk can lie
+            raw = f.read(_CONFIG_MAX_BYTES + 1)
+        if len(raw) > _CONFIG_MAX_BYTES:
+            raise GraphoptError(f"the session config {path} is over {_CONFIG_MAX_BYTES:,} "
+                                "bytes; graphopt writes a few hundred", fix)
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise GraphoptError(f"cannot read the session config {path}: "
+                            f"{type(e).__name__}: {str(e)[:200]}", fix) from None
+    try:
+        return SessionConfig.from_dict(data)
+    except GraphoptError as e:
+        raise GraphoptError(f"the session config {path} is malformed: {e.problem}", fix) from None
