@@ -47,10 +47,13 @@ def _both(groups: int, target: str, tmp_path: Path) -> tuple[Any, Any]:
     model, x = ConvNet(groups).eval(), torch.randn(2, 3, 32, 32)
     # measure=False: a pass timed slower on this host is reverted, which would rewrite the
     # torch reasons; the decision is what is compared here
-    as_torch = graphopt.optimize(model, x, target=target, measure=False)
+    # precision pinned on the CPU: each backend decides layout with its own compute dtype
+    # (torch picks bf16 on a host with native bf16, ONNX Runtime's CPU EP stays fp32)
+    precision = "fp32" if target == "cpu" else "auto"
+    as_torch = graphopt.optimize(model, x, target=target, precision=precision, measure=False)
     path = tmp_path / "convnet.onnx"
     path.write_bytes(export_torch(model, (x,)).model.SerializeToString())
-    as_onnx = graphopt.optimize(str(path), target=target, measure=False)
+    as_onnx = graphopt.optimize(str(path), target=target, precision=precision, measure=False)
     return as_torch, as_onnx
 
 

@@ -30,7 +30,7 @@ def _quantized(opt) -> list[str]:
 
 def test_forced_int8_on_host_cpu_is_within_int8_tolerance():
     model, x = _mlp()
-    opt = graphopt.optimize(model, x, target="cpu", quantize="int8")
+    opt = graphopt.optimize(model, x, target="cpu", precision="fp32", quantize="int8")
     assert len(_quantized(opt)) == 3
     assert "quantize" in opt.info["passes_applied"]
     assert opt.info["tolerance"]["rel_to_scale"] == 5e-2
@@ -49,7 +49,8 @@ def test_int8_linear_layers_match_fp32_and_leave_the_model_alone(seed):
                                 torch.nn.Linear(128, 32)).eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(16, 64)
-    opt = graphopt.optimize(model, (x,), target="cpu", quantize="int8", measure=False)
+    opt = graphopt.optimize(model, (x,), target="cpu", precision="fp32", quantize="int8",
+                            measure=False)
     quantized = [n for n in opt.plan.nodes
                  if "quantize" in n.decisions and n.decisions["quantize"].applied]
     assert len(quantized) == 2
@@ -69,7 +70,8 @@ def test_int8_without_the_quantized_kernel_is_not_applied_and_says_why(monkeypat
     """A torch build without ``quantized::linear_dynamic``: nothing changes, the plan says why."""
     model, x = _mlp()
     monkeypatch.setattr(torch.ops, "quantized", types.SimpleNamespace())
-    opt = graphopt.optimize(model, x, target="cpu", quantize="int8", measure=False)
+    opt = graphopt.optimize(model, x, target="cpu", precision="fp32", quantize="int8",
+                            measure=False)
     assert _quantized(opt) == []
     reasons = [n.decisions["quantize"].reason for n in opt.plan.nodes
                if "quantize" in n.decisions]
