@@ -2,7 +2,7 @@
 
 For each transformers architecture of the test zoo (random weights, batch 2 x 16 tokens or
 2 images), ``graphopt.optimize(target="cpu", measure=False)`` runs twice: as it is, and with
-``graphopt.rewrites.asserts.drop_fixed_asserts`` switched off. Both modules are timed in one
+``graphopt.backends.torch.asserts.drop_fixed_asserts`` switched off. Both modules are timed in one
 run, interleaved, one torch thread, under ``torch.no_grad()``; the median of each is kept.
 Prints the checks left in each and the time ratio (kept / dropped: > 1 means faster now).
 
@@ -67,7 +67,7 @@ def main() -> None:
         model, inputs = build(name)
         model.eval()
         new = graphopt.optimize(model, inputs, target="cpu", measure=False).module
-        with mock.patch("graphopt.rewrites.asserts.drop_fixed_asserts", lambda gm: 0):
+        with mock.patch("graphopt.backends.torch.asserts.drop_fixed_asserts", lambda gm: 0):
             old = graphopt.optimize(model, inputs, target="cpu", measure=False).module
         t_old, t_new = _median_pair(old, new, inputs, args.reps)
         ratios.append(t_old / t_new)

@@ -1,6 +1,6 @@
 """Is channels_last faster than NCHW for fp32 convs on this CPU (torch eager, oneDNN)?
 
-The CPU rule of the layout pass (``_CPU_GAIN`` in ``graphopt/rewrites/layout.py``) cites what
+The CPU rule of the layout pass (``_CPU_GAIN`` in ``graphopt/backends/torch/layout.py``) cites what
 this script prints. Two parts:
 
 1. Per conv: NCHW time, channels_last time with input and weight already channels_last
@@ -37,11 +37,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graphopt.options import Options  # noqa: E402
-from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout  # noqa: E402
-from graphopt.rewrites.layout import _cpu_class, channels_last  # noqa: E402
-from graphopt.rewrites.layout_regions import conv_info  # noqa: E402
-from graphopt.rewrites.pipeline import prepare  # noqa: E402
+from graphopt.backends.torch.cleanup import fold_batchnorm_and_drop_dropout  # noqa: E402
+from graphopt.backends.torch.layout import _cpu_class, channels_last  # noqa: E402
+from graphopt.backends.torch.layout_regions import conv_info  # noqa: E402
+from graphopt.backends.torch.pipeline import prepare  # noqa: E402
+from graphopt.ir.options import Options  # noqa: E402
 
 BATCH = 8
 CL = torch.channels_last

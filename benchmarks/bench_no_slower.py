@@ -39,7 +39,7 @@ from bench_planning import best_of as best  # the same timer in both trees
 from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.frontends.torch_frontend import graph_from_exported_program
 from graphopt.hardware import get_target
-from graphopt.planner import build_plan
+from graphopt.decisions.planner import build_plan
 from graphopt.report import render_json
 from tests.zoo import ResidualMLP
 

@@ -1,8 +1,8 @@
 """graphopt-optimized ONNX vs a plain export, both in ONNX Runtime on this CPU (issue 6).
 
 For each zoo model (tests/zoo.py: MLP, transformer, CNN, norm and RMSNorm blocks): the plain
-model is torch's TorchScript export (what ``graphopt.onnx_export`` produces before any pass),
-run in ``onnxruntime.InferenceSession`` with default options; the graphopt model is
+model is torch's TorchScript export (what ``graphopt.frontends.onnx_export`` produces before any
+pass), run in ``onnxruntime.InferenceSession`` with default options; the graphopt model is
 ``graphopt optimize --target cpu`` of the same export, run through ``graphopt.ort_session``
 (its session config). Timing interleaves the two (ABAB rounds with alternating order, same
 inputs); the speedup is the median over rounds of plain / graphopt per-call time (paired, so
@@ -31,10 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graphopt.onnx_export import export_torch  # noqa: E402
-from graphopt.onnx_rewrites.pipeline import optimize_onnx, save_onnx  # noqa: E402
-from graphopt.onnx_rewrites.session import ort_session  # noqa: E402
-from graphopt.options import Options  # noqa: E402
+from graphopt.backends.onnx.pipeline import optimize_onnx, save_onnx  # noqa: E402
+from graphopt.backends.onnx.session import ort_session  # noqa: E402
+from graphopt.frontends.onnx_export import export_torch  # noqa: E402
+from graphopt.ir.options import Options  # noqa: E402
 from tests.zoo import zoo  # noqa: E402
 
 

@@ -4,7 +4,8 @@ Model: ``tests/zoo.py`` ``ResidualMLP(1000)`` (1,000 blocks ``x = LayerNorm(x + 
 batch 16). Each measurement runs once in a fresh Python process (so no exporter warms caches
 for another; imports and model construction excluded from the time):
 
-1. ``graphopt.onnx_export.export_torch``: the TorchScript exporter (opset 17), checked once in
+1. ``graphopt.frontends.onnx_export.export_torch``: the TorchScript exporter (opset 17), checked
+once in
    ONNX Runtime against torch (dynamo only as a fallback, which this model does not need);
 2. the same plus ``optimize_onnx(--target cpu)`` and writing the model and its session
    config: what ``graphopt optimize model.py:fn -o out.onnx --target cpu`` does;
@@ -44,8 +45,8 @@ if kind == "dynamo":
     program.save(out)
     seconds, exporter = time.perf_counter() - t0, "dynamo"
 else:
-    from graphopt.onnx_export import export_torch
-    from graphopt.onnx_rewrites.pipeline import optimize_onnx, save_onnx
+    from graphopt.frontends.onnx_export import export_torch
+    from graphopt.backends.onnx.pipeline import optimize_onnx, save_onnx
     t0 = time.perf_counter()
     exported = export_torch(model, (x,))
     if kind == "graphopt":

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from graphopt.options import Options  # noqa: E402
-from graphopt.rewrites.padding import pad_channels  # noqa: E402
-from graphopt.rewrites.pipeline import prepare  # noqa: E402
+from graphopt.backends.torch.padding import pad_channels  # noqa: E402
+from graphopt.backends.torch.pipeline import prepare  # noqa: E402
+from graphopt.ir.options import Options  # noqa: E402
 from tests.arch_zoo import ARCHS, build  # noqa: E402
 from tests.zoo import zoo  # noqa: E402
 

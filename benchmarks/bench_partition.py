@@ -33,11 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_planning import onnx_blocks  # noqa: E402
+from graphopt.decisions.planner import build_plan  # noqa: E402
 from graphopt.errors import GraphoptError  # noqa: E402
 from graphopt.frontends.onnx_frontend import load_onnx  # noqa: E402
 from graphopt.partition import build_problem, greedy_split, parse_devices, simulate, split  # noqa: E402
 from graphopt.partition.problem import live_profile  # noqa: E402
-from graphopt.planner import build_plan  # noqa: E402
 
 FLOOR_S = 2.0
 

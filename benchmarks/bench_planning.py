@@ -27,10 +27,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from graphopt.decisions.planner import build_plan  # noqa: E402
 from graphopt.frontends.onnx_frontend import load_onnx  # noqa: E402
 from graphopt.frontends.torch_frontend import graph_from_exported_program  # noqa: E402
 from graphopt.hardware import get_target  # noqa: E402
-from graphopt.planner import build_plan  # noqa: E402
 from graphopt.report import render_json  # noqa: E402
 from tests.zoo import ResidualMLP  # noqa: E402
 

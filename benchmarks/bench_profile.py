@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import graphopt  # noqa: E402
-from graphopt.profiling import spearman  # noqa: E402
+from graphopt.measure import spearman  # noqa: E402
 from tests.arch_zoo import ARCHS, build  # noqa: E402
 
 SPEARMAN_FLOOR = 0.8

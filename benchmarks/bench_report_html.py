@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_planning import onnx_blocks  # noqa: E402
 
+from graphopt.decisions.planner import build_plan  # noqa: E402
 from graphopt.frontends.onnx_frontend import load_onnx  # noqa: E402
 from graphopt.hardware import get_target  # noqa: E402
 from graphopt.partition import apply_partition, split  # noqa: E402
-from graphopt.planner import build_plan  # noqa: E402
 from graphopt.report import render_json  # noqa: E402
 from graphopt.report._html_data import decode  # noqa: E402
 from graphopt.report.html import render_html  # noqa: E402

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import graphopt  # noqa: E402
 from benchmarks.bench_planning import BATCH, FX_NODES_PER_BLOCK, WIDTH, best_of  # noqa: E402
+from graphopt.decisions.planner import build_plan  # noqa: E402
 from graphopt.frontends.torch_frontend import trace_torch  # noqa: E402
 from graphopt.hardware import get_target  # noqa: E402
-from graphopt.planner import build_plan  # noqa: E402
 from graphopt.report import render_json  # noqa: E402
 from tests.zoo import ConvNet, ResidualMLP, TransformerBlock  # noqa: E402
 

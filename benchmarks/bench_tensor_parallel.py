@@ -2,8 +2,8 @@
 
 The model is transformers' ``LlamaForCausalLM`` at Llama-3-70B's shape (hidden 8192, 80 layers,
 64 heads, 8 KV heads, intermediate 28672, vocab 128256) in bf16 on the meta device: nothing is
-allocated. Two programs are traced with graphopt's LLM wrappers (``graphopt.llm_steps``), each
-planned on the h100 profile:
+allocated. Two programs are traced with graphopt's LLM wrappers (``graphopt.frontends.llm_steps``),
+each planned on the h100 profile:
 
 - prefill: one sequence of ``--prompt`` tokens (default 1024), batch 1;
 - decode: one new token per sequence for ``--decode-batch`` sequences against a cache of
@@ -46,15 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from graphopt.decisions.planner import build_plan  # noqa: E402
 from graphopt.errors import GraphoptError  # noqa: E402
 from graphopt.frontends import load_graph  # noqa: E402
+from graphopt.frontends.llm_steps import DecodeStep, PrefillStep  # noqa: E402
 from graphopt.hardware import get_target  # noqa: E402
-from graphopt.llm_steps import DecodeStep, PrefillStep  # noqa: E402
 from graphopt.partition import parse_devices, split  # noqa: E402
 from graphopt.partition.strategies import run_strategy  # noqa: E402
 from graphopt.partition.tensor_parallel import tensor_parallel  # noqa: E402
 from graphopt.partition.two_d import two_d  # noqa: E402
-from graphopt.planner import build_plan  # noqa: E402
 
 GB = 1e9
 

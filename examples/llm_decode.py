@@ -20,8 +20,8 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from graphopt.llm import plan_llm
-from graphopt.llm_steps import DecodeStep
+from graphopt.api.llm import plan_llm
+from graphopt.frontends.llm_steps import DecodeStep
 
 GIB = 2**30
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from graphopt._version import __version__
-from graphopt.api import plan
+from graphopt.api.planning import plan
 from graphopt.errors import GraphoptError
-from graphopt.plan import Decision, NodePlan, Plan
+from graphopt.ir.plan import Decision, NodePlan, Plan
 
 __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
            "calibrate", "load", "optimize", "ort_session", "plan", "plan_llm", "profile"]
@@ -14,27 +14,27 @@ __all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__vers
 def __getattr__(name: str):
     # optimize needs torch; importing it lazily keeps `graphopt targets` and ONNX planning fast
     if name in ("optimize", "Optimized"):
-        from graphopt import optimized
+        from graphopt.api import optimized
 
         return getattr(optimized, name)
     if name == "load":  # torch is imported only when a saved module is loaded
-        from graphopt.saved import load
+        from graphopt.backends.torch.load import load
 
         return load
     if name == "plan_llm":  # traces with torch: imported when asked for
-        from graphopt.llm import plan_llm
+        from graphopt.api.llm import plan_llm
 
         return plan_llm
     if name == "profile":  # runs the model under a profiler: torch/onnxruntime when asked for
-        from graphopt.profiling import profile
+        from graphopt.measure import profile
 
         return profile
     if name == "calibrate":  # times torch ops on this CPU: torch imported when asked for
-        from graphopt.hardware.calibrate import calibrate_host
+        from graphopt.measure.calibrate import calibrate_host
 
         return calibrate_host
     if name == "ort_session":  # onnxruntime is imported only when a session is asked for
-        from graphopt.onnx_rewrites.session import ort_session
+        from graphopt.backends.onnx.session import ort_session
 
         return ort_session
     raise AttributeError(f"module 'graphopt' has no attribute {name!r}")

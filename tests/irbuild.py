@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphopt.ir import Graph, Node, TensorInfo
+from graphopt.ir.graph import Graph, Node, TensorInfo
 
 
 class G:

@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.frontends.onnx_frontend import load_onnx
-from graphopt.ir import Graph
+from graphopt.ir.graph import Graph
 
 F = TensorProto.FLOAT
 

@@ -14,12 +14,12 @@ import onnxruntime as ort
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
+from graphopt.backends.onnx.context import OnnxContext
+from graphopt.decisions.planner import build_plan
 from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import get_target
-from graphopt.onnx_rewrites.context import OnnxContext
-from graphopt.options import Options
-from graphopt.planner import build_plan
+from graphopt.ir.options import Options
 
 
 def init(name: str, *shape: int, scale: float | None = None) -> onnx.TensorProto:

@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from graphopt.backends.torch.context import RewriteContext
+from graphopt.backends.torch.fx_utils import aten_name
+from graphopt.backends.torch.padding import pad_channels
+from graphopt.backends.torch.pipeline import prepare
+from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import tolerance_for
-from graphopt.options import Options
-from graphopt.plan import Decision
-from graphopt.rewrites.context import RewriteContext
-from graphopt.rewrites.fx_utils import aten_name
-from graphopt.rewrites.padding import pad_channels
-from graphopt.rewrites.pipeline import prepare
-from graphopt.rewrites.verify import compare_outputs
+from graphopt.ir.options import Options
+from graphopt.ir.plan import Decision
 
 
 def run_pass(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, target: str = "a100",

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import graphopt
-from graphopt.onnx_export import export_torch
+from graphopt.frontends.onnx_export import export_torch
 
 pytest.importorskip("transformers")
 

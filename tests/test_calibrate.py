@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 import graphopt
-from graphopt.cli import main
+from graphopt.cli.main import main
 from graphopt.hardware import get_target, is_this_machine
-from graphopt.hardware.calibrate import OP_BENCHES, VIEW_OPS
 from graphopt.hardware.detect import host_cpu_profile
 from graphopt.hardware.profile_file import FORMAT, load_profile, save_profile
+from graphopt.measure.calibrate import OP_BENCHES, VIEW_OPS
 
 
 def _measured(**changes) -> graphopt.hardware.HardwareProfile:

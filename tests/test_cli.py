@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from graphopt.cli import main
+from graphopt.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

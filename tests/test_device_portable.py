@@ -18,8 +18,8 @@ import torch
 from torch import fx, nn
 
 import graphopt
-from graphopt.rewrites.optimized_module import OptimizedModule
-from graphopt.rewrites.portable import make_portable
+from graphopt.backends.torch.optimized_module import OptimizedModule
+from graphopt.backends.torch.portable import make_portable
 from tests.arch_zoo import ARCHS, build
 from tests.fake_cuda import run_fake_cuda
 from tests.padding_models import NvidiaCNN, TokenCNN

@@ -16,9 +16,9 @@ from torch import nn
 
 import graphopt
 from graphopt.errors import GraphoptError
-from graphopt.export_symbolics import LENT_OPS, lent_symbolics
+from graphopt.frontends.export_symbolics import LENT_OPS, lent_symbolics
+from graphopt.frontends.onnx_export import export_torch, supported_opsets
 from graphopt.frontends.onnx_safety import default_opset
-from graphopt.onnx_export import export_torch, supported_opsets
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning",
                                         "ignore::FutureWarning")

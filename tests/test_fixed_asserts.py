@@ -7,7 +7,7 @@ import torch
 from torch import fx, nn
 
 import graphopt
-from graphopt.rewrites.asserts import drop_fixed_asserts
+from graphopt.backends.torch.asserts import drop_fixed_asserts
 
 _ASSERT = torch.ops.aten._assert_tensor_metadata.default
 #: a pinned CPU and fp32: on a host with native bf16, "cpu" would pick bf16 and change numbers

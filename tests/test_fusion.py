@@ -87,8 +87,8 @@ def test_each_node_carries_its_group_in_json_markdown_and_html():
 
 
 def test_a_node_alone_has_no_label_and_an_unfused_plan_no_field():
+    from graphopt.decisions.planner import build_plan
     from graphopt.frontends.torch_frontend import trace_torch
-    from graphopt.planner import build_plan
 
     block = graphopt.plan(TransformerBlock().eval(), (torch.randn(2, 16, 288),), "h100")
     f = block.extra["fusion"]

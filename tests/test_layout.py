@@ -7,16 +7,16 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
+from graphopt.backends.driver import Pass
+from graphopt.backends.torch.cleanup import fold_batchnorm_and_drop_dropout
+from graphopt.backends.torch.context import RewriteContext
+from graphopt.backends.torch.fx_utils import get_tensor, is_aten
+from graphopt.backends.torch.layout import channels_last
+from graphopt.backends.torch.layout_regions import is_entry_conversion, is_exit_conversion
+from graphopt.backends.torch.pipeline import optimize_torch, prepare
+from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import tolerance_for
-from graphopt.options import Options
-from graphopt.pass_driver import Pass
-from graphopt.rewrites.cleanup import fold_batchnorm_and_drop_dropout
-from graphopt.rewrites.context import RewriteContext
-from graphopt.rewrites.fx_utils import get_tensor, is_aten
-from graphopt.rewrites.layout import channels_last
-from graphopt.rewrites.layout_regions import is_entry_conversion, is_exit_conversion
-from graphopt.rewrites.pipeline import optimize_torch, prepare
-from graphopt.rewrites.verify import compare_outputs
+from graphopt.ir.options import Options
 
 ONEDNN = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                             reason="the CPU rule models oneDNN")

@@ -12,10 +12,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import graphopt
-from graphopt.api import resolve_targets
 from graphopt.decisions.layout import decide_layout
-from graphopt.onnx_export import export_torch
-from graphopt.plan import Plan
+from graphopt.frontends.onnx_export import export_torch
+from graphopt.hardware.registry import resolve_targets
+from graphopt.ir.plan import Plan
 
 
 class ConvNet(nn.Module):
@@ -149,9 +149,9 @@ def test_onnx_says_where_the_session_option_overrides_a_conv(tmp_path: Path) -> 
 def test_torch_pass_applies_whatever_the_plan_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fx pass decides nothing itself: a plan that says channels_last (here: as if forced)
     is applied even where the pass's own options say auto and fp32 would not pay."""
-    import graphopt.rewrites.layout as torch_layout
-    from graphopt.options import Options
-    from graphopt.rewrites.pipeline import prepare
+    import graphopt.backends.torch.layout as torch_layout
+    from graphopt.backends.torch.pipeline import prepare
+    from graphopt.ir.options import Options
 
     torch.manual_seed(0)
     model, x = ConvNet().eval(), torch.randn(2, 3, 32, 32)

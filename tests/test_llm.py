@@ -1,4 +1,4 @@
-"""LLM prefill and decode (``graphopt.llm``) and the batch advice at the throughput knee.
+"""LLM prefill and decode (``graphopt.api.llm``) and the batch advice at the throughput knee.
 
 A tiny Llama (2 layers, hidden 64, 4 heads, 2 KV heads, head_dim 16, fp32) is planned once per
 module; every number is checked against a hand computation or a bound it must respect.
@@ -16,12 +16,12 @@ from torch import nn
 
 import graphopt
 from graphopt.analysis import KernelClass
+from graphopt.api.llm import batch_points, plan_llm
 from graphopt.decisions.batch_advice import KNEE_FRACTION, advise_batch, step_time_at
 from graphopt.decisions.memory import ReservePolicy, memory_plan
 from graphopt.errors import GraphoptError
+from graphopt.frontends.llm_steps import DecodeStep, PrefillStep
 from graphopt.hardware import get_target
-from graphopt.llm import batch_points, plan_llm
-from graphopt.llm_steps import DecodeStep, PrefillStep
 
 transformers = pytest.importorskip("transformers")
 

@@ -20,11 +20,11 @@ from graphopt.decisions.memory import (
     gemm_workspace_bytes,
     usable_memory,
 )
+from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import get_target
-from graphopt.plan import Plan
-from graphopt.planner import build_plan
+from graphopt.ir.plan import Plan
 from tests.irbuild import G
 
 NO_RESERVE = ReservePolicy(0, 0.0, "test: none")

@@ -141,7 +141,7 @@ def test_must_not_fold(case: str) -> None:
 def test_torchscript_export_of_mobilenet_v2_has_static_conv_shapes() -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    from graphopt.onnx_export import export_torch
+    from graphopt.frontends.onnx_export import export_torch
     from tests.arch_zoo import build
 
     model, inputs = build("mobilenet_v2")

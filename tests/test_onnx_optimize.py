@@ -21,13 +21,13 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 import graphopt
-from graphopt.cli import main
+from graphopt.backends.onnx.ort_runner import emulate_fp16
+from graphopt.backends.onnx.pipeline import optimize_onnx
+from graphopt.backends.onnx.session import config_path
+from graphopt.cli.main import main
 from graphopt.errors import GraphoptError
-from graphopt.onnx_export import export_torch
-from graphopt.onnx_rewrites.ort_runner import emulate_fp16
-from graphopt.onnx_rewrites.pipeline import optimize_onnx
-from graphopt.onnx_rewrites.session import config_path
-from graphopt.options import Options
+from graphopt.frontends.onnx_export import export_torch
+from graphopt.ir.options import Options
 from tests.zoo import OddMLP, zoo
 
 ZOO = zoo()
@@ -160,11 +160,11 @@ def test_bf16_request_becomes_fp16_on_onnx():
 
 # ------------------------------------------------------------------------- accuracy guard
 def test_model_overflows_in_plain_fp16():
+    from graphopt.backends.onnx.context import OnnxContext
+    from graphopt.backends.onnx.precision import reduce_precision
+    from graphopt.decisions.planner import build_plan
     from graphopt.frontends.onnx_frontend import load_onnx
     from graphopt.hardware import get_target
-    from graphopt.onnx_rewrites.context import OnnxContext
-    from graphopt.onnx_rewrites.precision import reduce_precision
-    from graphopt.planner import build_plan
 
     model, x = _overflow()
     exp = export_torch(model, (x,))
@@ -237,7 +237,7 @@ def test_session_config_on_cpu_leaves_threads_to_ort():
 def test_measured_guard_reverts_a_pass_that_is_slower_here(monkeypatch):
     """On this machine an auto pass is timed; one measured slower is reverted (and a forced
     one never is)."""
-    import graphopt.onnx_rewrites.measure as measure
+    import graphopt.backends.onnx.measure as measure
 
     monkeypatch.setattr(measure, "faster_or_equal", lambda b, a, f, threads=None: (False, 1.0,
                                                                                    2.0))
@@ -405,7 +405,7 @@ def test_gpt2_and_bert_export_with_either_exporter(tmp_path, opset, exporter):
 
 
 def test_equal_outputs_read_no_error_not_an_infinite_snr():
-    from graphopt.onnx_rewrites.guard import snr_text
+    from graphopt.backends.onnx.guard import snr_text
 
     assert snr_text(float("inf")) == "no error"
     assert snr_text(43.21) == "SNR 43.2 dB" and snr_text(-3.0) == "SNR -3.0 dB"

@@ -17,19 +17,19 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-from graphopt.errors import GraphoptError
-from graphopt.hardware.profile import HardwareProfile
-from graphopt.hardware.registry import get_target
-from graphopt.onnx_rewrites.context import OnnxContext
-from graphopt.onnx_rewrites.padding import pad_channels
-from graphopt.onnx_rewrites.quantize import (
+from graphopt.backends.onnx.context import OnnxContext
+from graphopt.backends.onnx.padding import pad_channels
+from graphopt.backends.onnx.quantize import (
     INT4_BLOCK_SIZE,
     QUANTIZE_PASSES,
     quantize,
     quantize_int8_dynamic,
     quantize_int8_static,
 )
-from graphopt.plan import Decision
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.hardware.registry import get_target
+from graphopt.ir.plan import Decision
 from tests.hostisa import real_host_flags
 from tests.onnx_rewrite_models import (
     checked,

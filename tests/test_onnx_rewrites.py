@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
-from graphopt.onnx_rewrites.padding import pad_channels
+from graphopt.backends.onnx.padding import pad_channels
 from tests.onnx_rewrite_models import (
     checked,
     context,

@@ -39,7 +39,7 @@ folder = sys.argv[1]
 model = folder + "/m.onnx"
 
 import graphopt
-from graphopt.cli import main
+from graphopt.cli.main import main
 
 codes = [main(["plan", model, "--target", "h100,cpu", "--json", folder + "/plan.json"])]
 opt = graphopt.optimize(model, target="cpu")

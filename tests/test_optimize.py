@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import graphopt
+from graphopt.backends.torch.optimized_module import OptimizedModule
+from graphopt.decisions.lint import lint
 from graphopt.errors import GraphoptError
-from graphopt.lint import lint
-from graphopt.rewrites.optimized_module import OptimizedModule
 from tests.zoo import TensorCoreGuideCNN, zoo
 
 ZOO = zoo()
@@ -118,7 +118,7 @@ def test_lint_lists_tensor_core_issues():
 
 def test_host_fallback_returns_a_plain_copy_when_nothing_pays(monkeypatch):
     """On the host CPU, a rewritten graph that measures slower is not returned."""
-    from graphopt.rewrites import pipeline
+    from graphopt.backends.torch import pipeline
 
     model, inputs = ZOO["odd_mlp"]
     monkeypatch.setattr(pipeline, "faster_or_equal", lambda before, after, args: (False, 1e-3,

@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import graphopt
-from graphopt.cli import build_parser, main
-from graphopt.options import CHOICES, Options
+from graphopt.cli.main import build_parser, main
+from graphopt.ir.options import CHOICES, Options
 
 
 def _matmul_onnx(path) -> str:

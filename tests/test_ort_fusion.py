@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from graphopt.cost.ort_fusion import CPU_EP, CUDA_EP, execution_provider
+from graphopt.decisions.planner import build_plan
 from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.hardware.registry import get_target
-from graphopt.plan import Plan
-from graphopt.planner import build_plan
+from graphopt.ir.plan import Plan
 from tests import ort_fusion_models as om
 from tests.zoo import RMSNormMLP, TransformerBlock
 
@@ -129,7 +129,7 @@ def test_torch_exported_models_group_as_ort_fuses_them(cls: type, shape: tuple[i
                                                        ) -> None:
     """A torch export: GELU, SiLU, RMSNorm, the Q/K scales and the biased linears fuse as ORT
     fuses them, and the size arithmetic ORT folds at load costs nothing."""
-    from graphopt.onnx_export import export_torch
+    from graphopt.frontends.onnx_export import export_torch
 
     m = export_torch(cls().eval(), (torch.randn(*shape),)).model
     fused, ops = om.ort_fused(m)

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphopt.backends.driver import Pass
+from graphopt.backends.torch.fx_utils import aten_name, val
+from graphopt.backends.torch.padding import pad_channels
+from graphopt.backends.torch.pipeline import optimize_torch
 from graphopt.decisions.channel_map import ChannelMap, reshape_map, scatter_weight
-from graphopt.options import Options
-from graphopt.pass_driver import Pass
-from graphopt.rewrites.fx_utils import aten_name, val
-from graphopt.rewrites.padding import pad_channels
-from graphopt.rewrites.pipeline import optimize_torch
+from graphopt.ir.options import Options
 from tests.padding_models import (
     NVIDIA_DIMS,
     LinearLayerNorm,

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphopt.rewrites.fx_utils import aten_name
+from graphopt.backends.torch.fx_utils import aten_name
 from tests.padding_models import LinearLayerNorm, ops, pad, randomize_bn, run_pass, seeded, slices
 
 

@@ -11,8 +11,9 @@ import random
 
 import pytest
 
+from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
-from graphopt.ir import Graph
+from graphopt.ir.graph import Graph
 from graphopt.partition import (
     apply_partition,
     build_problem,
@@ -25,7 +26,6 @@ from graphopt.partition import (
 from graphopt.partition.heft import heft, rank_order
 from graphopt.partition.pipeline_dp import cut_bytes, pipeline_split, stage_memory, stage_time
 from graphopt.partition.problem import live_profile
-from graphopt.planner import build_plan
 from tests.irbuild import G
 
 # Three devices of different speeds, the RTX 4090 without NVLink (PCIe through the host: the

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from graphopt.backends.driver import Pass, PassResult, run_passes
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
-from graphopt.options import Options
-from graphopt.pass_driver import Pass, PassResult, run_passes
-from graphopt.plan import Decision
+from graphopt.ir.options import Options
+from graphopt.ir.plan import Decision
 
 REFERENCE = 2.0  # the original model's one output
 
@@ -171,8 +171,8 @@ def test_an_error_in_a_pass_names_the_passes_before_it() -> None:
 
 
 def test_the_pipelines_load_every_pass_by_plain_import() -> None:
-    from graphopt.onnx_rewrites.pipeline import default_passes as onnx_passes
-    from graphopt.rewrites.pipeline import default_passes as torch_passes
+    from graphopt.backends.onnx.pipeline import default_passes as onnx_passes
+    from graphopt.backends.torch.pipeline import default_passes as torch_passes
 
     assert [(p.name, p.tolerance, p.option) for p in onnx_passes()] == [
         ("padding", "fp32", "pad"), ("precision", "fp16", "precision"),

@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from graphopt.backends.torch.context import RewriteContext, torch_dtype
+from graphopt.backends.torch.fx_utils import aten_name
+from graphopt.backends.torch.pipeline import prepare
+from graphopt.backends.torch.precision import reduce_precision
+from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.precision_format import choose_precision
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target
-from graphopt.options import Options
-from graphopt.rewrites.context import RewriteContext, torch_dtype
-from graphopt.rewrites.fx_utils import aten_name
-from graphopt.rewrites.pipeline import prepare
-from graphopt.rewrites.precision import reduce_precision
-from graphopt.rewrites.verify import compare_outputs
+from graphopt.ir.options import Options
 
 LOW = ("bf16", "fp16")
 

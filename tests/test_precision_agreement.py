@@ -18,15 +18,15 @@ import pytest
 import torch
 
 import graphopt
-from graphopt import ops
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.decisions.gemm_precision import carrier_format
 from graphopt.decisions.precision_format import choose_precision, native_format
 from graphopt.decisions.precision_islands import ISLAND_OPS
 from graphopt.decisions.precision_plan import LOW_KINDS, island_reason, plan_decisions
+from graphopt.frontends.onnx_export import export_torch
 from graphopt.hardware import list_targets
-from graphopt.onnx_export import export_torch
-from graphopt.plan import NodePlan, Plan
+from graphopt.ir import ops
+from graphopt.ir.plan import NodePlan, Plan
 from tests.zoo import zoo
 
 _CLASSES = GEMM_LIKE | {KernelClass.NORM, KernelClass.RMSNORM, KernelClass.SOFTMAX}
@@ -208,9 +208,9 @@ def test_plan_torch_and_onnx_backends_make_one_decision_per_node() -> None:
 def test_onnx_pass_makes_a_square_an_island_without_a_plan_node() -> None:
     """A node a pass added has no plan node: the ONNX pass asks the same rule by its op type
     and inputs, so Mul(h, h) is still an island (and the GEMM still fp16)."""
-    from graphopt.onnx_rewrites.context import OnnxContext
-    from graphopt.onnx_rewrites.precision import reduce_precision
-    from graphopt.options import Options
+    from graphopt.backends.onnx.context import OnnxContext
+    from graphopt.backends.onnx.precision import reduce_precision
+    from graphopt.ir.options import Options
 
     torch.manual_seed(0)
     model, x = _Square().eval(), torch.randn(2, 4, 16)

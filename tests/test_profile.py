@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 import graphopt
-from graphopt.cli import main
-from graphopt.profiling import spearman
-from graphopt.profiling.torch_runs import per_node
+from graphopt.cli.main import main
+from graphopt.measure import spearman
+from graphopt.measure.torch_runs import per_node
 from graphopt.report.prediction import prediction_html, prediction_md, worst_nodes
 from tests.onnx_rewrite_models import tc_guide
 from tests.zoo import ConvNet, TransformerBlock

@@ -1,4 +1,5 @@
-"""graphopt's own ``.pt2`` reader (graphopt/pt2_reader.py): ``graphopt.load`` builds the module
+"""graphopt's own ``.pt2`` reader (graphopt/backends/torch/pt2_reader.py): ``graphopt.load`` builds
+the module
 from the archive's JSON without torch.export.load, the same module torch's path gives (code,
 weights, outputs bit for bit), and refuses anything it does not read with a GraphoptError that
 names it (it never hands a file to torch.export.load, which unpickles). torch's path is the
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 import graphopt
-from graphopt import pt2_reader
+from graphopt.backends.torch import pt2_reader
 from tests.test_save_load import PASSES, Tokens, _convnet
 
 _EXTRAS = ("graphopt_format.json", "graphopt_plan.json", "graphopt_runtime.json",
@@ -168,7 +169,7 @@ def test_reader_device_and_nested_weight_names(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The model copy (nested names, BatchNorm's persistent buffers, an int64 counter) and
     ``device=`` (move_to_device_pass's rewrite of baked-in devices) read the same way."""
-    import graphopt.rewrites.pipeline as pipeline
+    import graphopt.backends.torch.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "_slower_than_original", lambda *a: "slower (forced)")
     x = torch.randn(2, 3, 8, 8)

@@ -18,10 +18,10 @@ from graphopt.decisions import (
     runs_natively,
 )
 from graphopt.decisions.memory import GIB, MIB
+from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.hardware.detect import CpuInfo, build_host_profile
 from graphopt.hardware.registry import get_target, list_targets
-from graphopt.planner import build_plan
 from tests.irbuild import G
 
 GPUS = [t.name for t in list_targets() if t.is_gpu]

@@ -124,7 +124,7 @@ def test_none_disables_it():
 
 def test_measured_guard_reverts_a_slower_pass(monkeypatch):
     """On the host target, an auto pass that measures slower is reverted with the timing."""
-    from graphopt.rewrites import pipeline
+    from graphopt.backends.torch import pipeline
 
     model, x = _mlp()
     monkeypatch.setattr(pipeline, "faster_or_equal", lambda before, after, args: (False, 1e-3,

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from graphopt.decisions.planner import build_plan
 from graphopt.hardware import get_target
+from graphopt.ir.plan import Plan
 from graphopt.partition import apply_partition, split
-from graphopt.plan import Plan
-from graphopt.planner import build_plan
 from graphopt.report.format import (
     HEAD_KINDS,
     decision_fields,

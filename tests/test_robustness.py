@@ -26,10 +26,10 @@ from torch import nn
 
 import graphopt
 from graphopt.analysis import KernelClass
-from graphopt.cli import main
+from graphopt.cli.main import main
+from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.hardware.registry import get_target
-from graphopt.planner import build_plan
 from tests.irbuild import G
 from tests.robustness_helpers import _listing, _mlp_onnx, _no_traceback
 
@@ -101,7 +101,7 @@ def test_torch_plan_of_a_zero_batch_is_zero_time_with_sane_reports(target):
 
 
 def test_lint_of_a_zero_batch_reports_no_tensor_core_issue_for_empty_gemms():
-    from graphopt.lint import lint
+    from graphopt.decisions.lint import lint
 
     model = _seeded(_TinyConvAttention())
     empty = lint(graphopt.plan(model, torch.randn(0, 3, 4, 4), target="h100"))
@@ -236,7 +236,7 @@ def test_shapes_with_zeros_split_across_devices():
     graph = _zero_graph(0, 8, 8, 8, 2, 8)
     plan = build_plan(graph, get_target("h100"))
     for strategy in ("heft", "pipeline"):
-        split = graphopt.api.with_partition(plan, "cuda:0=h100,cuda:1=a100", strategy)
+        split = graphopt.api.planning.with_partition(plan, "cuda:0=h100,cuda:1=a100", strategy)
         text = split.to_json()
         assert "NaN" not in text and "Infinity" not in text
         assert all("device" in n.decisions for n in split.nodes)

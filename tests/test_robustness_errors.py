@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import graphopt
-from graphopt.cli import main
+from graphopt.cli.main import main
 from graphopt.errors import GraphoptError
 from graphopt.hardware.registry import get_target
 from tests.robustness_helpers import _listing, _mlp_onnx, _no_traceback

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import graphopt
-from graphopt.onnx_export import export_torch
-from graphopt.plan import Decision, NodePlan
+from graphopt.frontends.onnx_export import export_torch
+from graphopt.ir.plan import Decision, NodePlan
 
 pytest.importorskip("transformers")
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import graphopt
-from graphopt.cli import main as cli_main
+from graphopt.cli.main import main as cli_main
 
 # the fresh process: graphopt and torch only; inputs and outputs go through tensor-only files
 _FRESH = """
@@ -286,7 +286,7 @@ def test_saves_the_model_copy_when_nothing_paid(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """On the host CPU, optimize hands back a copy of the model when the rewritten graph
     measured slower; that copy saves and loads as well (nested weight names included)."""
-    import graphopt.rewrites.pipeline as pipeline
+    import graphopt.backends.torch.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "_slower_than_original",
                         lambda *a: "measured slower (forced by the test)")

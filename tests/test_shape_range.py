@@ -15,11 +15,11 @@ import torch
 from torch.export import Dim
 
 import graphopt
+from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
 from graphopt.frontends.onnx_range import parse_dim_spec
-from graphopt.rewrites.verify import compare_outputs
-from graphopt.shape_range import DimRange, ShapeRange, evaluate
+from graphopt.ir.shape_range import DimRange, ShapeRange, evaluate
 from tests.zoo import Attention, OddMLP, OddResidualCNN, TransformerBlock
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

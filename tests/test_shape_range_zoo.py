@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 from torch.export import Dim  # noqa: E402
 
 import graphopt  # noqa: E402
+from graphopt.backends.torch.verify import compare_outputs  # noqa: E402
 from graphopt.decisions.tolerance import Tolerance  # noqa: E402
-from graphopt.rewrites.verify import compare_outputs  # noqa: E402
 from tests.arch_zoo import ARCHS, build  # noqa: E402
 
 pytestmark = [pytest.mark.zoo, pytest.mark.filterwarnings("ignore::FutureWarning")]

@@ -12,6 +12,7 @@ import torch
 
 from graphopt.cost import estimate
 from graphopt.decisions.memory import gemm_workspace_bytes
+from graphopt.decisions.planner import build_plan
 from graphopt.frontends import load_graph
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import Link
@@ -19,7 +20,6 @@ from graphopt.partition import parse_devices
 from graphopt.partition.collectives import group_link, ring_allreduce_s
 from graphopt.partition.tensor_parallel import split_analysis, tensor_parallel
 from graphopt.partition.tp_blocks import can_split, find_tp_blocks, parameter_fqns
-from graphopt.planner import build_plan
 from tests.arch_zoo import build
 from tests.irbuild import G
 
@@ -264,7 +264,7 @@ def test_memory_per_device_and_overflow():
 def test_decode_kv_cache_is_split_by_heads():
     import transformers
 
-    from graphopt.llm_steps import DecodeStep
+    from graphopt.frontends.llm_steps import DecodeStep
 
     cfg = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=128,

@@ -16,7 +16,7 @@ from torch import fx, nn
 
 from graphopt.frontends.aten_ops import ATEN_OPS, Call, Ref
 from graphopt.frontends.torch_frontend import trace_torch
-from graphopt.ir import TensorInfo
+from graphopt.ir.graph import TensorInfo
 from tests.torch_frontend_models import (
     CNN,
     MLP,

@@ -12,7 +12,7 @@ import torch
 from torch import fx, nn
 
 from graphopt.frontends.torch_frontend import graph_from_graph_module, trace_torch
-from graphopt.ops import KNOWN_OPS
+from graphopt.ir.ops import KNOWN_OPS
 from tests.torch_frontend_models import check_wellformed, ops
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from graphopt.analysis.kernel_class import KernelClass
+from graphopt.decisions.planner import build_plan
 from graphopt.hardware import get_target
 from graphopt.partition import parse_devices
 from graphopt.partition.tensor_parallel import tensor_parallel
 from graphopt.partition.tp_blocks import find_tp_blocks
-from graphopt.planner import build_plan
 from tests.irbuild import G
 
 H100 = get_target("h100")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from graphopt.cost import estimate
+from graphopt.decisions.planner import build_plan
 from graphopt.hardware import get_target
 from graphopt.partition import parse_devices
 from graphopt.partition.collectives import ring_half_s
@@ -24,7 +25,6 @@ from graphopt.partition.tp_emit import (
     parallelize_plan,
     plan_snippet,
 )
-from graphopt.planner import build_plan
 from tests.gloo_run import every_rank_equals, gloo_mesh, needs_gloo, save_rank, spawn
 from tests.irbuild import G
 from tests.test_tp_run import LAYERS, Block, llama_blocks, tiny_llama

@@ -150,10 +150,10 @@ def test_tensor_strategy_takes_sequence_parallelism_when_it_is_faster() -> None:
 
 def test_tensor_strategy_stays_plain_when_not_faster_or_not_emittable() -> None:
     import graphopt
-    from graphopt.api import with_partition
+    from graphopt.api.planning import with_partition
+    from graphopt.decisions.planner import build_plan
     from graphopt.frontends import load_graph
     from graphopt.hardware.registry import get_target
-    from graphopt.planner import build_plan
 
     model = tiny_llama()
     plan = graphopt.plan(model, (_input_ids(),), target="h100-sxm", devices=TWO,

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from graphopt.api import with_partition
-from graphopt.cli import main
+from graphopt.api.planning import with_partition
+from graphopt.cli.main import main
+from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.frontends import load_graph
 from graphopt.hardware import get_target
 from graphopt.partition import parse_devices
 from graphopt.partition.strategies import compare, run_strategy
 from graphopt.partition.two_d import nvlink_groups, two_d
-from graphopt.planner import build_plan
 from graphopt.report.html import render_html
 from graphopt.report.markdown import render_markdown
 from tests.arch_zoo import build

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import graphopt
-from graphopt.cli import main
+from graphopt.cli.main import main
 
 
 def _mlp_onnx(path: Path, *, external: bool = False) -> Path:
@@ -139,7 +139,7 @@ def test_a_failing_later_output_leaves_no_earlier_one(tmp_path, capsys):
 
 
 def test_a_failure_while_writing_rolls_the_set_back(tmp_path, monkeypatch):
-    from graphopt._io import OutputSet
+    from graphopt.files.outputs import OutputSet
 
     old = tmp_path / "old.json"
     old.write_text("the user's old report")
@@ -361,7 +361,7 @@ class _TraceWrites(nn.Module):
 
 
 def test_export_torch_never_writes_to_the_users_model():
-    from graphopt.onnx_export import export_torch
+    from graphopt.frontends.onnx_export import export_torch
 
     model = _TraceWrites().eval()
     export_torch(model, (torch.randn(2, 8),), verify=False)

@@ -30,32 +30,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 import graphopt
-from tests.test_save_load import _fresh
-
-
-class Small(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
-
-
-def _small() -> nn.Module:
-    torch.manual_seed(0)
-    m = Small().eval()
-    with torch.no_grad():
-        m.bn.running_mean.uniform_(-0.5, 0.5)
-        m.bn.running_var.uniform_(0.5, 2.0)
-    return m
+from tests.test_save_load import ConvNet, _convnet, _fresh
 
 
 def _saved(path: Path) -> Path:
     """A small valid file, fp32 on this CPU (the same numbers on any host)."""
-    opt = graphopt.optimize(_small(), torch.randn(2, 3, 8, 8), target="cpu",
+    opt = graphopt.optimize(_convnet(), torch.randn(2, 3, 8, 8), target="cpu",
                             precision="fp32", measure=False)
     return opt.save(path)
 
@@ -156,17 +136,17 @@ def test_model_copy_saves_its_shape_range(tmp_path: Path, monkeypatch: pytest.Mo
                                           ) -> None:
     """When nothing pays on the host, optimize returns a copy of the model; saved and loaded
     (here and in a fresh process) it is exported over the range and checks it, as the graph."""
-    import graphopt.rewrites.pipeline as pipeline
+    import graphopt.backends.torch.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "_slower_than_original",
                         lambda *a: "measured slower (forced by the test)")
-    m = _small()
-    source = Path(inspect.getsourcefile(Small)).read_bytes()
+    m = _convnet()
+    source = Path(inspect.getsourcefile(ConvNet)).read_bytes()
     state = {k: v.clone() for k, v in m.state_dict().items()}
     batch = torch.export.Dim("batch", min=1, max=64)
     opt = graphopt.optimize(m, torch.randn(2, 3, 8, 8), target="cpu", measure=True,
                             dynamic_shapes=({0: batch},))
-    assert isinstance(opt.module, Small)  # the plain copy
+    assert isinstance(opt.module, ConvNet)  # the plain copy
     path = opt.save(tmp_path / "copy.pt2")
     calls = [(torch.randn(b, 3, 8, 8),) for b in (1, 8, 64, 100)]
     loaded = graphopt.load(path)
@@ -179,13 +159,14 @@ def test_model_copy_saves_its_shape_range(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(graphopt.GraphoptError, match=r"batch in \[1, 64\]"):
         loaded(*calls[3])
     assert fresh[3].startswith("GraphoptError") and "100" in fresh[3]
-    assert Path(inspect.getsourcefile(Small)).read_bytes() == source
+    assert Path(inspect.getsourcefile(ConvNet)).read_bytes() == source
     assert all(torch.equal(v, state[k]) for k, v in m.state_dict().items())
 
 
 _MEASURED = """
 import json, resource, sys, torch, graphopt
-import graphopt.saved, graphopt.pt2_reader, graphopt.rewrites.pipeline
+import graphopt.backends.torch.saved, graphopt.backends.torch.pt2_reader
+import graphopt.backends.torch.pipeline
 graphopt.load(sys.argv[1])  # warm: what any load costs
 outcomes = []
 for path in sys.argv[2:]:
@@ -272,7 +253,7 @@ def test_zip_bomb_in_an_unused_member(tmp_path: Path) -> None:
     assert got["outcome"] == "loaded" and got["grew_mb"] < 500, got
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        torch.testing.assert_close(graphopt.load(bombed)(x), _small()(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(graphopt.load(bombed)(x), _convnet()(x), rtol=1e-5, atol=1e-5)
 
 
 def test_loaded_module_says_what_input_it_expected(tmp_path: Path) -> None:
@@ -282,7 +263,7 @@ def test_loaded_module_says_what_input_it_expected(tmp_path: Path) -> None:
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         assert torch.equal(loaded(x=x), loaded(x))
-        torch.testing.assert_close(loaded(x=x), _small()(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loaded(x=x), _convnet()(x), rtol=1e-5, atol=1e-5)
     cases = [((x.double(),), {}, "input 'x' is float64; the module was optimized for float32"),
              ((x.numpy(),), {}, "input 'x' is a numpy.ndarray, not a torch.Tensor"),
              ((), {"inputs": x}, "no input named 'inputs'; its inputs are ['x']"),
@@ -337,4 +318,4 @@ def test_the_good_file_for_the_property_loads(tmp_path: Path) -> None:
     path.write_bytes(_good_bytes(tmp_path))
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        torch.testing.assert_close(graphopt.load(path)(x), _small()(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(graphopt.load(path)(x), _convnet()(x), rtol=1e-5, atol=1e-5)

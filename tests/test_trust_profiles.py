@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import graphopt
-from graphopt.cli import main
+from graphopt.cli.main import main
 from graphopt.cost.whatif import estimate_op
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile_file import FORMAT, MAX_PROFILE_BYTES, load_profile
@@ -67,7 +67,7 @@ def test_a_valid_profile_file_plans(tmp_path, model, capsys):
 def _plan_in_child(model: Path, target: Path) -> subprocess.CompletedProcess[str]:
     """``graphopt plan`` in a child with a timeout: a FIFO or /dev/zero read must not hang
     (or fill memory in) the test process."""
-    code = ("import sys; from graphopt.cli import main; "
+    code = ("import sys; from graphopt.cli.main import main; "
             "sys.exit(main(['plan', sys.argv[1], '--target', sys.argv[2]]))")
     root = Path(__file__).resolve().parent.parent
     return subprocess.run([sys.executable, "-c", code, str(model), str(target)],

@@ -22,13 +22,14 @@ from onnx import TensorProto, helper, numpy_helper
 from torch.export import Dim
 
 import graphopt
-from graphopt.cli import main
-from graphopt.dynamic_spec import check_against, parse_dynamic
+from graphopt.backends.onnx.ort_runner import SAMPLE_BYTES_LIMIT, sample_feeds
+from graphopt.cli.dynamic_spec import parse_dynamic
+from graphopt.cli.main import main
 from graphopt.errors import GraphoptError
 from graphopt.frontends.onnx_range import parse_dim_spec
 from graphopt.frontends.python_spec import load_python_spec
-from graphopt.onnx_rewrites.ort_runner import SAMPLE_BYTES_LIMIT, sample_feeds
-from graphopt.shape_range import CHECK_MAX_ELEMENTS, DimRange, ShapeRange, evaluate
+from graphopt.frontends.range_check import check_against
+from graphopt.ir.shape_range import CHECK_MAX_ELEMENTS, DimRange, ShapeRange, evaluate
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -94,8 +95,9 @@ def test_a_dim_expression_that_would_never_finish_is_not_evaluated(tmp_path):
         out = _cli(["plan", f"m{i}.onnx", "--target", "cpu"], tmp_path, timeout=120)
         assert out.returncode == 0, out.stderr
         assert "Traceback" not in out.stderr
-    probe = ("from graphopt.shape_range import evaluate as e; v = {'N': 3}; print([e(x, v) for x "
-             "in ('9**9**9**9', 'N**9**9**9', '2**2**2**2**2**2', '(10**18)*(10**18)', "
+    probe = ("from graphopt.ir.shape_range import evaluate as e; v = {'N': 3}; "
+             "print([e(x, v) for x in ('9**9**9**9', 'N**9**9**9', '2**2**2**2**2**2', "
+             "'(10**18)*(10**18)', "
              "'Max(N, 7**7**7)', '-' * 999 + '1', '(' * 300 + 'N' + ')' * 300, "
              "'+'.join(['N'] * 500))])")
     env = {**os.environ, "PYTHONPATH": str(_ROOT)}

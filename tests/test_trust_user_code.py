@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 from torch import nn
 
 import graphopt
-from graphopt.cli import main
+from graphopt.cli.main import main
 
 _MODEL = """
 import os, sys, torch

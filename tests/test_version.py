@@ -8,8 +8,8 @@ from pathlib import Path
 from setuptools.config.pyprojecttoml import read_configuration
 
 import graphopt
+from graphopt.decisions.planner import build_plan
 from graphopt.hardware import get_target
-from graphopt.planner import build_plan
 from tests.irbuild import G
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphopt.ir import Graph, Node
+from graphopt.ir.graph import Graph, Node
 
 
 def ops(g: Graph) -> Counter[str]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from graphopt import ops
 from graphopt.analysis.classify import classify_op
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.metrics import has_empty_outputs, node_work
 from graphopt.analysis.patterns import find_patterns
 from graphopt.analysis.record import NodeAnalysis
-from graphopt.ir import Graph, Node, TensorInfo
+from graphopt.ir import ops
+from graphopt.ir.graph import Graph, Node, TensorInfo
 
 __all__ = ["annotate"]
 

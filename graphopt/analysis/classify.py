@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from graphopt import ops
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.metrics import gemm_dims
-from graphopt.ir import Graph, Node
+from graphopt.ir import ops
+from graphopt.ir.graph import Graph, Node
 
 __all__ = ["classify_op"]
 

@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 
 from graphopt.analysis.kernel_class import KernelClass
-from graphopt.ir import Graph, Node, TensorInfo
+from graphopt.ir.graph import Graph, Node, TensorInfo
 
 __all__ = ["OpWork", "attention_dims_from_qk", "attention_flops", "gemm_dims", "has_empty_outputs",
            "node_work"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.metrics import gemm_dims
-from graphopt.ir import Graph, Node, TensorInfo
+from graphopt.ir.graph import Graph, Node, TensorInfo
 
 __all__ = ["PatternMatch", "find_patterns"]
 

@@ -25,8 +25,12 @@ from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["fixed_cost", "for_runtime", "measured_bandwidth", "measured_matrix_rate",
-           "runtime_tables", "view_cost"]
+__all__ = ["ORT_PREFIX", "fixed_cost", "for_runtime", "measured_bandwidth",
+           "measured_matrix_rate", "runtime_tables", "view_cost"]
+
+#: a calibrated profile's fixed-cost key for an ONNX Runtime op type (``ort:MatMul``); keys
+#: without it are eager torch's (``graphopt calibrate`` measures both)
+ORT_PREFIX = "ort:"
 
 
 def fixed_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
@@ -78,8 +82,6 @@ def measured_bandwidth(profile: HardwareProfile) -> float | None:
 def runtime_tables(costs: Mapping[str, float]) -> dict[str, dict[str, float]]:
     """A calibrated profile's fixed costs split by runtime: ``"torch"`` (eager) and
     ``"onnxruntime"`` (the ``ort:*`` entries, prefix dropped)."""
-    from graphopt.hardware.calibrate_ort import ORT_PREFIX
-
     tables: dict[str, dict[str, float]] = {"torch": {}, "onnxruntime": {}}
     for key, value in costs.items():
         if key.startswith(ORT_PREFIX):

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from graphopt.ir import TensorInfo
+from graphopt.ir.graph import TensorInfo
 
 __all__ = ["CPU_EP", "CUDA_EP", "ROCM_EP", "RULES", "OrtRule", "OrtUnit", "execution_provider",
            "ort_units"]
@@ -54,7 +54,7 @@ CPU_ROCM_ACL_ARMNN_JS_WEBGPU = frozenset({CPU_EP, ROCM_EP, _ACL, _ARMNN, _JS, _W
 
 
 def execution_provider(target: Any) -> str:
-    """The EP graphopt's session config picks for ``target`` (``onnx_rewrites.session``):
+    """The EP graphopt's session config picks for ``target`` (``backends.onnx.session``):
     CUDA on NVIDIA GPUs, ROCm on AMD GPUs, else the CPU EP."""
     if getattr(target, "kind", "cpu") == "gpu":
         vendor = str(getattr(target, "vendor", "")).lower()

@@ -23,7 +23,8 @@ from graphopt.cost.efficiency import matrix_efficiency
 from graphopt.cost.roofline import efficiency, estimate, tc_alignment
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.ir import Graph, Node, TensorInfo
+from graphopt.hardware.registry import resolve_targets
+from graphopt.ir.graph import Graph, Node, TensorInfo
 
 __all__ = ["KINDS", "OpEstimate", "estimate_op"]
 
@@ -162,8 +163,6 @@ def _check_size(kind: str, graph: Graph) -> None:
 def estimate_op(kind: str, *, dtype: str = "bf16", target: str | HardwareProfile = "h100",
                 **dims: int) -> OpEstimate:
     """The planner's estimate for one ``kind`` op (``KINDS``) of ``dims`` in ``dtype``."""
-    from graphopt.api import resolve_targets
-
     if kind not in KINDS:
         raise GraphoptError(f"unknown op kind {kind!r}", f"use one of {', '.join(KINDS)}")
     if dtype not in _DTYPES:

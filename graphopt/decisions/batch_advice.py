@@ -38,7 +38,7 @@ from typing import Any
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import estimate
-from graphopt.plan import NodePlan, Plan
+from graphopt.ir.plan import NodePlan, Plan
 
 __all__ = ["KNEE_FRACTION", "SEARCH_LIMIT", "BatchAdvice", "advise_batch", "step_time_at"]
 

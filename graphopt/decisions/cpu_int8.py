@@ -1,5 +1,5 @@
-"""INT8 on CPUs: when it pays (VNNI / AMX-INT8 only). ``rewrites/quantize.py`` applies it in torch,
-``onnx_rewrites/quantize.py`` in ONNX; both ask this module first.
+"""INT8 on CPUs: when it pays (VNNI / AMX-INT8 only). ``backends/torch/quantize.py`` applies it
+in torch, ``backends/onnx/quantize.py`` in ONNX; both ask this module first.
 
 Facts this module rests on (the sources are those of :mod:`graphopt.hardware.cpus`):
   * VNNI ``VPDPBUSD`` does 4 int8 multiply-adds per 32-bit lane in one instruction, 4x the fp32

@@ -18,19 +18,16 @@ from graphopt.decisions.compile_mode import compile_mode
 from graphopt.decisions.exec_path import exec_path
 from graphopt.decisions.gemm_precision import plan_precisions
 from graphopt.decisions.memory import memory_plan
+from graphopt.decisions.quant_formats import FORMAT_DTYPE
 from graphopt.decisions.quantization import recommend_quant
 from graphopt.decisions.runtime import RuntimeSettings, runtime_settings
-from graphopt.plan import Plan
+from graphopt.ir.plan import Plan
 
 __all__ = ["decide", "model_format", "plan_runtime_settings"]
 
 logger = logging.getLogger(__name__)
 
 # the precision format names node_precision emits -> the cost model's dtype names
-_FORMAT_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
-                 "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "int8": "int8", "nvfp4": "fp4",
-                 "q4_k_m": "int4", "q5_k_m": "int8", "q6_k": "int8", "q8_0": "int8"}
-
 
 def model_format(plan: Plan) -> str:
     """The model's own weight format: the dtype most of its parameters have (fp32 if none)."""
@@ -76,7 +73,7 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
         dtype = None
         if prec is not None:
             decisions["precision"] = prec
-            dtype = _FORMAT_DTYPE.get(str(prec.fields.get("format", "")))
+            dtype = FORMAT_DTYPE.get(str(prec.fields.get("format", "")))
         a = n.analysis
         if a.kernel_class is not KernelClass.VIEW:
             key = (a.kernel_class, tuple(a.dims.items()), a.flops, a.bytes_read,

@@ -63,7 +63,7 @@ from graphopt.decisions.kernel_tiles import (
 )
 from graphopt.hardware.generations import family_for
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.plan import Decision
+from graphopt.ir.plan import Decision
 
 __all__ = ["CPU_PATHS", "GPU_PATHS", "cpu_compute_dtype", "cpu_path", "exec_path",
            "tensor_core_dtype"]

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.decisions.quant_formats import QuantFormat, get_format
 from graphopt.errors import GraphoptError
-from graphopt.ir import DTYPE_BITS, TensorInfo, dtype_bytes
-from graphopt.plan import Decision, Plan
+from graphopt.ir.graph import DTYPE_BITS, TensorInfo, dtype_bytes
+from graphopt.ir.plan import Decision, Plan
 
 __all__ = ["PrecisionSpec", "activation_peak", "param_bytes"]
 

@@ -21,7 +21,7 @@ continues its numbering.
    predicted gain does not justify the accuracy risk. Quantized GEMMs also need K and N aligned to
    16 bytes of the low type (tensor-core operand alignment, ``roofline.tc_alignment``).
 8. ``runs_on``: "torch" for fp32/bf16/fp16 and for CPU INT8 on ``Linear`` nodes (the dynamic
-   INT8 pass of ``optimize``, ``rewrites/quantize.py``); every other format is "plan-only"
+   INT8 pass of ``optimize``, ``backends/torch/quantize.py``); every other format is "plan-only"
    (graphopt has no torch kernels for FP8, NVFP4 or GPU INT8 here) and the reason says so.
 """
 
@@ -42,8 +42,8 @@ from graphopt.decisions.precision_plan import island_reason, node_island
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format
 from graphopt.decisions.quantization import runnable
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.ir import DTYPE_BITS
-from graphopt.plan import Decision, NodePlan, Plan
+from graphopt.ir.graph import DTYPE_BITS
+from graphopt.ir.plan import Decision, NodePlan, Plan
 
 __all__ = ["MIN_GAIN", "carrier_format", "node_precision", "plan_precisions"]
 

@@ -1,7 +1,7 @@
 """Which convs run channels_last (NHWC): decided once on the plan, applied by each backend.
 
-The torch backend (:mod:`graphopt.rewrites.layout`) converts fx regions; the ONNX backend
-(:mod:`graphopt.onnx_rewrites.session`) sets ORT's ``prefer_nhwc``. Both read this module's
+The torch backend (:mod:`graphopt.backends.torch.layout`) converts fx regions; the ONNX backend
+(:mod:`graphopt.backends.onnx.session`) sets ORT's ``prefer_nhwc``. Both read this module's
 :class:`LayoutPlan`, so the same model gets the same answer and reason on both. No torch here.
 
 Identity the backends rely on: memory format changes strides, never values; a region of
@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from graphopt.cost.roofline import efficiency, tc_alignment
 from graphopt.decisions.layout_regions import PlanRegion, plan_regions
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.plan import NodePlan, Plan
+from graphopt.ir.plan import NodePlan, Plan
 
 __all__ = ["MARGIN", "ConvFacts", "ConvGroups", "ConvLayout", "LayoutEstimate", "LayoutPlan",
            "can_channels_last", "conv_facts", "conv_gain_s", "conversion_time_s",

@@ -1,7 +1,7 @@
 """Conv regions on the plan: connected layout-agnostic nodes that can run NHWC together.
 
-The plan-level twin of :mod:`graphopt.rewrites.layout_regions` (which finds the same regions on
-an fx graph to edit them): a region is a maximal connected set of :data:`AGNOSTIC` nodes with
+The plan-level twin of :mod:`graphopt.backends.torch.layout_regions` (which finds the same regions
+on an fx graph to edit them): a region is a maximal connected set of :data:`AGNOSTIC` nodes with
 4-D (or 5-D) outputs that contains a conv. Its boundary tensors are what a backend converts:
 
 1. Entries: activations produced outside (or graph inputs) and read by a member. Parameters and
@@ -17,8 +17,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from graphopt.ir import TensorInfo
-from graphopt.plan import NodePlan, Plan
+from graphopt.ir.graph import TensorInfo
+from graphopt.ir.plan import NodePlan, Plan
 
 __all__ = ["AGNOSTIC", "PlanRegion", "plan_regions"]
 
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 _REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"})
 
-#: canonical ops (graphopt.ops) that accept any strides and keep the rank: region members (the
+#: canonical ops (graphopt.ir.ops) that accept any strides and keep the rank: region members (the
 #: canonical names of ``rewrites.layout_regions.AGNOSTIC``; reductions only with keepdims)
 AGNOSTIC = frozenset({
     "Conv", "BatchNormalization", "Dropout", "Copy", "Identity", "Alias", "Cast", "Slice", "Pad",

@@ -43,10 +43,11 @@ from typing import Any
 from graphopt.analysis.kernel_class import GEMM_LIKE
 from graphopt.decisions.batch_advice import BatchAdvice, advise_batch
 from graphopt.decisions.footprint import PrecisionSpec, activation_peak, param_bytes
+from graphopt.decisions.quant_formats import FORMAT_DTYPE
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.ir import DTYPE_BITS
-from graphopt.plan import Decision, Plan
+from graphopt.ir.graph import DTYPE_BITS
+from graphopt.ir.plan import Decision, Plan
 
 __all__ = [
     "CPU_RESERVE",
@@ -295,13 +296,12 @@ def _cost_dtypes(precision: PrecisionSpec) -> dict[str, str] | None:
     """Node -> the dtype the cost model runs it at, for the decided precisions (case 7)."""
     if not isinstance(precision, Mapping):
         return None
-    from graphopt.decisions.decide import _FORMAT_DTYPE  # decide imports this module
 
     out = {}
     for name, d in precision.items():
         fmt = str(d.fields.get("format", "")) if isinstance(d, Decision) else str(d)
-        if fmt in _FORMAT_DTYPE:
-            out[name] = _FORMAT_DTYPE[fmt]
+        if fmt in FORMAT_DTYPE:
+            out[name] = FORMAT_DTYPE[fmt]
     return out
 
 

@@ -34,21 +34,19 @@ reason, applied or not); ``padding_carry`` on each op a padded tensor passes thr
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from graphopt.cost.roofline import peak_key, tc_alignment
 from graphopt.decisions.channel_map import ChannelMap, round_up
 from graphopt.decisions.padding_attention import plan_attention
 from graphopt.decisions.padding_carry import Carry, PadConst, SetGroups, carry_rule
-from graphopt.decisions.padding_cost import copy_time, required_multiple, site_flops, site_time
+from graphopt.decisions.padding_cost import copy_time, site_flops, site_time
 from graphopt.decisions.padding_downstream import downstream_cost, partner_cut_time
 from graphopt.decisions.padding_sites import (
     GemmSite,
     Values,
     absorbs,
     can_pad,
-    gemm_site,
     numel,
 )
 from graphopt.decisions.padding_steps import (
@@ -58,61 +56,13 @@ from graphopt.decisions.padding_steps import (
     PadBackend,
     PaddingPlan,
 )
-from graphopt.ir import Graph, Node
-from graphopt.options import Options
+from graphopt.decisions.padding_sweep import Sweep
+from graphopt.ir.graph import Graph, Node
+from graphopt.ir.options import Options
 
 __all__ = ["plan_padding", "should_pad"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Sweep:
-    """What the decision knows while it sweeps the graph."""
-
-    graph: Graph
-    value: Values
-    backend: PadBackend
-    options: Options
-    plan: PaddingPlan
-    done: set[str]
-    _sites: dict[str, GemmSite | str | None] = field(default_factory=dict)
-
-    def site(self, node: Node) -> GemmSite | str | None:
-        """``gemm_site`` of ``node``, found once: the sweep and every dry run ask again."""
-        if node.name not in self._sites:
-            self._sites[node.name] = gemm_site(self.graph, node)
-        return self._sites[node.name]
-
-    @property
-    def maps(self) -> dict[str, ChannelMap]:
-        return self.plan.maps
-
-    def lookup(self, t: str) -> ChannelMap | None:
-        return self.plan.maps.get(t)
-
-    def pending(self, t: str) -> bool:
-        return t not in self.done
-
-    def multiple(self, kind: str) -> tuple[int | None, str]:
-        m, why = required_multiple(kind, self.backend.target, self.backend.compute_dtype)
-        if m is None and self.options.pad == "always":
-            m = tc_alignment(peak_key(self.backend.compute_dtype))
-            why = f"padded to multiples of {m} although the {why}"
-        return m, why
-
-    def cut(self, node: Node | None, reason: str, tensors: list[str] | None = None) -> None:
-        """Slice every padded input of ``node`` (None: the graph outputs) to its real channels."""
-        name = node.name if node is not None else "output"
-        reads = tensors if tensors is not None else list(dict.fromkeys(
-            t for t in (node.inputs if node is not None else []) if t in self.maps))
-        for t in reads:
-            cmap = self.maps[t]
-            self.plan.slices.append({"node": name, "source": t, "real": cmap.real,
-                                     "padded": cmap.size, "reason": reason})
-        if node is not None:
-            self.backend.decide(name, "padding_slice",
-                                f"slice to real channels before {name}: {reason}")
 
 
 def _dims(site: GemmSite, c_in: int, c_out: int) -> dict[str, int]:

@@ -9,17 +9,14 @@ the right size is read as it is.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from graphopt.decisions.channel_map import ChannelMap, round_up
 from graphopt.decisions.padding_cost import attention_time, copy_time
 from graphopt.decisions.padding_downstream import downstream_cost
 from graphopt.decisions.padding_sites import shape_of
 from graphopt.decisions.padding_steps import AttentionStep
-from graphopt.ir import Node
-
-if TYPE_CHECKING:
-    from graphopt.decisions.padding import Sweep
+from graphopt.decisions.padding_sweep import Sweep
+from graphopt.ir.graph import Node
 
 __all__ = ["plan_attention"]
 

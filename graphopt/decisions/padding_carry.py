@@ -1,5 +1,5 @@
 """Which canonical ops a padded channel axis passes through (carry), and which must see the real
-channels (cut). One rule set for every backend: it reads graphopt's IR (:mod:`graphopt.ops`).
+channels (cut). One rule set for every backend: it reads graphopt's IR (:mod:`graphopt.ir.ops`).
 
 Maps are :class:`~graphopt.decisions.channel_map.ChannelMap` (real channel ``i`` at
 ``positions[i]`` of the padded axis; ``clean`` = the padding holds exact zeros). Cases:
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from graphopt.decisions.channel_map import ChannelMap, _dim_groups, reshape_map
 from graphopt.decisions.padding_sites import Dims, Values, shape_of
-from graphopt.ir import Graph, Node
+from graphopt.ir.graph import Graph, Node
 
 __all__ = ["Carry", "Cut", "Lookup", "PadConst", "SetGroups", "SetShape", "carry_rule"]
 

@@ -6,15 +6,11 @@ so a pad that saves 5% in the GEMM but forces a slice copy before a LayerNorm is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from graphopt.decisions.channel_map import ChannelMap
 from graphopt.decisions.padding_carry import Carry, carry_rule
 from graphopt.decisions.padding_cost import copy_time, elem_bytes, stream_time
 from graphopt.decisions.padding_sites import GemmSite, absorbs, numel, shape_of
-
-if TYPE_CHECKING:
-    from graphopt.decisions.padding import Sweep
+from graphopt.decisions.padding_sweep import Sweep
 
 __all__ = ["downstream_cost", "partner_cut_time"]
 

@@ -1,7 +1,7 @@
 """Which IR nodes are GEMM-like sites whose channels may be padded, and whether that is legal.
 
 A site is a ``Conv``, ``ConvTranspose``, ``Linear``, ``Gemm`` or ``MatMul`` (canonical ops,
-:mod:`graphopt.ops`) with a constant weight. Its weight is stored one of two ways:
+:mod:`graphopt.ir.ops`) with a constant weight. Its weight is stored one of two ways:
 ``out_in`` (``Linear``/``Gemm transB``: ``[N, K]``; ``Conv``: ``[C_out, C_in/g, *k]``) or
 ``in_out`` (``MatMul``/``Gemm``: ``[K, N]``; ``ConvTranspose``: ``[C_in, C_out/g, *k]``).
 Legality (:func:`can_pad`) is kept apart from profitability (``padding.should_pad``).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphopt.decisions.channel_map import ChannelMap
-from graphopt.ir import Graph, Node
+from graphopt.ir.graph import Graph, Node
 
 __all__ = ["SMALL_VALUE", "Dims", "GemmSite", "Values", "absorbs", "can_pad", "constant_source",
            "gemm_site", "shape_of"]

@@ -15,7 +15,7 @@ from graphopt.decisions.channel_map import ChannelMap
 from graphopt.decisions.padding_carry import Edit
 from graphopt.decisions.padding_sites import GemmSite
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.ir import Node
+from graphopt.ir.graph import Node
 
 __all__ = ["AttentionStep", "CarryStep", "ContextBackend", "GemmStep", "InputPlan", "PadBackend",
            "PaddingPlan", "Step"]

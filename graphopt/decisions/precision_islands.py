@@ -1,6 +1,6 @@
 """fp32 islands: ops whose numerics reduced precision does not bound, each with its reason.
 
-Keyed by canonical op (:mod:`graphopt.ops`), which both frontends map into, so one node gets one
+Keyed by canonical op (:mod:`graphopt.ir.ops`), which both frontends map into, so one node gets one
 island decision on either backend (``precision_plan.island_reason``). An ATen op the torch
 frontend does not map keeps its source name and is an island by the torch pass's rule 5 (not on
 its reduced-precision allowlist).

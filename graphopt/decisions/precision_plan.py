@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import MappingProxyType
 
-from graphopt import ops
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.precision_islands import ISLAND_OPS
-from graphopt.plan import Decision, NodePlan, Plan
+from graphopt.ir import ops
+from graphopt.ir.plan import Decision, NodePlan, Plan
 
 __all__ = ["LOW_KINDS", "island_reason", "kept_fp32", "node_decision", "node_island",
            "plan_decisions"]

@@ -56,11 +56,18 @@ from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = [
+    "FORMAT_DTYPE",
     "FORMATS",
     "QuantFormat",
     "get_format",
     "runs_natively",
 ]
+
+#: a precision or quantization format -> the cost model's dtype for it (GGUF mixes costed at
+#: the integer width their GEMMs run in)
+FORMAT_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
+                "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "int8": "int8", "nvfp4": "fp4",
+                "q4_k_m": "int4", "q5_k_m": "int8", "q6_k": "int8", "q8_0": "int8"}
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Frontends: a torch module or an ONNX model becomes one annotated :class:`~graphopt.ir.Graph`.
+"""Frontends: a torch module or an ONNX model becomes one annotated
+:class:`~graphopt.ir.graph.Graph`.
 
 torch is imported only when a torch model is given, so planning ONNX files stays light.
 """
@@ -17,7 +18,7 @@ from graphopt.frontends.python_spec import (
     names_python_file,
     needs_function_error,
 )
-from graphopt.ir import Graph
+from graphopt.ir.graph import Graph
 
 __all__ = ["load_graph", "load_python_spec"]
 

@@ -1,7 +1,7 @@
 """ATen → canonical op table for the torch frontend.
 
 Keyed by OpOverloadPacket (``"aten.linear"``); each entry returns ``(op_type, inputs, attrs)``
-in the conventions of :mod:`graphopt.ops`. An entry sees a :class:`Call`: arguments by schema
+in the conventions of :mod:`graphopt.ir.ops`. An entry sees a :class:`Call`: arguments by schema
 name (positional and keyword merged, defaults filled in) with fx values already replaced by
 :class:`Ref`, so the table never touches torch.fx and reads line by line against the schemas.
 Simple entries are ``_op(op_type, "schema input names", attr=A("schema arg"), attr=const)``.
@@ -13,7 +13,7 @@ Choices worth knowing:
 * ``torch.gather`` is ``GatherElements`` (ONNX's name for that op); ``index_select``,
   ``embedding`` (weight first, like ONNX ``Gather(data, indices)``) and ``index.Tensor`` are
   ``Gather``; ``ne`` is ``Equal`` with ``negate=True``; ``sym_numel`` is ``Size``.
-* Quantized GEMMs use the closest :data:`graphopt.ops.QUANT_GEMM_OPS` name: weight-only int8/int4
+* Quantized GEMMs use the closest :data:`graphopt.ir.ops.QUANT_GEMM_OPS` name: weight-only int8/int4
   (``_weight_int8pack_mm``, ``_weight_int4pack_mm*``) are ``MatMulNBits`` (attrs ``bits``,
   ``block_size``, ``K``, ``N``); ``quantized::linear_dynamic`` is ``DynamicQuantizeMatMul``;
   ``quantized::linear`` (int8 in and out) is ``QGemm``; ``_int_mm`` is ``MatMulInteger``; fp8
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from graphopt.ir import TensorInfo
+from graphopt.ir.graph import TensorInfo
 
 __all__ = ["ATEN_OPS", "SKIP_OPS", "TORCH_DTYPES", "Call", "MapResult", "Ref", "plain"]
 
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 MapResult = tuple[str, list[str], dict[str, Any]]
 
-# torch dtype -> canonical name (graphopt.ir.DTYPE_BITS). Packed sub-byte dtypes are left out:
+# torch dtype -> canonical name (graphopt.ir.graph.DTYPE_BITS). Packed sub-byte dtypes are left out:
 # their element count is not their value count, so sizes computed from them would mislead.
 TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",

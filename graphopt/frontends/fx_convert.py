@@ -34,7 +34,7 @@ from graphopt.frontends.aten_ops import (
     Ref,
     plain,
 )
-from graphopt.ir import Graph, Node, TensorInfo, TensorKind
+from graphopt.ir.graph import Graph, Node, TensorInfo, TensorKind
 
 __all__ = ["computes_nothing", "graph_from_exported_program", "graph_from_graph_module"]
 

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphopt.ir import Node, TensorInfo
-from graphopt.ops import ATTENTION_OPS
+from graphopt.ir.graph import Node, TensorInfo
+from graphopt.ir.ops import ATTENTION_OPS
 
 __all__ = ["SUBGRAPH", "ConstValue", "attr_value", "const_array", "fill_defaults", "tensor_array"]
 

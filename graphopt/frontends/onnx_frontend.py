@@ -1,4 +1,5 @@
-"""ONNX frontend: an ONNX file or ``ModelProto`` becomes a graphopt :class:`~graphopt.ir.Graph`.
+"""ONNX frontend: an ONNX file or ``ModelProto`` becomes a graphopt
+:class:`~graphopt.ir.graph.Graph`.
 
 Steps: read without trusting the file (:mod:`.onnx_safety`); check the graph and put its nodes
 in topological order; infer shapes on a weight-free skeleton (a model of any size stays under
@@ -10,7 +11,7 @@ Tensor kinds, the param/constant rule: an initializer, or the value of a ``Const
 ``param`` when it holds more than one element of a floating or low-bit integer dtype (fp64 ... fp4,
 int8, uint8, int4, uint4: weights, quantized ones included); everything else (scalars, int16/32/64
 shape, axes and index tensors, bool masks, strings, unknown dtypes) is a ``constant``. As
-:mod:`graphopt.ir` asks, ``Constant`` nodes become tensors, not nodes.
+:mod:`graphopt.ir.graph` asks, ``Constant`` nodes become tensors, not nodes.
 
 The user's ``ModelProto`` is never modified: the frontend works on a copy, which becomes
 ``Graph.source_model`` with external data loaded, local functions inlined and every node named
@@ -39,7 +40,6 @@ import onnx.inliner
 import onnx.shape_inference
 from onnx import helper
 
-from graphopt._order import stable_topo_order
 from graphopt.errors import GraphoptError, ModelLoadError
 from graphopt.frontends.onnx_attrs import ConstValue, attr_value, fill_defaults
 from graphopt.frontends.onnx_fold import fold_constants
@@ -50,8 +50,9 @@ from graphopt.frontends.onnx_safety import (
     uses_external_data,
 )
 from graphopt.frontends.onnx_upgrade import upgrade
-from graphopt.ir import Graph, Node, TensorInfo, TensorKind
-from graphopt.ops import KNOWN_OPS
+from graphopt.ir.graph import Graph, Node, TensorInfo, TensorKind
+from graphopt.ir.ops import KNOWN_OPS
+from graphopt.ir.order import stable_topo_order
 
 __all__ = ["ONNX_DTYPES", "load_onnx"]
 
@@ -60,7 +61,7 @@ logger = logging.getLogger(__name__)
 _T = onnx.TensorProto
 _A = onnx.AttributeProto
 
-#: ONNX ``TensorProto`` data type -> canonical dtype name (:data:`graphopt.ir.DTYPE_BITS`).
+#: ONNX ``TensorProto`` data type -> canonical dtype name (:data:`graphopt.ir.graph.DTYPE_BITS`).
 ONNX_DTYPES: dict[int, str] = {
     _T.FLOAT: "fp32", _T.FLOAT16: "fp16", _T.BFLOAT16: "bf16", _T.DOUBLE: "fp64",
     _T.FLOAT8E4M3FN: "fp8_e4m3", _T.FLOAT8E4M3FNUZ: "fp8_e4m3", _T.FLOAT8E5M2: "fp8_e5m2",

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphopt.errors import GraphoptError
-from graphopt.ir import Graph, TensorInfo
-from graphopt.shape_range import MAX_DIM_VALUE, DimRange, ShapeRange
+from graphopt.ir.graph import Graph, TensorInfo
+from graphopt.ir.shape_range import MAX_DIM_VALUE, DimRange, ShapeRange
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_OTHER", "onnx_range", "parse_dim_spec"]
 

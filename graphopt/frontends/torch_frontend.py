@@ -1,4 +1,4 @@
-"""Torch frontend: an ``nn.Module`` plus example inputs becomes a :class:`graphopt.ir.Graph`.
+"""Torch frontend: an ``nn.Module`` plus example inputs becomes a :class:`graphopt.ir.graph.Graph`.
 
 Strategy, first success wins:
 
@@ -36,12 +36,12 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from graphopt.dynamic_spec import check_against
 from graphopt.errors import TraceError, first_line, user_code
 from graphopt.frontends.fx_convert import graph_from_exported_program, graph_from_graph_module
 from graphopt.frontends.output_types import as_plain, register_dataclasses
-from graphopt.ir import Graph, TensorKind
-from graphopt.shape_range import DimRange, ShapeRange
+from graphopt.frontends.range_check import check_against
+from graphopt.ir.graph import Graph, TensorKind
+from graphopt.ir.shape_range import DimRange, ShapeRange
 
 __all__ = ["TRAINING_WARNING", "export_range", "graph_from_exported_program",
            "graph_from_graph_module", "trace_torch"]

@@ -55,7 +55,7 @@ def is_profile_path(name: str) -> bool:
 
 def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> Path:
     """Write ``profile`` to ``path`` whole (a temporary file renamed over it) or not at all."""
-    from graphopt._io import OutputSet
+    from graphopt.files.outputs import OutputSet
 
     outputs = OutputSet(())
     text = json.dumps({"format": FORMAT, **profile.to_dict()}, indent=2) + "\n"

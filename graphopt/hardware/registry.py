@@ -11,16 +11,21 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+from collections.abc import Sequence
+from typing import Any
 
-from graphopt.errors import UnknownTargetError
+from graphopt.errors import GraphoptError, UnknownTargetError
 from graphopt.hardware.cpus import CPU_PROFILES, cpu_profiles
 from graphopt.hardware.detect import detected_gpu_profiles, host_cpu_profile
 from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import is_profile_path, load_profile
 
-__all__ = ["ALIASES", "get_target", "is_this_machine", "list_targets", "not_a_target",
-           "target_names"]
+__all__ = ["ALIASES", "TargetSpec", "get_target", "is_this_machine", "list_targets",
+           "not_a_target", "resolve_targets", "target_names"]
+
+#: a target as the API takes it: a name, "a100,h100", a profile, or a list of either
+TargetSpec = str | HardwareProfile | Sequence[str | HardwareProfile]
 
 logger = logging.getLogger(__name__)
 
@@ -136,3 +141,23 @@ def _cpu_model(profile: HardwareProfile) -> str:
 def list_targets() -> list[HardwareProfile]:
     """Every target in a stable order: GPU table, reference CPUs, then the detected host."""
     return [*gpu_profiles(), *cpu_profiles(), host_cpu_profile()]
+
+
+def resolve_targets(target: TargetSpec) -> list[HardwareProfile]:
+    """``"a100,h100"``, a list of names or profiles, or one of them -> profiles, in order.
+    Anything else (``None``, a number, a torch device) is a GraphoptError saying what fits."""
+    if isinstance(target, HardwareProfile):
+        return [target]
+    if isinstance(target, str):
+        items: list[Any] = target.split(",")
+    elif isinstance(target, Sequence) and not isinstance(target, (bytes, bytearray)):
+        items = list(target)
+    else:
+        raise not_a_target(target)
+    profiles = [t if isinstance(t, HardwareProfile) else
+                get_target(t.strip() if isinstance(t, str) else t)
+                for t in items if not isinstance(t, str) or t.strip()]
+    if not profiles:
+        raise GraphoptError("no target given", "name one, e.g. target='h100' (see "
+                            "`graphopt targets`)")
+    return profiles

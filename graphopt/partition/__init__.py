@@ -18,6 +18,7 @@ import logging
 from dataclasses import replace
 from types import MappingProxyType
 
+from graphopt.ir.plan import Decision, Plan
 from graphopt.partition.devices import Device, DeviceSet
 from graphopt.partition.greedy import GreedyResult, evaluate_assignment, greedy_split
 from graphopt.partition.parse import detect_devices, make_device_set, parse_devices, parse_size
@@ -25,7 +26,6 @@ from graphopt.partition.problem import Problem, build_problem
 from graphopt.partition.result import Partition, ScheduledNode, Transfer
 from graphopt.partition.simulate import Sim, simulate
 from graphopt.partition.splitter import STRATEGIES, split
-from graphopt.plan import Decision, Plan
 
 __all__ = [
     "STRATEGIES",

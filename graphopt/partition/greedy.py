@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from graphopt.errors import GraphoptError
-from graphopt.ir import Graph
+from graphopt.ir.graph import Graph
+from graphopt.ir.plan import Plan
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.problem import Problem, build_problem
 from graphopt.partition.result import Partition
 from graphopt.partition.simulate import Sim, simulate
-from graphopt.plan import Plan
 
 __all__ = ["GreedyResult", "evaluate", "evaluate_assignment", "greedy_split"]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
-from graphopt.plan import NodePlan, Plan
+from graphopt.ir.plan import NodePlan, Plan
 
 __all__ = ["GEMMS", "PlanFlow", "activations", "forward_from_tensors", "gemm_input",
            "gemm_weight_layout", "weight_of"]

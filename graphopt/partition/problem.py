@@ -24,9 +24,9 @@ from graphopt.analysis.kernel_class import GEMM_LIKE
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate
 from graphopt.decisions.memory import gemm_workspace_bytes
-from graphopt.ir import Graph
+from graphopt.ir.graph import Graph
+from graphopt.ir.plan import Plan
 from graphopt.partition.devices import DeviceSet
-from graphopt.plan import Plan
 
 __all__ = ["Problem", "build_problem", "live_profile"]
 
@@ -82,7 +82,7 @@ class Problem:
 def _as_plan(plan_or_graph: Plan | Graph, devices: DeviceSet) -> Plan:
     if isinstance(plan_or_graph, Plan):
         return plan_or_graph
-    from graphopt.planner import build_plan
+    from graphopt.decisions.planner import build_plan
 
     return build_plan(plan_or_graph, devices.devices[0].profile, decisions=False)
 

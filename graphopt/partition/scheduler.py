@@ -30,8 +30,8 @@ from typing import Literal
 
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.plan import Plan, PlanSet
 from graphopt.partition.devices import Device, DeviceSet
-from graphopt.plan import Plan, PlanSet
 
 __all__ = ["Placement", "Policy", "Workload", "auto_migrate", "schedule_workloads",
            "utilization"]

@@ -21,7 +21,8 @@ import logging
 from typing import Any
 
 from graphopt.errors import GraphoptError
-from graphopt.ir import Graph
+from graphopt.ir.graph import Graph
+from graphopt.ir.plan import Plan
 from graphopt.partition.assemble import human_bytes, human_s, to_partition
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.greedy import greedy_split
@@ -30,7 +31,6 @@ from graphopt.partition.pipeline_dp import pipeline_split
 from graphopt.partition.problem import Problem, build_problem, live_profile
 from graphopt.partition.result import Partition
 from graphopt.partition.simulate import Sim, simulate
-from graphopt.plan import Plan
 
 __all__ = ["STRATEGIES", "split"]
 

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.ir.plan import Plan
 from graphopt.partition.assemble import human_s
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.result import Partition
 from graphopt.partition.splitter import split
 from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
 from graphopt.partition.two_d import TwoD, nvlink_groups, two_d
-from graphopt.plan import Plan
 
 __all__ = ["STRATEGY_CHOICES", "Candidate", "compare", "run_strategy",
            "sequence_parallel_emittable", "torch_module"]

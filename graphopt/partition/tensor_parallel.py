@@ -54,6 +54,7 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate
 from graphopt.cost.roofline import cost_key
 from graphopt.hardware.profile import Link
+from graphopt.ir.plan import NodePlan, Plan
 from graphopt.partition.assemble import human_bytes, human_s
 from graphopt.partition.collectives import group_link, ring_allreduce_s, ring_half_s
 from graphopt.partition.devices import DeviceSet
@@ -62,7 +63,6 @@ from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode
 from graphopt.partition.tp_blocks import LM_HEAD, TPBlock, find_tp_blocks, splittable
 from graphopt.partition.tp_result import BlockSplit, Collective, TensorParallel
-from graphopt.plan import NodePlan, Plan
 
 __all__ = ["BlockSplit", "Collective", "TensorParallel", "split_analysis", "tensor_parallel"]
 

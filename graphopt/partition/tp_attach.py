@@ -21,11 +21,11 @@ from types import MappingProxyType
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.ir.plan import Decision, Plan
 from graphopt.partition.result import ScheduledNode
 from graphopt.partition.tensor_parallel import TensorParallel
 from graphopt.partition.tp_blocks import find_tp_blocks
 from graphopt.partition.two_d import TwoD
-from graphopt.plan import Decision, Plan
 
 __all__ = ["attach_split", "parallelize_section"]
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
+from graphopt.ir.plan import NodePlan, Plan
 from graphopt.partition.plan_flow import (
     GEMMS,
     PlanFlow,
@@ -51,7 +52,6 @@ from graphopt.partition.plan_flow import (
     gemm_weight_layout,
     weight_of,
 )
-from graphopt.plan import NodePlan, Plan
 
 __all__ = ["LM_HEAD", "TPBlock", "can_split", "find_tp_blocks", "parameter_fqns", "splittable"]
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import Link
+from graphopt.ir.plan import Plan
 from graphopt.partition.assemble import human_bytes, human_s
 from graphopt.partition.collectives import slowest_link
 from graphopt.partition.devices import DeviceSet
@@ -42,7 +43,6 @@ from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode, Transfer
 from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
 from graphopt.partition.tp_blocks import find_tp_blocks, splittable
-from graphopt.plan import Plan
 
 __all__ = ["Stage2D", "TwoD", "nvlink_groups", "sub_devices", "two_d"]
 

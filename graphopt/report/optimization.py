@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from graphopt.plan import REWRITE_KINDS
+from graphopt.ir.kinds import REWRITE_KINDS
 from graphopt.report.format import (
     Fact,
     decision_summary,

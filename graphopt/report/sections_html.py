@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphopt.plan import REWRITE_KINDS
+from graphopt.ir.kinds import REWRITE_KINDS
 from graphopt.report.format import (
     BOTTLENECKS,
     finite,

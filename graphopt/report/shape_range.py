@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from graphopt.ir.shape_range import CHECK_BUDGET
 from graphopt.report.format import fmt_seconds, md_table, md_text
 from graphopt.report.html_text import esc
-from graphopt.shape_range import CHECK_BUDGET
 
 __all__ = ["range_rows", "shape_range_html", "shape_range_md"]
 

@@ -1,0 +1,294 @@
+"""LLM prefill and decode: tokens/s per batch beside the bandwidth limit, and the KV cache.
+
+A user serving a decoder LLM asks: how many tokens/s at batch B, how far from what the memory
+bandwidth allows, and how many sequences fit with their cache. ``plan_llm`` traces the two
+phases (:mod:`graphopt.frontends.llm_steps`: the cache is an input, the batch a
+``torch.export.Dim``), plans each once over the batch range, and answers per batch::
+
+    lp = graphopt.plan_llm(model, "h100", batch=(1, 64), prompt_len=512, cache_len=2048)
+    lp.section["decode"]      # one row per batch: step time, tokens/s, the bound
+    lp.save(md="llm.md")      # the decode plan's report, with the ``llm`` section
+
+The model may sit on the meta device (nothing allocated): a 7B plan needs no 13 GiB.
+
+Numbers, for each batch B in the range (1, 2, 4, ... and the range's ends):
+
+1. Step time: the phase's graph sized at B (:func:`graphopt.ir.shape_range.bind`), annotated and
+   costed per node, as :mod:`graphopt.decisions.range_plan` costs min and max. Nodes run at the
+   weights' own dtype: load the model in the dtype it will be served in.
+2. Decode: tokens/s = B / step. Bound = B / ((weight bytes + KV bytes read) / bandwidth): every
+   weight and the whole cache cross DRAM once per token step, so no schedule does better. KV
+   bytes read are the cache inputs at B: 2 x layers x kv_heads x head_dim x L x B x dtype bytes.
+   The weight bytes include the embedding table, of which a step reads only B rows.
+3. Prefill: tokens/s = B x P / step (the step is also the time to first token). Bound =
+   B x P / max(FLOPs / peak, (weight bytes + KV written) / bandwidth), the datasheet roofline.
+4. Memory: the decode plan's memory plan counts the cache inputs as activations that grow with
+   the batch, so its max batch is the largest that fits with a cache of L tokens each; the
+   section adds the cache and the total at the range's max batch, and whether they fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from graphopt.analysis import KernelClass, annotate
+from graphopt.analysis.kernel_class import GEMM_LIKE
+from graphopt.cost.roofline import estimate, peak_key
+from graphopt.decisions.batch_advice import advise_batch
+from graphopt.decisions.memory import max_batch_that_fits
+from graphopt.decisions.planner import build_plan
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.hardware.registry import resolve_targets
+from graphopt.ir.graph import Graph
+from graphopt.ir.plan import Plan
+from graphopt.ir.shape_range import bind
+
+__all__ = ["LLMPlan", "batch_points", "plan_llm"]
+
+logger = logging.getLogger(__name__)
+
+_CACHE = ("keys", "values")  # the decode step's cache inputs (llm_steps.DecodeStep)
+
+
+@dataclass(frozen=True, slots=True)
+class LLMPlan:
+    """Both phases planned; the decode plan's report carries the ``llm`` section."""
+
+    prefill: Plan
+    decode: Plan
+
+    @property
+    def section(self) -> dict[str, Any]:
+        return dict(self.decode.extra["llm"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.decode.to_dict()
+
+    def to_markdown(self) -> str:
+        return self.decode.to_markdown()
+
+    def to_html(self) -> str:
+        return self.decode.to_html()
+
+    def save(self, json: str | None = None, md: str | None = None,
+             html: str | None = None) -> list[str]:
+        return self.decode.save(json=json, md=md, html=html)
+
+
+def batch_points(low: int, high: int) -> list[int]:
+    """The batches a row is given for: ``low``, the powers of two between, and ``high``."""
+    out = [low]
+    b = 1
+    while b < high:
+        if b > low:
+            out.append(b)
+        b *= 2
+    return [*out, high] if high != low else out
+
+
+def _batch_range(batch: Any) -> tuple[int, int]:
+    if isinstance(batch, int) and not isinstance(batch, bool):
+        batch = (1, batch)
+    if isinstance(batch, Sequence) and len(batch) == 2 and \
+            all(isinstance(b, int) and not isinstance(b, bool) for b in batch):
+        low, high = batch
+        if 1 <= low <= high and high >= 2:
+            return low, high
+    raise GraphoptError(f"batch must be a max batch or a (min, max) pair with 1 <= min <= max "
+                        f"and max >= 2, got {batch!r}",
+                        "pass e.g. batch=64 or batch=(1, 64) (torch.export specializes a batch "
+                        "of 1: plan a single sequence with graphopt.plan)")
+
+
+def plan_llm(model: Any, target: str | HardwareProfile = "h100", *,
+             batch: int | tuple[int, int] = (1, 64), prompt_len: int = 512,
+             cache_len: int = 2048, opt_batch: int = 8) -> LLMPlan:
+    """Plan prefill (``prompt_len`` tokens) and decode (one token against ``cache_len``
+    cached ones) of a Llama-layout causal LM over a batch range.
+
+    Args:
+        model: a transformers ``LlamaForCausalLM`` (or Mistral / Qwen2), on any device; the
+            meta device plans without allocating. It is not modified.
+        target: one target name or profile.
+        batch: the max batch, or ``(min, max)``; each phase is traced once with the batch a
+            ``torch.export.Dim`` over it.
+        prompt_len: the prefill's prompt length P.
+        cache_len: the decode step's cache length L (tokens already in the cache).
+        opt_batch: the batch the plans are decided at (clamped into the range).
+    """
+    import torch
+
+    from graphopt.frontends import load_graph
+    from graphopt.frontends.llm_steps import DecodeStep, PrefillStep, cache_layout
+
+    profiles = resolve_targets(target)
+    if len(profiles) != 1:
+        raise GraphoptError("plan_llm plans one target at a time",
+                            "call it once per target")
+    profile = profiles[0]
+    low, high = _batch_range(batch)
+    for name, v in (("prompt_len", prompt_len), ("cache_len", cache_len)):
+        if not isinstance(v, int) or v < 1:
+            raise GraphoptError(f"{name} must be a positive int, got {v!r}", f"pass {name}=512")
+    layers, kv_heads, head_dim = cache_layout(model)
+    weight = next(model.parameters())
+    opt = min(high, max(low, 2, opt_batch))
+    dim = torch.export.Dim("batch", min=low, max=high)
+    ids = dict(dtype=torch.long, device=weight.device)
+    # two tensors: export merges one tensor passed twice into one input, so the decode graph
+    # would read the values cache for both K and V
+    keys, values = (torch.zeros(layers, opt, kv_heads, cache_len, head_dim, dtype=weight.dtype,
+                                device=weight.device) for _ in range(2))
+    graphs = {}
+    for phase, step, inputs, dynamic in (
+            ("prefill", PrefillStep(model), (torch.zeros(opt, prompt_len, **ids),),
+             {"input_ids": {0: dim}}),
+            ("decode", DecodeStep(model), (torch.zeros(opt, 1, **ids), keys, values),
+             {"input_ids": {0: dim}, "keys": {1: dim}, "values": {1: dim}})):
+        step.training = False  # the wrapper only: the user's model keeps its mode
+        graphs[phase] = load_graph(step, inputs, dynamic)
+    plans = {phase: build_plan(g, profile) for phase, g in graphs.items()}
+    section = llm_section(plans["prefill"], graphs["prefill"], plans["decode"], graphs["decode"],
+                          profile, (low, opt, high), prompt_len, cache_len,
+                          {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+                           "heads": model.config.num_attention_heads,
+                           "dtype": str(weight.dtype).removeprefix("torch.")})
+    out = {p: replace(plan, extra={**plan.extra, "llm": section}) for p, plan in plans.items()}
+    return LLMPlan(out["prefill"], out["decode"])
+
+
+def _sized(graph: Graph, b: int) -> tuple[Graph, dict[str, Any]]:
+    rng = graph.shape_range
+    values = dict(rng.values("opt")) if rng else {}
+    for d in rng.dims if rng else ():
+        if d.name == "batch":
+            values[d.name] = b
+            if d.symbol:
+                values[d.symbol] = b
+    sized = bind(graph, values)
+    return sized, annotate(sized)
+
+
+def _cache_views(graph: Graph) -> set[str]:
+    """The cache inputs and every view of them (per-layer ``keys[i]``)."""
+    seen = set(_CACHE) & set(graph.tensors)
+    for n in graph.nodes:
+        if n.inputs and n.inputs[0] in seen and n.op_type in ("Gather", "Slice", "Select",
+                                                              "Squeeze", "Reshape", "Identity"):
+            seen.update(n.outputs)
+    return seen
+
+
+def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weights: int,
+               prompt_len: int) -> dict[str, Any]:
+    sized, analyses = _sized(graph, b)
+    costs = {n.name: estimate(analyses[n.name], target) for n in sized.nodes}
+    step = sum(c.est_time_s for c in costs.values())
+    bw = target.bandwidth_bytes_per_s
+    weight_gemms = Counter(
+        analyses[n.name].kernel_class.value for n in sized.nodes
+        if analyses[n.name].kernel_class in GEMM_LIKE
+        and analyses[n.name].kernel_class is not KernelClass.ATTENTION
+        and any(t is not None and t.kind == "param" for t in sized.input_infos(n)))
+    bounds = Counter(costs[n.name].bottleneck for n in sized.nodes
+                     if analyses[n.name].kernel_class in GEMM_LIKE)
+    row: dict[str, Any] = {"batch": b, "step_s": step, "weight_gemm_classes": dict(weight_gemms),
+                           "gemm_bottlenecks": dict(bounds),
+                           "launch_s": sum(c.overhead_s for c in costs.values())}
+    if phase == "decode":
+        kv = sum(sized.tensors[t].nbytes for t in _CACHE if t in sized.tensors)
+        views = _cache_views(sized)
+        append = sum(costs[n.name].est_time_s for n in sized.nodes
+                     if n.op_type == "Concat" and any(i in views for i in n.inputs))
+        bound = b * bw / (weights + kv)
+        row.update(tokens_per_s=b / step if step else 0.0, kv_read_bytes=kv,
+                   bound_tokens_per_s=bound, cache_append_s=append,
+                   tokens_per_s_static_cache=b / (step - append) if step > append else 0.0)
+    else:
+        out = [sized.tensors[t] for t in sized.outputs[1:] if t in sized.tensors]
+        kv = sum(t.nbytes for t in out)
+        flops = sum(a.flops for a in analyses.values())
+        dtype = next((a.dtype for a in analyses.values()
+                      if a.kernel_class in GEMM_LIKE and a.dtype), None)
+        peak = target.peak_flops.get(peak_key(dtype)) or target.peak_flops.get("fp32", 1.0)
+        floor = max(flops / peak, (weights + kv) / bw)
+        tokens = b * prompt_len
+        row.update(tokens_per_s=tokens / step if step else 0.0, kv_write_bytes=kv, flops=flops,
+                   bound_tokens_per_s=tokens / floor if floor else 0.0,
+                   bound_by="compute" if flops / peak >= (weights + kv) / bw else "bandwidth")
+    row["share_of_bound"] = (row["tokens_per_s"] / row["bound_tokens_per_s"]
+                             if row["bound_tokens_per_s"] else 0.0)
+    return row
+
+
+def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph: Graph,
+                target: HardwareProfile, batch: tuple[int, int, int], prompt_len: int,
+                cache_len: int, shape: dict[str, Any]) -> dict[str, Any]:
+    """The report's ``llm`` section (module docstring, numbers 1-4)."""
+    low, opt, high = batch
+    weights = int(decode.model.get("param_bytes", 0))
+    points = batch_points(low, high)
+    rows = {phase: [_phase_row(phase, g, b, target, weights, prompt_len) for b in points]
+            for phase, g in (("prefill", prefill_graph), ("decode", decode_graph))}
+    mem = dict(decode.extra.get("memory") or {})
+    kv_per_seq = rows["decode"][0]["kv_read_bytes"] // points[0]
+    per_seq = float(mem.get("activation_peak_per_sample_bytes") or 0.0)
+    # the weights as traced, as the rows are costed (the memory section counts the planned
+    # precision's bytes); the cache inputs are in per_seq
+    fixed = weights + int(mem.get("constant_bytes", 0)) + int(mem.get("workspace_bytes", 0))
+    usable = int(mem.get("usable_bytes", 0))
+    at_max = fixed + round(per_seq * high)
+    max_fit, fit_note = max_batch_that_fits(usable - fixed, per_seq)
+    for r in rows["decode"]:
+        r["fits"] = r["batch"] <= max_fit
+    advice = advise_batch(decode, min(high, max_fit), opt,
+                          limit_by="range" if high < max_fit else "memory")
+    first, append = rows["decode"][0], rows["decode"][-1]
+    notes = [
+        f"costed at the weights' dtype ({shape['dtype']}); the bound is the datasheet "
+        f"bandwidth {target.bandwidth_bytes_per_s / 1e12:g} TB/s",
+        f"decode appends each new entry with torch.cat (a copy of the cache per layer): "
+        f"{append['cache_append_s'] / append['step_s']:.0%} of the step at batch {high}; a "
+        "static or paged cache writes only the new entry (tokens_per_s_static_cache leaves "
+        "the copy out)",
+        f"every node is costed as one kernel, as eager PyTorch runs it: launches are "
+        f"{first['launch_s'] / first['step_s']:.0%} of the decode step at batch {low} "
+        "(CUDA graphs and fusion remove part of that)",
+        "the weight bytes of the bound include the embedding table, of which a step reads "
+        "only one row per token",
+        f"this section counts the weights at their own dtype ({shape['dtype']}); the memory "
+        "section counts them at the planned precision",
+        "the recommended decode batch is the throughput knee within the batch range and "
+        "memory; 'range' means samples/s still rises at the range's max",
+    ]
+    logger.info("llm plan on %s: decode %.0f tokens/s at batch %d", target.name,
+                append["tokens_per_s"], high)
+    return {
+        "model": {**shape, "param_bytes": weights,
+                  "param_count": int(decode.model.get("param_count", 0))},
+        "target": target.name, "bandwidth_bytes_per_s": target.bandwidth_bytes_per_s,
+        "prompt_len": prompt_len, "cache_len": cache_len,
+        "batch": {"min": low, "opt": opt, "max": high},
+        "decode": rows["decode"], "prefill": rows["prefill"],
+        "memory": {
+            "kv_bytes_per_sequence": kv_per_seq,
+            "kv_bytes_per_token": kv_per_seq // cache_len,
+            "kv_bytes_at_max": kv_per_seq * high,
+            "bytes_per_sequence": round(per_seq),
+            "weight_bytes": weights,
+            "required_bytes_at_max": at_max,
+            "usable_bytes": usable,
+            "fits_at_max": at_max <= usable,
+            "max_batch_size": max_fit,
+            "batch_note": fit_note,
+            "recommended_batch_size": advice.recommended,
+            "batch_decided_by": advice.decided_by,
+            "batch_advice": advice.reason,
+        },
+        "notes": notes,
+    }

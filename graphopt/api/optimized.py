@@ -1,0 +1,215 @@
+"""``graphopt.optimize`` and what it returns: the optimized module, its plan, its exports."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.kinds import REWRITE_KINDS
+from graphopt.ir.plan import Plan
+
+if TYPE_CHECKING:  # torch is imported only where a torch model is optimized
+    import torch
+
+__all__ = ["Optimized", "optimize"]
+
+logger = logging.getLogger(__name__)
+
+
+class Optimized:
+    """The result of :func:`optimize`: ``.module``, ``.plan`` and the emitters."""
+
+    def __init__(self, module: torch.nn.Module | None, plan: Plan,
+                 example_inputs: tuple[Any, ...], info: dict[str, Any], *,
+                 onnx_model: Any = None, source: Any = None) -> None:
+        self.module = module
+        self.plan = plan
+        self.example_inputs = example_inputs
+        self.info = info
+        #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`)
+        self.onnx_model = onnx_model
+        #: (torch model, example inputs, options) for export_onnx, or the ONNX input's path
+        self._source = source
+        #: the shape range the module accepts (``graphopt.ir.shape_range.ShapeRange``), or None
+        self.shape_range: Any = None
+        #: the model's input names, which key the shape range; kept here for every module,
+        #: the plain copy of the model included, so that save() exports over the range
+        self.input_names: list[str] = []
+
+    @property
+    def runtime_settings(self) -> Any:
+        """The torch runtime settings for running this module on its target (issue 4 rules)."""
+        from graphopt.decisions.decide import plan_runtime_settings
+
+        return plan_runtime_settings(self.plan, self.info.get("compute_dtype", "fp32"),
+                                     self.plan.extra.get("memory", {}).get("max_batch_size"),
+                                     self.plan.extra.get("memory"))
+
+    def runtime(self) -> contextlib.AbstractContextManager[dict[str, str]]:
+        """``with opt.runtime(): ...`` applies :attr:`runtime_settings` and restores the
+        previous torch state on exit (also after an exception)."""
+        from graphopt.decisions.runtime import apply_runtime_settings
+
+        return apply_runtime_settings(self.runtime_settings)
+
+    @property
+    def numerics(self) -> list[dict[str, Any]]:
+        """Measured error of each output against the original model (and its tolerance)."""
+        return list(self.info["numerics"])
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the optimized module to one ``.pt2`` file (torch.export's archive, with the plan,
+        runtime settings and shape range inside), whole or not at all; ``graphopt.load(path)``
+        reads it back in a process that never saw the model (``graphopt.backends.torch.saved``)."""
+        from graphopt.backends.torch.saved import save
+
+        return save(self, path, protect=self.input_files)
+
+    def save_report(self, json: str | None = None, md: str | None = None,
+                    html: str | None = None) -> list[str]:
+        """Write the reports (all whole or none), never over :attr:`input_files`."""
+        return self.plan.save(json=json, md=md, html=html, protect=self.input_files)
+
+    def export_onnx(self, path: str | os.PathLike[str], opset: int | None = None) -> Path:
+        """Write the optimized ONNX model, and its session config ``<name>.graphopt.json``
+        (load both with ``graphopt.ort_session(path)``); written whole or not at all.
+
+        From a torch model the original is exported once per opset
+        (``graphopt.frontends.onnx_export``:
+        the fast TorchScript exporter, ``dynamo=True`` if that fails; ``opset=None`` takes the
+        exporter's own) and graphopt's decisions are applied at the ONNX level
+        (``backends.onnx.pipeline``), checked in ONNX Runtime. An ONNX input keeps its opset.
+        """
+        from graphopt.backends.onnx.pipeline import save_onnx
+
+        if not isinstance(self._source, tuple):
+            have = _opset_of(self.onnx_model)
+            if opset is not None and opset != have:
+                raise GraphoptError(f"the optimized model keeps its input's opset {have}; "
+                                    f"opset={opset} was asked for",
+                                    "convert the input model first (onnx.version_converter), "
+                                    "or leave opset out")
+        elif self.onnx_model is None or opset not in (None, self.info["onnx"]["opset"]):
+            from graphopt.backends.onnx.pipeline import optimize_onnx
+            from graphopt.backends.torch.isolation import clone_inputs
+            from graphopt.frontends.onnx_export import export_torch
+
+            model, inputs, opts, _ = self._source
+            # exporters run forward on real tensors: never on the user's model or inputs
+            exported = export_torch(model, clone_inputs(inputs), opset=opset,
+                                    shape_range=self.shape_range)
+            self.onnx_model, onnx_plan, onnx_info = optimize_onnx(
+                exported.model, self.plan.target, opts, samples=[exported.feeds],
+                dynamic_shapes=exported.dim_sizes)
+            export = {"exporter": exported.exporter, "export_s": exported.seconds,
+                      "opset": _opset_of(self.onnx_model)}
+            self.info["onnx"] = {**onnx_info, **export}
+            # the report keeps each artifact's own decisions and numerics: the torch module's
+            # under "optimization", the ONNX file's here (its nodes are the ONNX graph's)
+            # its kernels are ONNX Runtime's, fused for the target's EP (cost/ort_fusion.py)
+            self.plan = replace(self.plan, extra={**self.plan.extra, "onnx_optimization": {
+                **onnx_plan.extra["optimization"], **export,
+                "decisions": _rewrite_decisions(onnx_plan),
+                **({"fusion": onnx_plan.extra["fusion"]} if "fusion" in onnx_plan.extra
+                   else {})}})
+        session = self.info.get("onnx", self.info).get("session")
+        return save_onnx(self.onnx_model, path, session, protect=self.input_files)
+
+    @property
+    def input_files(self) -> list[Path]:
+        """The files this result was read from (an ONNX model and its external data): no
+        export or report may overwrite them."""
+        from graphopt.files.inputs import input_files
+
+        return [] if isinstance(self._source, tuple) else input_files(self._source)
+
+
+def _rewrite_decisions(plan: Plan) -> dict[str, dict[str, Any]]:
+    """ONNX node -> {kind: decision} for the kinds the passes decide, in graph order."""
+    return {n.name: {k: n.decisions[k].to_dict() for k in REWRITE_KINDS if k in n.decisions}
+            for n in plan.nodes if any(k in n.decisions for k in REWRITE_KINDS)}
+
+
+def _opset_of(model: Any) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def optimize(model: Any, example_inputs: Any = None,
+             target: str | HardwareProfile = "h100", *, precision: str = "auto",
+             pad: str = "auto", layout: str = "auto", quantize: str = "auto",
+             measure: bool | None = None, calibration: Any = None,
+             tolerance: float | None = None, dynamic_shapes: Any = None) -> Optimized:
+    """Optimize ``model`` for ``target``; its outputs stay equal within the reported tolerance.
+
+    Args:
+        model: a ``torch.nn.Module`` in eval mode; it is never modified.
+        example_inputs: a tensor or tuple of tensors shaped like the batches you will run.
+        target: a target name (``graphopt targets``) or a ``HardwareProfile``.
+        precision: "auto" | "fp32" | "tf32" | "bf16" | "fp16".
+        pad: tensor-core padding, "auto" (cost model) | "always" | "never".
+        layout: "auto" (cost model) | "channels_last" | "keep".
+        quantize: "auto" (the plan's format per node: dynamic INT8 Linear where VNNI/AMX make
+            it pay) | "int8" (every eligible Linear) | "none"; ONNX also "int8_static" |
+            "fp8" | "int4" (:mod:`graphopt.ir.options`).
+        measure: time each auto-decided pass and revert it if slower; default: only when the
+            target is this machine's CPU ("cpu").
+        calibration: ONNX only: batches for static quantization and the accuracy guard (an
+            .npz path, a folder of .npz, or a list of {input: array}; see
+            ``backends.onnx.calibration``).
+        tolerance: the budget of the lossy passes (precision, quantize), max |ref - out| <=
+            tolerance * max |ref| per output; default: each format's own.
+        dynamic_shapes: a shape range, torch.export's own argument (``torch.export.Dim`` with
+            min/max, ``Dim.AUTO``, ``Dim.DYNAMIC``); the example inputs are the opt point. The
+            module then accepts every shape in the range (checked at min, opt and max) and
+            raises a GraphoptError outside it. For ONNX: symbolic dim name -> opt size or
+            ``(min, opt, max)``.
+
+    An ``.onnx`` path or ``onnx.ModelProto`` is optimized at the ONNX level (``quantize`` also
+    takes "int8_dynamic" | "int8_static" | "fp8" | "int4" there): ``.module`` is None and
+    :meth:`Optimized.export_onnx` writes the result.
+    """
+    from graphopt.ir.options import Options
+
+    options = Options(precision=precision, pad=pad, layout=layout, quantize=quantize,
+                      tolerance=tolerance, measure=measure)
+    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
+        from graphopt.backends.onnx.pipeline import optimize_onnx
+
+        proto, plan, info = optimize_onnx(model, target, options, calibration,
+                                          dynamic_shapes=dynamic_shapes)
+        return Optimized(None, plan, (), info, onnx_model=proto,
+                         source=model if isinstance(model, (str, os.PathLike)) else None)
+    if calibration is not None:
+        raise GraphoptError("calibration= feeds ONNX Runtime's static quantizers and the ONNX "
+                            "accuracy guard",
+                            "pass the .onnx file (or optimize the file export_onnx writes), or "
+                            "leave calibration out for a torch module")
+    import torch
+    from torch import fx
+
+    from graphopt.backends.torch.optimized_module import OptimizedModule
+    from graphopt.backends.torch.pipeline import optimize_torch
+
+    gm, plan, info = optimize_torch(model, example_inputs, target, options,
+                                    dynamic_shapes=dynamic_shapes)
+    args = info.pop("example_inputs")
+    shape_range, names = info.pop("shape_range_object"), info.pop("input_names")
+    shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+    runtime = info.get("notes", {}).get("precision", {}).get("runtime", {})
+    # the pipeline hands back a plain copy of the model when nothing it does pays on this
+    # machine: return that copy as is, with no wrapper cost on every call
+    module = (OptimizedModule(gm, shapes, runtime, shape_range=shape_range, input_names=names)
+              if isinstance(gm, fx.GraphModule) else gm)
+    result = Optimized(module, plan, args, info,
+                       source=(model, example_inputs, options, dynamic_shapes))
+    result.shape_range, result.input_names = shape_range, list(names)
+    # the report shows the settings for the precision actually applied, not the planner's guess
+    result.plan = replace(plan, extra={**plan.extra,
+                                       "runtime_settings": result.runtime_settings.to_dict()})
+    return result

@@ -1,0 +1,70 @@
+"""The Python API: ``graphopt.plan(model, example_inputs, target=...)``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from graphopt.decisions.planner import build_plan
+from graphopt.files.inputs import input_files
+from graphopt.frontends import load_graph
+from graphopt.hardware.registry import TargetSpec, resolve_targets
+from graphopt.ir.plan import Plan, PlanSet
+
+__all__ = ["plan", "with_partition"]
+
+
+def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
+         devices: str | None = None, strategy: str = "heft",
+         dynamic_shapes: Any = None) -> Plan | PlanSet:
+    """Trace or load ``model`` once and plan it for each target.
+
+    Args:
+        model: a ``torch.nn.Module`` (with ``example_inputs``), an ``.onnx`` path, an
+            ``onnx.ModelProto``, or ``"file.py:function"`` returning ``(module, inputs)``.
+        example_inputs: a tensor, tuple of tensors, or dict of keyword inputs (torch only).
+        target: a target name (``graphopt targets`` lists them), a ``HardwareProfile``, or
+            several (``"a100,h100,b200"`` or a list): then a :class:`PlanSet` side by side.
+        devices: split the model across devices (``"cuda:0=h100,cuda:1=a100:40GB,cpu:8GB"``);
+            each node's ``decisions.device`` and the report's ``partition`` section say where
+            it runs. The plan itself is for ``target``.
+        strategy: "heft" (list scheduling over the DAG), "pipeline" (contiguous stages),
+            "tensor" (tensor parallelism over every device: the ``tensor_parallel`` section
+            with the ``parallelize_module`` plan) or "auto" (compares those and, with several
+            NVLink groups, tensor parallel per group with pipeline stages across groups; picks
+            by latency, the ``strategy`` section keeps every candidate's numbers).
+        dynamic_shapes: plan a shape range. For a torch module, torch.export's own argument
+            (``torch.export.Dim("batch", min=1, max=64)``, ``Dim.AUTO``, ``Dim.DYNAMIC``): the
+            example inputs are the opt point. For ONNX, symbolic dim name -> opt size or
+            ``(min, opt, max)``. Each node then records its dims and cost at min, opt and max.
+    """
+    profiles = resolve_targets(target)
+    graph = load_graph(model, example_inputs, dynamic_shapes)
+    inputs = tuple(str(f) for f in input_files(model))  # plan.save never overwrites them
+    module = model if hasattr(model, "named_modules") else None  # the emitter's module paths
+    plans = tuple(replace(with_partition(build_plan(graph, p), devices, strategy, source=graph,
+                                         module=module), inputs=inputs) for p in profiles)
+    return plans[0] if len(plans) == 1 else PlanSet(plans)
+
+
+def with_partition(plan_: Plan, devices: str | None, strategy: str = "heft", *,
+                   source: Any = None, module: Any = None) -> Plan:
+    """``plan_`` with its nodes assigned to ``devices`` (unchanged when devices is None);
+    ``source`` (the traced Graph or the module) names the layers of the tensor-parallel plan;
+    ``module`` (the user's ``nn.Module``) lets it use sequence parallelism."""
+    if not devices:
+        return plan_
+    from graphopt.partition import apply_partition, parse_devices, split
+    from graphopt.partition.result import Partition
+    from graphopt.partition.strategies import run_strategy
+    from graphopt.partition.tp_attach import attach_split
+
+    ds = parse_devices(devices)
+    if strategy in ("heft", "pipeline"):
+        return apply_partition(plan_, split(plan_, ds, strategy=strategy))
+    win, section = run_strategy(plan_, ds, strategy, source=source, module=module)
+    if isinstance(win.result, Partition):
+        out = apply_partition(plan_, win.result)
+        return replace(out, extra={**out.extra, "strategy": section})
+    assert win.result is not None
+    return attach_split(plan_, win.result, section, source=source, module=module)

@@ -1,0 +1,186 @@
+"""One pass driver for both backends: apply, check the numbers, time, keep or revert, record.
+
+Modelled on onnx-ir's ``PassResult(model, modified)`` / ``Sequential`` and torch.fx's
+``PassManager``: a pass is a typed record (:class:`Pass`), the loop (:func:`run_passes`) is
+written once, and what differs between torch and ONNX sits behind a small :class:`Backend`
+(copy, run a pass, compare with the reference, time before vs after). For each pass, in order:
+
+1. Snapshot the model and the decisions; apply the pass. Unchanged: nothing to record.
+2. Check: the candidate's outputs against the original's, within the pass's tolerance (the
+   loosest already applied, if looser: the reference is the original, so a later exact pass
+   inherits an earlier lossy pass's error). Out of tolerance: revert with the reason.
+3. Measure, only a pass its option left on "auto" and only where ``measure`` says timing
+   means something: slower on this machine, revert with the timings. A pass the user forced
+   is never measured away.
+4. Keep it (applied) or revert it (model and decisions back, its decisions marked not applied
+   with the reason).
+
+A pass that checks itself (the ONNX accuracy guard re-runs a lossy pass with more nodes kept at
+high precision) returns ``PassResult.declined`` when it backs out; it has already put its
+decisions back. An exception inside a pass says which passes ran before it. Torch-free: the
+ONNX path imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from graphopt.decisions.tolerance import Tolerance, tolerance_for
+from graphopt.hardware import is_this_machine
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.options import Options
+from graphopt.ir.plan import Decision, mark_reverted
+
+__all__ = ["Backend", "DriverResult", "Pass", "PassContext", "PassResult", "measure_here",
+           "run_passes"]
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One rewrite pass and how the driver treats it.
+
+    ``name``: also the decision kind a lossy ONNX pass records (the guard finds the nodes it
+    lowered by it). ``run``: the backend's pass function (``TorchPass``, ``OnnxPass`` or, for
+    a lossy ONNX pass, the guard's ``LossyPass``). ``tolerance``: "fp32" for exact rewrites,
+    "compute" for the budget of the context's ``compute_dtype``, else a format of
+    ``decisions.tolerance`` ("int8", "fp16"); a lossy pass (anything but "fp32") gets the
+    user's ``tolerance`` option as its budget. ``option``: the ``Options`` field that decides
+    the pass; only its "auto" is timed, so a pass the user forced is never measured away.
+    """
+
+    name: str
+    run: Callable[..., Any]
+    tolerance: str = "fp32"
+    option: str | None = None
+
+    @property
+    def lossy(self) -> bool:
+        return self.tolerance != "fp32"
+
+
+@dataclass(frozen=True)
+class PassResult(Generic[M]):
+    """What one pass did (onnx-ir's ``PassResult``), plus why a self-checking pass backed out."""
+
+    model: M
+    modified: bool
+    declined: str | None = None
+
+
+class PassContext(Protocol):
+    """What the driver reads and writes on a backend's context."""
+
+    options: Options
+    compute_dtype: str
+    decisions: dict[str, dict[str, Decision]]
+    notes: dict[str, Any]
+
+
+class Backend(Protocol[M]):
+    """The few things the loop needs from torch or ONNX."""
+
+    ctx: PassContext
+
+    def snapshot(self, model: M) -> M:
+        """A copy the pass cannot change (ONNX passes are functional: the model itself)."""
+
+    def apply(self, p: Pass, model: M, tol: Tolerance) -> PassResult[M]:
+        """Run ``p`` on ``model``."""
+
+    def check(self, p: Pass, model: M, tol: Tolerance) -> str | None:
+        """Why ``model`` must be reverted (outputs out of ``tol``), or None."""
+
+    def time(self, before: M, after: M) -> tuple[bool, float, float]:
+        """(keep, seconds before, seconds after) on this machine."""
+
+
+@dataclass
+class DriverResult(Generic[M]):
+    """The loop's record: the model, what applied, what was reverted and why."""
+
+    model: M
+    applied: list[str] = field(default_factory=list)
+    reverted: list[dict[str, str]] = field(default_factory=list)
+    #: the loosest tolerance of the passes that applied: the final model's budget
+    tolerance: Tolerance = field(default_factory=lambda: tolerance_for("fp32"))
+    #: wall time of each pass (apply, check, measure)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def measure_here(options: Options, target: HardwareProfile) -> bool:
+    """Timing decides only where it means something: by default, when the target is this CPU."""
+    return is_this_machine(target) if options.measure is None else options.measure
+
+
+def _tolerance(p: Pass, ctx: PassContext, loosest: Tolerance) -> Tolerance:
+    tol = tolerance_for(ctx.compute_dtype if p.tolerance == "compute" else p.tolerance)
+    if p.lossy:
+        tol = ctx.options.lossy_budget(tol)
+    return loosest if loosest.rel_to_scale > tol.rel_to_scale else tol
+
+
+def _slower(p: Pass, backend: Backend[M], before: M, after: M) -> str | None:
+    """Why to revert ``p`` if it measured slower on this machine, else None."""
+    keep, tb, ta = backend.time(before, after)
+    backend.ctx.notes.setdefault("measured", {})[p.name] = {"before_s": tb, "after_s": ta,
+                                                            "kept": keep}
+    if keep:
+        return None
+    return (f"reverted, measured slower on this machine: {ta * 1e3:.3g} ms after vs "
+            f"{tb * 1e3:.3g} ms before ({tb / ta:.2f}x)")
+
+
+def _step(p: Pass, backend: Backend[M], model: M, measure: bool, out: DriverResult[M]) -> M:
+    """One pass: apply, check, measure, keep or revert; returns the model to go on with."""
+    ctx = backend.ctx
+    before = backend.snapshot(model)
+    saved = {k: dict(v) for k, v in ctx.decisions.items()}
+    tol = _tolerance(p, ctx, out.tolerance)
+    result = backend.apply(p, model, tol)
+    if result.declined is not None:  # it checked itself and backed out, decisions restored
+        out.reverted.append({"pass": p.name, "reason": result.declined})
+        return before
+    if not result.modified:
+        logger.debug("pass %s changed nothing", p.name)
+        return result.model
+    reason = backend.check(p, result.model, tol)
+    if reason is None and measure and p.option is not None and \
+            getattr(ctx.options, p.option) == "auto":
+        reason = _slower(p, backend, before, result.model)
+    if reason is not None:
+        logger.info("pass %s reverted: %s", p.name, reason)
+        out.reverted.append({"pass": p.name, "reason": reason})
+        ctx.decisions = mark_reverted(saved, ctx.decisions, reason)
+        if p.tolerance == "compute":  # the model computes in fp32 again
+            ctx.compute_dtype = "fp32"
+        return before
+    logger.info("pass %s applied", p.name)
+    out.applied.append(p.name)
+    out.tolerance = tol
+    return result.model
+
+
+def run_passes(backend: Backend[M], model: M, passes: Sequence[Pass], *,
+               measure: bool) -> DriverResult[M]:
+    """Run ``passes`` in order on ``model`` (see the module docstring for the steps)."""
+    out: DriverResult[M] = DriverResult(model)
+    ran: list[str] = []
+    for p in passes:
+        t0 = time.perf_counter()
+        try:
+            out.model = _step(p, backend, out.model, measure, out)
+        except Exception as e:
+            e.add_note(f"in graphopt pass {p.name!r}, after the passes: "
+                       f"{', '.join(ran) or 'none (it ran first)'}")
+            raise
+        ran.append(p.name)
+        out.seconds[p.name] = time.perf_counter() - t0
+    return out

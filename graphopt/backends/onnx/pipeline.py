@@ -1,0 +1,311 @@
+"""``optimize_onnx``: load, plan, rewrite pass by pass at the ONNX level, guard the lossy
+passes, check, and say how to run the result.
+
+Order: padding (exact), precision (lossy: fp16 islands), quantize (lossy), then the session
+decision (layout as ORT provider options, graph optimization level, threads). The original
+model runs once in ONNX Runtime on the samples (calibration batches, else seeded inputs). The
+loop is :func:`graphopt.backends.driver.run_passes`; this module is its ONNX backend: an exact pass
+must stay within fp32's budget of the original (1e-5 of each output's scale) or is reverted; a
+lossy pass runs under :func:`guard.guard`, which moves nodes back to higher precision until the
+user's tolerance holds. The result passes ``onnx.checker.check_model(full_check=True)`` with
+shapes inferred.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.checker
+import onnx.shape_inference
+
+from graphopt.backends.driver import Pass, PassResult, measure_here, run_passes
+from graphopt.backends.onnx import measure as onnx_measure
+from graphopt.backends.onnx.calibration import GUARD_SAMPLES, load_calibration
+from graphopt.backends.onnx.context import OnnxContext
+from graphopt.backends.onnx.guard import compare, guard, run_samples
+from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
+from graphopt.backends.onnx.padding import pad_channels
+from graphopt.backends.onnx.precision import reduce_precision
+from graphopt.backends.onnx.quantize import quantize
+from graphopt.backends.onnx.save import PROTO_LIMIT as _PROTO_LIMIT
+from graphopt.backends.onnx.save import save_onnx
+from graphopt.backends.onnx.session import decide_session
+from graphopt.decisions.tolerance import Tolerance
+from graphopt.errors import GraphoptError
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.options import Options
+from graphopt.ir.plan import Plan
+
+__all__ = ["default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
+
+logger = logging.getLogger(__name__)
+
+_SEED_SAMPLES = 2  # seeded sample batches when no calibration data is given
+
+
+def default_passes() -> list[Pass]:
+    """Padding (exact), precision and quantize (lossy, guarded), in that order."""
+    return [Pass("padding", pad_channels, "fp32", option="pad"),
+            Pass("precision", reduce_precision, "fp16", option="precision"),
+            Pass("quantize", quantize, "int8", option="quantize")]
+
+
+def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
+    """The torch path's precision choice, as ONNX Runtime can run it.
+
+    bf16 becomes fp16 on ONNX: ONNX's Conv/pooling schemas (opset <= 21) have no bf16, ORT's
+    CPU EP has no bf16 kernels at all (measured, ORT 1.31: MatMul/Add/... NOT_IMPLEMENTED), so
+    a bf16 graph could not run everywhere nor be checked by the guard; fp16 runs on the same
+    tensor cores at the same peak on sm_80+, and the guard handles fp16's narrower range.
+    On CPU targets reduced precision stays fp32 (ORT's CPU EP runs fp16 by casting to fp32).
+    """
+    from graphopt.decisions.precision_format import choose_precision
+
+    chosen, why = choose_precision(target, requested)
+    if chosen in ("bf16", "fp16") and not target.is_gpu:
+        return "fp32", (f"fp32: {why}; but ORT's CPU EP has no native bf16/fp16 kernels "
+                        "(it would insert casts around fp32 kernels), so the ONNX model stays "
+                        "fp32")
+    if chosen == "bf16":
+        if "fp16" in target.peak_flops:
+            return "fp16", (f"fp16 with fp32 islands ({why}; on ONNX bf16 becomes fp16: no bf16 "
+                            "Conv in ONNX, no bf16 kernels in ORT's CPU EP, same tensor-core "
+                            "peak; the accuracy guard covers fp16's range)")
+        return "fp32", f"fp32: {why}; but the target has no fp16 tensor cores for ONNX's fp16"
+    return chosen, why
+
+
+def _generated_inputs_failed(e: GraphoptError, feeds: list[dict[str, np.ndarray]],
+                             rng: Any) -> GraphoptError:
+    """The original model fails on graphopt's made-up inputs: say which inputs are made up
+    (integer ones most often carry values a model needs: shapes, sizes, indices), at which
+    sizes, and how to give real ones or other sizes."""
+    feed = feeds[0]
+    ints = [n for n, a in feed.items() if not np.issubdtype(a.dtype, np.floating)]
+    hint = (f"; its integer input(s) {', '.join(ints)} got 0/1 values" if ints else "")
+    sizes = ""
+    if rng:
+        shapes = sorted({str(tuple(a.shape)) for f in feeds for a in f.values()})
+        sizes = (f"; symbolic dims at {', '.join(f'{d.name}={d.opt}' for d in rng.dims)} "
+                 f"(opt) and the range's ends, shapes {', '.join(shapes)}")
+    return GraphoptError(
+        f"{e.problem} (on inputs graphopt generated: standard normal floats, 0/1 integers"
+        f"{hint}{sizes})",
+        "pass real inputs for the accuracy guard: calibration=[{input: array}] in the API, or "
+        "--calibration inputs.npz on the CLI"
+        + ("; or sizes the model takes: dynamic_shapes={'dim': (min, opt, max)}, or "
+           "--dynamic dim=min:opt:max" if rng else ""))
+
+
+def _range_feeds(feed: dict[str, np.ndarray], rng: Any) -> list[dict[str, np.ndarray]]:
+    """``feed`` tiled or cropped to the range's min and max (where they differ from opt):
+    every check then covers the range's ends too."""
+    if not rng:
+        return []
+    return [{k: np.ascontiguousarray(v) for k, v in rng.sized_inputs(values, feed, np.tile).items()}
+            for _, values in rng.end_points()]
+
+
+def _resolve(target: str | HardwareProfile) -> HardwareProfile:
+    from graphopt.hardware.registry import resolve_targets
+
+    return resolve_targets(target)[0] if not isinstance(target, HardwareProfile) else target
+
+
+def finalize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes inferred into the model, then ``check_model(full_check=True)``; a failure here
+    is a graphopt bug, reported as such."""
+    try:
+        if model.ByteSize() < _PROTO_LIMIT:
+            model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                      data_prop=True)
+            onnx.checker.check_model(model, full_check=True)
+            return model
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
+            onnx.shape_inference.infer_shapes_path(str(path), str(path), check_type=True,
+                                                   strict_mode=True, data_prop=True)
+            onnx.checker.check_model(str(path), full_check=True)
+            return onnx.load(str(path))
+    except Exception as e:
+        raise GraphoptError(f"the optimized model fails the ONNX checker: {type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}",
+                            "report this graphopt bug with the model; pass precision='fp32', "
+                            "quantize='none' to get a model without the rewrites") from None
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-ready copy of pass notes and metrics: sets become sorted lists, numpy scalars
+    numbers, and inf/NaN (an exact output has SNR inf) the strings "inf"/"-inf"/"nan"."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(_plain(v) for v in obj)
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return str(obj)
+
+
+@dataclass
+class _OnnxBackend:
+    """The driver's ONNX backend: passes are functional, checks run the samples in ORT, and a
+    lossy pass runs under the accuracy guard (apply and check in one: each round is checked)."""
+
+    ctx: OnnxContext
+    original: onnx.ModelProto
+    reference: list[list[np.ndarray]]
+    guard_reports: list[dict[str, Any]] = field(default_factory=list)
+
+    def snapshot(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        return model  # an ONNX pass returns a new model and never changes its input
+
+    def apply(self, p: Pass, model: onnx.ModelProto, tol: Tolerance
+              ) -> PassResult[onnx.ModelProto]:
+        if not p.lossy:
+            cand = p.run(model, self.ctx)
+            return PassResult(model if cand is None else cand, cand is not None)
+        cand, report = guard(p.name, p.run, model, self.ctx, kind=p.name, tolerance=tol,
+                             original=self.original, reference=self.reference,
+                             samples=self.ctx.samples)
+        self.guard_reports.append(report.to_dict())
+        if cand is not None:
+            return PassResult(cand, True)
+        return PassResult(model, False, report.reason if report.reverted else None)
+
+    def check(self, p: Pass, model: onnx.ModelProto, tol: Tolerance) -> str | None:
+        if p.lossy:
+            return None  # the guard keeps a lossy pass only within tol
+        names = [o.name for o in self.original.graph.output]
+        errs = compare(self.reference, run_samples(model, self.ctx.samples, p.name), names, tol)
+        if all(e.within for e in errs):
+            return None
+        return f"out of fp32 tolerance: {'; '.join(e.describe() for e in errs if not e.within)}"
+
+    def time(self, before: onnx.ModelProto, after: onnx.ModelProto
+             ) -> tuple[bool, float, float]:
+        return onnx_measure.faster_or_equal(before, after, self.ctx.samples[0])
+
+
+def _declined_requests(opts: Options, applied: list[str], ctx: OnnxContext) -> list[str]:
+    """A warning for an explicit quantize request that changed nothing: the user asked for it,
+    so silence would read as success."""
+    if opts.quantize in ("auto", "none") or "quantize" in applied:
+        return []
+    why = Counter(d.reason for per_node in ctx.decisions.values()
+                  for kind, d in per_node.items() if kind == "quantize" and not d.applied)
+    detail = "; ".join(f"{n} node(s): {r}" for r, n in why.most_common(3)) or \
+        "the model has no Conv/MatMul/Gemm with a constant weight"
+    return [f"quantize={opts.quantize!r} was requested but no node was quantized ({detail})"]
+
+
+def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
+                  target: str | HardwareProfile = "h100", options: Options | None = None,
+                  calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
+                  *, samples: Sequence[dict[str, np.ndarray]] | None = None,
+                  passes: Sequence[Pass] | None = None, dynamic_shapes: Any = None,
+                  ) -> tuple[onnx.ModelProto, Plan, dict[str, Any]]:
+    """Optimize an ONNX model for ``target``; returns (model, plan with decisions, run info).
+
+    Args:
+        model: an ``.onnx`` path or a ``ModelProto`` (never modified).
+        calibration: batches for static quantization and the guard (see
+            :mod:`.calibration` for the file format).
+        samples: inputs the guard measures on when no calibration is given (e.g. the torch
+            example inputs); else seeded random inputs.
+        dynamic_shapes: symbolic dim name -> opt size or ``(min, opt, max)``
+            (:mod:`graphopt.frontends.onnx_range`); the plan and the seeded inputs use the opt
+            sizes, and every check also runs at min and max.
+
+    Passes are timed per ``options.measure`` (:func:`graphopt.backends.driver.measure_here`).
+    """
+    from graphopt.decisions.planner import build_plan
+    from graphopt.decisions.range_plan import at_opt
+    from graphopt.frontends.onnx_frontend import load_onnx
+    from graphopt.frontends.onnx_range import onnx_range
+
+    start = time.perf_counter()
+    opts = options or Options()
+    profile = _resolve(target)
+    graph = onnx_range(load_onnx(model), dynamic_shapes)
+    rng = graph.shape_range
+    base = graph.source_model
+    if base is None:  # pragma: no cover - the ONNX frontend always sets it
+        raise GraphoptError("the ONNX frontend kept no model to rewrite")
+    plan = build_plan(graph, profile)
+    timings = {"load_and_plan_s": time.perf_counter() - start}
+    calib = load_calibration(calibration, base) if calibration is not None else None
+    if opts.quantize == "int8_static" and not calib:
+        raise GraphoptError("quantize='int8_static' needs calibration data and none was given",
+                            "pass --calibration F (an .npz with one array per model input, "
+                            "batches along axis 0), or use --quantize int8_dynamic")
+    runs = list(samples) if samples else (
+        calib[:GUARD_SAMPLES] if calib else
+        sample_feeds(base, _SEED_SAMPLES, dims=rng.values("opt") if rng else None))
+    at_ends = _range_feeds(runs[0], rng) if runs else []
+    runs += at_ends
+    try:
+        reference = run_samples(OrtModel(base, what="the original model"), runs,
+                                "the original")
+    except GraphoptError as e:
+        if samples or calib:
+            raise
+        raise _generated_inputs_failed(e, runs, rng) from None
+    compute, why = onnx_precision(profile, opts.precision)
+    ctx = OnnxContext(plan=plan, target=profile, options=opts, samples=runs, calibration=calib,
+                      compute_dtype=compute, graph=at_opt(graph),
+                      dim_values=rng.values("opt") if rng else {})
+    ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
+                                     "reason": why}
+    backend = _OnnxBackend(ctx, base, reference)
+    done = run_passes(backend, base, default_passes() if passes is None else passes,
+                      measure=measure_here(opts, profile))
+    current, applied, reports, final_tol = (done.model, done.applied, backend.guard_reports,
+                                            done.tolerance)
+    timings.update({f"{name}_s": s for name, s in done.seconds.items()})
+    session = decide_session(current, ctx)
+    t0 = time.perf_counter()
+    current = finalize(current)
+    names = [o.name for o in base.graph.output]
+    final = compare(reference, run_samples(current, runs, "the optimized model"), names,
+                    final_tol)
+    timings["check_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - start
+    warnings = _declined_requests(opts, applied, ctx)
+    for w in warnings:
+        logger.info("%s", w)  # the CLI prints info["warnings"]; the report lists them
+    info: dict[str, Any] = {
+        "source": "onnx", "target": profile.name, "passes_applied": applied,
+        "warnings": warnings,
+        "passes_reverted": done.reverted, "compute_dtype": compute if "precision" in applied
+        else "fp32", "precision_choice": ctx.notes["precision_choice"],
+        "tolerance": final_tol.to_dict(), "numerics": [e.to_dict() for e in final],
+        "guard": reports, "fallbacks": [f for r in reports for f in r["fallbacks"]],
+        "session": session.to_dict(), "samples": len(runs),
+        "sample_shapes": [{k: list(np.shape(v)) for k, v in r.items()} for r in runs],
+        **({"shape_range": rng.to_dict(), "range_samples": len(at_ends)} if rng else {}),
+        "calibration_batches": len(calib) if calib else 0,
+        "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
+        "timings": timings}
+    plan = replace(plan.with_decisions(ctx.decisions), warnings=(*plan.warnings, *warnings),
+                   extra={**plan.extra, "optimization": _plain(info)})
+    logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
+                len(info["fallbacks"]), timings["total_s"])
+    return current, plan, info

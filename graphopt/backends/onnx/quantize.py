@@ -1,0 +1,305 @@
+"""ONNX quantization: INT8 (dynamic or static QDQ), FP8 QDQ and 4-bit MatMulNBits, applied by
+``onnxruntime.quantization`` to the nodes graphopt's decisions pick.
+
+Identity (approximate, hence the accuracy guard, :mod:`graphopt.backends.onnx.guard`):
+``x @ W ~= (s_x * q_x) @ (s_w * q_w)`` with ``q = round(v / s) (+ zero point)`` saturated to the
+low type; the GEMM runs on the integers/float8 values (or dequantizes 4-bit weights block by
+block) and rescales. The error is bounded by half a quantization step per operand.
+
+Modes (``ctx.options.quantize``), numbered as the code refers to them:
+
+1. ``"auto"``: each Conv/MatMul/Gemm follows its plan decision (``precision.format``):
+   ``int8`` on a CPU only where :func:`int8_pays_on_cpu` (VNNI/AMX) and never for convs, as
+   static QDQ when calibration data is given, else dynamic (MatMul only); ``int8`` on a GPU
+   (Turing/Ampere INT8 tensor cores) as static S8S8 QDQ, which needs calibration data;
+   ``fp8_e4m3`` as FP8 QDQ, which needs calibration data; ``nvfp4``/``q4*`` as 4-bit
+   MatMulNBits. Without calibration data the QDQ nodes record why, nothing is raised.
+2. ``"none"``: nothing.
+3. ``"int8_dynamic"``: every MatMul with a constant weight. Gemm: ONNX Runtime's dynamic
+   quantizer has no Gemm. Conv: never (ORT's ConvInteger measured 2.2-2.5x slower than fp32).
+4. ``"int8_static"``: Conv/MatMul/Gemm, QDQ: on CPUs U8S8 (activations uint8, weights int8 per
+   channel; ``reduce_range`` without VNNI, where U8S8 saturates), and no convs without VNNI
+   (no QLinearConv there); on GPUs S8S8 symmetric (TensorRT's convention). Requires
+   ``ctx.calibration``: without it a :class:`GraphoptError` names the fix.
+5. ``"fp8"``: Conv/MatMul/Gemm as float8e4m3fn QDQ (per tensor), on GPUs with FP8 tensor cores
+   (Ada, Hopper, Blackwell) only. Elsewhere every node records "not applied" and the model is
+   unchanged: not an error, a plan for another machine must not crash (as for requested
+   formats in :mod:`graphopt.decisions.quantization`). Requires ``ctx.calibration``.
+6. ``"int4"``: MatMul with a constant 2-D weight and ``K >= INT4_BLOCK_SIZE`` (one full block
+   of 32): 4-bit symmetric weights, fp activations, any target (CPU and CUDA EPs run it).
+
+Explicit modes (3-6) are the user's override, like ``pad="always"``: every eligible node is
+quantized and the plan's own decision is quoted in the reason. Every pass takes ``exclude``,
+node names kept in float (the accuracy guard re-runs a pass with more of them); it records a
+``quantize`` decision on every Conv/MatMul/Gemm, applied or "not applied: why", and
+``ctx.notes["quantize"]`` (mode, nodes per method, exclusions, new op types, and for FP8 the
+ORT graph optimization level the CPU EP can load it at).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import onnx
+
+from graphopt.backends.onnx.context import OnnxContext
+from graphopt.backends.onnx.quantize_ort import (
+    FP8_CPU_GRAPH_OPTIMIZATION,
+    INT4_BLOCK_SIZE,
+    ort_dynamic_int8,
+    ort_int4,
+    ort_static_qdq,
+)
+from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
+from graphopt.errors import GraphoptError
+
+__all__ = ["INT4_BLOCK_SIZE", "QUANTIZE_PASSES", "QuantizePass", "quantize", "quantize_auto",
+           "quantize_fp8", "quantize_int4", "quantize_int8_dynamic", "quantize_int8_static"]
+
+logger = logging.getLogger(__name__)
+
+QuantizePass = Callable[[onnx.ModelProto, OnnxContext, frozenset[str]], "onnx.ModelProto | None"]
+
+_GEMMS = ("Conv", "MatMul", "Gemm")
+_FLOAT = {onnx.TensorProto.FLOAT}
+_FLOAT_OR_HALF = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+_FORMAT = {"int8_dynamic": "int8", "int8_static": "int8", "fp8": "fp8_e4m3", "int4": "int4"}
+_NO_FP8 = "has no FP8 tensor cores (FP8 needs Ada, Hopper or Blackwell: cc 8.9+)"
+
+
+@dataclass(frozen=True)
+class _Pick:
+    """A node to quantize: with which ORT method and why."""
+
+    mode: str  # "int8_dynamic" | "int8_static" | "fp8" | "int4"
+    why: str
+
+
+def _weights(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    overridable = {i.name for i in model.graph.input}
+    return {t.name: t for t in model.graph.initializer if t.name not in overridable}
+
+
+def _method(mode: str, ctx: OnnxContext) -> str:
+    cpu, vnni = not ctx.target.is_gpu, int8_pays_on_cpu(ctx.target)[0]
+    return {"int8_dynamic": "dynamic INT8 (int8 per-channel weights, uint8 activations per call"
+                            + (", reduce_range: no VNNI" if cpu and not vnni else "") + ")",
+            "int8_static": ("static QDQ U8S8 (per-channel int8 weights, calibrated uint8 "
+                            "activations" + (", reduce_range: no VNNI" if not vnni else "") + ")"
+                            if cpu else "static QDQ S8S8 symmetric (TensorRT convention)"),
+            "fp8": "static QDQ float8e4m3fn (per tensor, calibrated)",
+            "int4": f"4-bit weight-only MatMulNBits (symmetric, blocks of {INT4_BLOCK_SIZE})"
+            }[mode]
+
+
+def _blocked(mode: str, node: onnx.NodeProto, w: onnx.TensorProto | None,
+             ctx: OnnxContext) -> str | None:
+    """Legality of ``mode`` for ``node`` (cases 3-6); the reason when it may not run."""
+    op, t = node.op_type, ctx.target
+    if w is None:
+        return "the weight is not a constant initializer"
+    if op == "MatMul" and len(w.dims) != 2:
+        return "the MatMul weight is not a 2-D matrix"
+    if mode == "int4":
+        if op != "MatMul":
+            return f"MatMulNBits replaces MatMul only, not {op}"
+        if w.dims[0] < INT4_BLOCK_SIZE:
+            return f"K={w.dims[0]} is below one {INT4_BLOCK_SIZE}-weight block"
+        return None if w.data_type in _FLOAT_OR_HALF else "the weight is not fp32/fp16"
+    if w.data_type not in _FLOAT:
+        return "onnxruntime's INT8/FP8 quantizers take fp32 weights (quantize before fp16)"
+    if mode == "int8_dynamic" and op == "Conv":
+        return f"never dynamic INT8 convs: {CONV_INT8_MEASURED}"
+    if mode == "int8_dynamic" and op == "Gemm":
+        return "onnxruntime's dynamic quantizer has no Gemm (IntegerOps: MatMul, Conv)"
+    if mode == "int8_static" and op == "Conv" and not t.is_gpu and not int8_pays_on_cpu(t)[0]:
+        return f"no QLinearConv on a CPU without VNNI: {int8_pays_on_cpu(t)[1]}"
+    if mode == "fp8" and not (t.is_gpu and t.has("fp8")):
+        return f"{t.display_name} {_NO_FP8}"
+    return None
+
+
+def _auto_mode(node: onnx.NodeProto, fmt: str, plan_why: str, ctx: OnnxContext
+               ) -> tuple[str | None, str]:
+    """Case 1: the ORT method for a node the plan put at ``fmt``; (None, why) if none."""
+    t, cal, plan = ctx.target, bool(ctx.calibration), f"plan: {fmt} ({plan_why})"
+    if fmt == "int8" and not t.is_gpu:
+        pays, why = int8_pays_on_cpu(t)
+        if not pays:
+            return None, why
+        if node.op_type == "Conv":
+            return None, f"convs stay fp32 on CPUs: {CONV_INT8_MEASURED}"
+        return ("int8_static" if cal else "int8_dynamic"), plan
+    if fmt == "int8":
+        return ("int8_static", plan) if cal else (
+            None, "INT8 on a GPU runs as static QDQ (TensorRT explicit quantization): pass "
+                  "calibration data")
+    if fmt in ("fp8_e4m3", "fp8"):
+        return ("fp8", plan) if cal else (
+            None, "FP8 QDQ needs activation scales: pass calibration data")
+    if fmt in ("nvfp4", "int4", "fp4") or fmt.startswith(("q4", "q3", "q2")):
+        return "int4", f"{plan}; ONNX Runtime runs 4-bit weights as MatMulNBits"
+    return None, f"the plan keeps {fmt}: {plan_why}"
+
+
+def _select(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset[str]
+            ) -> tuple[dict[str, _Pick], dict[str, tuple[str, str]]]:
+    """(picked nodes, {node: (format, why not)}) over every Conv/MatMul/Gemm."""
+    weights = _weights(model)
+    picks: dict[str, _Pick] = {}
+    skipped: dict[str, tuple[str, str]] = {}
+    for node in model.graph.node:
+        if node.op_type not in _GEMMS or node.domain not in ("", "ai.onnx"):
+            continue
+        pn = ctx.plan_node(node.name)
+        prec = pn.decisions.get("precision") if pn is not None else None
+        fmt = str(prec.fields.get("format", "fp32")) if prec is not None else "fp32"
+        plan_why = prec.reason if prec is not None else "the node is not in the plan"
+        if mode == "auto":
+            m, why = _auto_mode(node, fmt, plan_why, ctx)
+            if m is None:
+                skipped[node.name] = (fmt, why)
+                continue
+        else:
+            m, why = mode, f"quantize={mode!r} requested (plan: {fmt}, {plan_why})"
+        w = weights.get(node.input[1]) if len(node.input) > 1 else None
+        blocked = _blocked(m, node, w, ctx)
+        if blocked is None and node.name in exclude:
+            blocked = "excluded (exclusion set: the accuracy guard keeps it in float)"
+        if blocked is not None:
+            skipped[node.name] = (_FORMAT[m], blocked)
+        else:
+            picks[node.name] = _Pick(m, why)
+    return picks, skipped
+
+
+def _still_float(model: onnx.ModelProto) -> set[str]:
+    """Conv/MatMul/Gemm nodes whose weight is still a float initializer."""
+    weights = _weights(model)
+    return {n.name for n in model.graph.node if n.op_type in _GEMMS and len(n.input) > 1
+            and n.input[1] in weights and weights[n.input[1]].data_type in _FLOAT_OR_HALF}
+
+
+def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
+           ) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """Run the ORT quantizers (4-bit first, then QDQ, then dynamic); failures -> reasons."""
+    out, failed = model, {}
+    by_mode: dict[str, list[str]] = {}
+    for name, p in picks.items():
+        by_mode.setdefault(p.mode, []).append(name)
+    cpu_no_vnni = not ctx.target.is_gpu and not int8_pays_on_cpu(ctx.target)[0]
+    ops = {n.name: n.op_type for n in model.graph.node}
+    for mode in ("int4", "fp8", "int8_static", "int8_dynamic"):
+        nodes = by_mode.get(mode)
+        if not nodes:
+            continue
+        try:
+            if mode == "int4":
+                out = ort_int4(out, nodes)
+            elif mode == "int8_dynamic":
+                out = ort_dynamic_int8(out, nodes, reduce_range=cpu_no_vnni)
+            else:
+                assert ctx.calibration
+                out = ort_static_qdq(out, nodes, sorted({ops[n] for n in nodes}),
+                                     ctx.calibration, "fp8" if mode == "fp8" else "int8",
+                                     symmetric=mode == "fp8" or ctx.target.is_gpu,
+                                     reduce_range=mode == "int8_static" and cpu_no_vnni)
+        except Exception as exc:  # ORT's quantizers raise many types: report, do not crash
+            logger.warning("quantize %s failed: %s", mode, exc)
+            failed.update({n: f"onnxruntime.quantization failed: {type(exc).__name__}: "
+                              f"{str(exc)[:200]}" for n in nodes})
+    return out, failed
+
+
+def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset[str]
+         ) -> onnx.ModelProto | None:
+    picks, skipped = _select(model, ctx, mode, exclude)
+    out, failed = _apply(model, ctx, picks) if picks else (model, {})
+    left = _still_float(out) if picks else set()
+    done: dict[str, list[str]] = {}
+    for name, p in picks.items():
+        why = failed.get(name) or ("onnxruntime's quantizer left it unchanged"
+                                   if name in left else None)
+        if why is not None:
+            skipped[name] = (_FORMAT[p.mode], why)
+            continue
+        done.setdefault(p.mode, []).append(name)
+        ctx.decide(name, "quantize", f"{_method(p.mode, ctx)}: {p.why}", format=_FORMAT[p.mode],
+                   method=p.mode)
+    for name, (fmt, why) in skipped.items():
+        ctx.decide(name, "quantize", f"not applied: {why}", applied=False, format=fmt)
+    before_ops = {m.op_type for m in model.graph.node}
+    note: dict[str, object] = {
+        "mode": mode, "nodes": {m: sorted(n) for m, n in sorted(done.items())},
+        "excluded": sorted(exclude), "not_applied": len(skipped),
+        "new_op_types": dict(sorted(Counter(
+            f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in out.graph.node
+            if n.op_type not in before_ops).items()))}
+    if "fp8" in done:
+        note["ort_cpu_graph_optimization_level"] = FP8_CPU_GRAPH_OPTIMIZATION
+    ctx.notes["quantize"] = note
+    logger.info("quantize (%s): %s; %d nodes not applied", mode,
+                {m: len(n) for m, n in done.items()} or "nothing", len(skipped))
+    return out if done else None
+
+
+def _need_calibration(ctx: OnnxContext, mode: str) -> None:
+    if not ctx.calibration:
+        raise GraphoptError(
+            f"quantize={mode!r} needs calibration data (a few representative input batches) "
+            "and none was given",
+            "pass calibration=[{input_name: array, ...}, ...] (10-100 batches of real inputs), "
+            "or use quantize='int8_dynamic' (no calibration) or 'int4' (weight-only)")
+
+
+def quantize_auto(model: onnx.ModelProto, ctx: OnnxContext,
+                  exclude: frozenset[str] = frozenset()) -> onnx.ModelProto | None:
+    """Case 1: the plan's per-node precision decisions, with the ORT method that runs them."""
+    return _run(model, ctx, "auto", exclude)
+
+
+def quantize_int8_dynamic(model: onnx.ModelProto, ctx: OnnxContext,
+                          exclude: frozenset[str] = frozenset()) -> onnx.ModelProto | None:
+    """Case 3: dynamic INT8 MatMuls (DynamicQuantizeLinear + MatMulInteger)."""
+    return _run(model, ctx, "int8_dynamic", exclude)
+
+
+def quantize_int8_static(model: onnx.ModelProto, ctx: OnnxContext,
+                         exclude: frozenset[str] = frozenset()) -> onnx.ModelProto | None:
+    """Case 4: static INT8 QDQ from ``ctx.calibration``; GraphoptError without it."""
+    _need_calibration(ctx, "int8_static")
+    return _run(model, ctx, "int8_static", exclude)
+
+
+def quantize_fp8(model: onnx.ModelProto, ctx: OnnxContext,
+                 exclude: frozenset[str] = frozenset()) -> onnx.ModelProto | None:
+    """Case 5: FP8 E4M3 QDQ on FP8 GPUs (elsewhere: reasons, no change)."""
+    if ctx.target.is_gpu and ctx.target.has("fp8"):
+        _need_calibration(ctx, "fp8")
+    return _run(model, ctx, "fp8", exclude)
+
+
+def quantize_int4(model: onnx.ModelProto, ctx: OnnxContext,
+                  exclude: frozenset[str] = frozenset()) -> onnx.ModelProto | None:
+    """Case 6: 4-bit weight-only MatMulNBits for MatMuls with K >= one block."""
+    return _run(model, ctx, "int4", exclude)
+
+
+#: mode -> pass; the accuracy guard calls ``QUANTIZE_PASSES[mode](model, ctx, exclude)``
+QUANTIZE_PASSES: Mapping[str, QuantizePass] = MappingProxyType({
+    "auto": quantize_auto, "int8_dynamic": quantize_int8_dynamic,
+    "int8_static": quantize_int8_static, "fp8": quantize_fp8, "int4": quantize_int4})
+
+
+def quantize(model: onnx.ModelProto, ctx: OnnxContext,
+             exclude: frozenset[str] = frozenset()) -> onnx.ModelProto | None:
+    """The pass for ``ctx.options.quantize`` (an :data:`OnnxPass` with ``exclude`` empty)."""
+    mode = ctx.options.quantize
+    if mode == "none":
+        ctx.notes["quantize"] = {"mode": "none", "nodes": {}}
+        return None
+    return QUANTIZE_PASSES[mode](model, ctx, exclude)

@@ -1,0 +1,215 @@
+"""Save an optimized torch module as one ``.pt2`` file that loads where the model never was.
+
+The file is torch.export's own archive (``torch.export.save``): the optimized graph re-exported
+over its shape range (one ``torch.export.Dim`` per dynamic dim, shared by every axis it sizes),
+its weights, and graphopt's records as JSON extra files (no pickled Python objects):
+
+- ``graphopt_format.json``: the marker (``format``, ``version``) and the graphopt/torch versions;
+- ``graphopt_plan.json``: the plan report (``Plan.to_json``);
+- ``graphopt_runtime.json``: the runtime settings and the CUDA flags the module sets per call;
+- ``graphopt_inputs.json``: input names and shapes, and the shape range (``ShapeRange.to_dict``).
+
+The INT8 linear's saved form and the record names are in :mod:`.saved_format`; :mod:`.load`
+reads the file back with graphopt's own reader (:mod:`.pt2_reader`) and nothing else: it never
+unpickles, so a file that reader cannot read (another writer's, a crafted one) is a
+GraphoptError, never handed to ``torch.export.load``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import os
+import warnings
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphopt._version import __version__
+from graphopt.backends.torch.saved_format import (
+    FORMAT,
+    INPUTS,
+    MARKER,
+    PLAN,
+    RUNTIME,
+    VERSION,
+    unpack_int8,
+)
+from graphopt.errors import GraphoptError, first_line
+from graphopt.files.outputs import OutputSet
+
+__all__ = ["save", "stage"]
+
+logger = logging.getLogger(__name__)
+
+def _flatten_attrs(gm: fx.GraphModule) -> None:
+    """Move every weight the graph reads to a top-level name (``lins.7.weight`` ->
+    ``_saved_w28``): ``ExportedProgram.module()`` assigns a nested name by scanning its parent's
+    children, which is quadratic in a ``ModuleList`` of 1,000 layers (8 s of a 6k-node load)."""
+    names: dict[int, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or "." not in str(node.target):
+            continue
+        value = attrgetter(str(node.target))(gm)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if id(value) not in names:  # a tied weight keeps one name
+            name = f"_saved_w{len(names)}"
+            while hasattr(gm, name):
+                name += "_"
+            names[id(value)] = name
+            if isinstance(value, torch.nn.Parameter):
+                gm.register_parameter(name, value)
+            else:
+                gm.register_buffer(name, value)
+        node.target = names[id(value)]
+    if names:
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+
+
+# --- saving ------------------------------------------------------------------------------------
+def _dynamic_shapes(shape_range: Any, names: list[str], args: tuple[Any, ...]) -> Any:
+    """torch.export's ``dynamic_shapes`` for ``args``: one Dim per dim name, shared by every
+    axis it sizes; an axis sized by an expression (``2*seq``) is left to export (``AUTO``)."""
+    if not shape_range:
+        return None
+    dims: dict[str, Any] = {}
+    for d in shape_range.dims:
+        top = {} if d.max is None else {"max": d.max}
+        ident = d.name if d.name.isidentifier() else f"d_{len(dims)}"
+        dims[d.name] = torch.export.Dim(ident, min=d.min, **top)
+    spec = []
+    for i, a in enumerate(args):
+        want = shape_range.inputs.get(names[i]) if i < len(names) else None
+        if not isinstance(a, torch.Tensor) or want is None:
+            spec.append(None)
+            continue
+        axes = {ax: dims.get(w, torch.export.Dim.AUTO) for ax, w in enumerate(want)
+                if not isinstance(w, int)}
+        spec.append(axes or None)
+    return tuple(spec)
+
+
+def _exported(opt: Any) -> torch.export.ExportedProgram:
+    from graphopt.backends.torch.optimized_module import OptimizedModule
+
+    module = opt.module
+    graph = module.graph_module if isinstance(module, OptimizedModule) else module
+    gm = copy.deepcopy(graph)
+    if isinstance(gm, fx.GraphModule):
+        unpack_int8(gm)
+        _flatten_attrs(gm)
+    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in opt.example_inputs)
+    names = _input_names(opt)
+    passes = ", ".join(opt.info.get("passes_applied") or []) or "none"
+    try:
+        ep = torch.export.export(gm, args,
+                                 dynamic_shapes=_dynamic_shapes(opt.shape_range, names, args))
+    except Exception as e:
+        raise GraphoptError(f"torch.export cannot re-export the optimized graph (passes "
+                            f"applied: {passes}): {first_line(e)}",
+                            "optimize again with the pass that added the failing op turned "
+                            "off (e.g. quantize='none', precision='fp32'), then save") from e
+    _check_structure(ep.call_spec.in_spec, ep.call_spec.out_spec)
+    return ep
+
+
+def _check_structure(in_spec: Any, out_spec: Any) -> None:
+    """What :func:`load` rebuilds, refused here rather than in a file it cannot read: flat
+    positional inputs, and outputs in plain tuples, lists and dicts (it imports no class)."""
+    def plain(spec: Any) -> bool:
+        return spec.is_leaf() or (spec.type in (tuple, list, dict) and
+                                  all(plain(c) for c in spec.children()))
+
+    args, kwargs = in_spec.children() if in_spec.num_children == 2 else (None, None)
+    if args is None or args.type is not tuple or kwargs.num_children or \
+            not all(c.is_leaf() for c in args.children()):
+        raise GraphoptError("save writes a model that takes its inputs as positional tensors; "
+                            "this one takes nested containers or keywords",
+                            "wrap the model so forward takes each tensor as an argument")
+    if not plain(out_spec):
+        odd = out_spec
+        while odd.type in (tuple, list, dict):
+            odd = next(c for c in odd.children() if not plain(c))
+        raise GraphoptError("the model returns a container other than a tuple, list or dict "
+                            f"(a {getattr(odd.type, '__name__', odd.type)}): graphopt.load "
+                            "rebuilds only those, and never imports a class a file names",
+                            "return a tuple, list or dict of tensors from forward, then "
+                            "optimize and save again")
+
+
+def _input_names(opt: Any) -> list[str]:
+    """The model's own input names (the shape range is keyed by them), also for the plain
+    copy of the model optimize returns when nothing pays."""
+    names = list(getattr(opt, "input_names", None) or
+                 getattr(opt.module, "_input_names", None) or [])
+    return names or [f"input_{i}" for i in range(len(opt.example_inputs))]
+
+
+def _records(opt: Any) -> dict[str, str]:
+    module = opt.module
+    shapes = [list(a.shape) if isinstance(a, torch.Tensor) else None
+              for a in opt.example_inputs]
+    inputs = {"names": _input_names(opt), "shapes": shapes,
+              "shape_range": opt.shape_range.to_dict() if opt.shape_range else None}
+    runtime = {"settings": opt.runtime_settings.to_dict(),
+               "flags": dict(getattr(module, "_runtime", None) or {})}
+    marker = {"format": FORMAT, "version": VERSION, "graphopt": __version__,
+              "torch": torch.__version__}
+    return {MARKER: json.dumps(marker), PLAN: opt.plan.to_json(),
+            RUNTIME: json.dumps(runtime), INPUTS: json.dumps(inputs)}
+
+
+def _model_source(opt: Any) -> list[Path]:
+    """The Python file the model's class was defined in: a save must never overwrite it."""
+    source = getattr(opt, "_source", None)
+    if not isinstance(source, tuple):
+        return []
+    cls = type(source[0])
+    try:
+        found = inspect.getsourcefile(cls)
+    except (TypeError, OSError):  # a class whose module is not in sys.modules: its code knows
+        code = getattr(getattr(cls, "forward", None), "__code__", None)
+        found = code.co_filename if code is not None else None
+    return [Path(found)] if found and Path(found).is_file() else []
+
+
+def stage(opt: Any, outputs: OutputSet, path: str | os.PathLike[str]) -> Path:
+    """Export ``opt`` and stage it in ``outputs`` (written on ``outputs.commit()``)."""
+    if opt.module is None:
+        raise GraphoptError("save writes an optimized torch module; this result came from an "
+                            "ONNX model", "write it with export_onnx(path) instead")
+    target = outputs.claim(path, "saved model") if not outputs.claimed(path) else Path(path)
+    ep = _exported(opt)
+    extra = _records(opt)
+
+    def write(tmp: Path) -> None:
+        try:  # a file object: given the temp path, torch warns it does not end in .pt2
+            with open(tmp, "wb") as f, warnings.catch_warnings():
+                # weights that are views of one storage (a padded weight's slice): torch
+                # saves each whole and says so; that is fine on the CPU it saves from
+                warnings.filterwarnings("ignore", "No complete tensor found")
+                torch.export.save(ep, f, extra_files=extra)
+        except OSError:
+            raise  # disk full, permissions: OutputSet names the path and cleans up
+        except Exception as e:
+            raise GraphoptError(f"torch.export.save cannot serialize the optimized graph: "
+                                f"{first_line(e)}", "optimize again with quantize='none' "
+                                "and precision='fp32', then save") from e
+    return outputs.write_with(target, write, "saved model")
+
+
+def save(opt: Any, path: str | os.PathLike[str],
+         protect: list[Path] | tuple[Path, ...] = ()) -> Path:
+    """Write ``opt`` to ``path`` whole or not at all, never over ``protect`` or the model's
+    own source file."""
+    outputs = OutputSet([*protect, *_model_source(opt)])
+    outputs.claim(path, "saved model")  # a bad path fails before the export's work
+    stage(opt, outputs, path)
+    return outputs.commit()[0]

@@ -1,0 +1,6 @@
+"""The one annotated graph every stage reads, and the records the stages write.
+
+``graph`` (the IR both frontends produce), ``ops`` (the canonical op vocabulary), ``plan`` (the
+frozen per-node analysis, cost and decisions), ``shape_range`` (dims between min and max),
+``options`` (the user's choices) and ``order`` (a stable topological order).
+"""

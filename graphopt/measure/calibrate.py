@@ -1,0 +1,362 @@
+"""``graphopt calibrate``: measure this machine's CPU and write a profile ``--target`` accepts.
+
+The detected host profile (``detect``) is built from facts the OS states: cores, clock, ISA.
+Three numbers it has to guess, and they decide most of a CPU plan:
+
+1. **Per-op fixed cost.** In eager torch every op pays dispatch and allocation, 1-30 us
+   depending on the op, before it does any work; a view pays it too. For small models this
+   is most of the time. Each common op type is called on a small input (8-32 KB, the
+   activations of a small model) and that time becomes the op's fixed cost. The ops run one call
+   at a time in a mixed stream, all op types in a fresh random order each round, as in a
+   model: an op repeated in a tight loop runs 2-3x faster than in a graph (its code, branch
+   history and allocator blocks stay hot), so loop timings would understate every node.
+   Each call is measured the way ``graphopt profile`` measures a node (torch.profiler's CPU
+   time of the ATen ops it runs), so predictions and measurements share one clock; the
+   profiler's own bookkeeping (about a microsecond per nested ATen call) is in both.
+2. **Achievable compute.** One large fp32 matmul (bf16 too where the CPU has native bf16; the
+   dynamic INT8 linear graphopt emits) and one conv give the FLOP/s GEMM and conv nodes
+   reach: oneDNN/MKL/FBGEMM, the threads, the clock the machine really runs at.
+3. **ONNX Runtime's per-node cost** per op type (``calibrate_ort``), for plans of ``.onnx``
+   models: ORT pays a few microseconds per node where eager torch pays tens.
+4. **Memory bandwidth.** ``a + b`` over arrays far larger than the last-level cache gives the
+   DRAM bytes per second an elementwise kernel moves (read two, write one), replacing the
+   ``6 GB/s per core`` estimate.
+
+Each is the median of several timed loops. The profile is the detected one with these
+measurements added (``HardwareProfile.op_overhead_s`` and ``measured_rates``), so
+``cost.roofline`` uses them in place of its guesses. Measure on an idle machine, with the
+threads the model will run with: both change every number here.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.measure.calibrate_ort import ort_fixed_costs
+from graphopt.measure.calibrate_reference import in_graph_factors
+
+__all__ = ["OP_BENCHES", "calibrate", "calibrate_host", "time_call"]
+
+logger = logging.getLogger(__name__)
+
+Bench = Callable[[], Callable[[], Any]]
+
+
+def _ops() -> dict[str, Bench]:
+    """Canonical op type -> a builder of one small call of it (inputs made once, outside the
+    timed loop). Shapes are small-model activations: 2 x 16 x 64 for sequence ops,
+    2 x 16 x 16 x 16 for image ops (a tinier conv runs on one thread and misses the cost of
+    waking the others, which every real conv pays)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+
+    def x(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    a, b = x(2, 16, 64), x(2, 16, 64)
+    img = x(2, 16, 16, 16)
+    w, bias = x(64, 64), x(64)
+    ids = torch.randint(0, 64, (2, 16), generator=g)
+    q = x(2, 4, 16, 16)
+    mask = a > 0
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    aten = torch.ops.aten
+    norm_w = x(64)
+    conv_w, pointwise_w, depthwise_w = x(16, 16, 3, 3), x(32, 16, 1, 1), x(16, 1, 3, 3)
+    bn = (x(16), x(16).abs() + 1, x(16), x(16))
+    at = a.transpose(1, 2)
+    strided = x(2, 64, 16).transpose(1, 2)
+
+    def binary(fn: Callable[[Any, Any], Any], lhs: Any = a, scalar: Any = 0.5) -> Bench:
+        """A binary op on the operand layouts models give it, in turn: same shape, a
+        broadcast row, a Python scalar (wrapped into a tensor on every call) and a strided
+        view. Their costs differ up to 2.5x; the median over the four is the op's."""
+        other = (lhs.flip(0), lhs[0, 0], scalar, strided)
+        return lambda: _rotating([functools.partial(fn, lhs, o) for o in other])
+
+    return {
+        # views and aliases: dispatch only, no kernel
+        "Reshape": lambda: lambda: a.view(2, 16, 4, 16),
+        "Reshape:copy": lambda: lambda: at.reshape(2, 1024),  # strides allow no view
+        "Transpose": lambda: lambda: a.transpose(1, 2),
+        "Unsqueeze": lambda: lambda: a.unsqueeze(1),
+        "Squeeze": lambda: lambda: a[:1].squeeze(0),
+        "Expand": lambda: lambda: a[:, :1].expand(2, 16, 64),
+        "Slice": lambda: lambda: a[:, 2:10],
+        "Flatten": lambda: lambda: a.flatten(1),
+        "Identity": lambda: lambda: aten.to.dtype(a, torch.float32),  # a no-op cast
+        "Dropout": lambda: lambda: F.dropout(a, 0.1, training=False),
+        "Split": lambda: lambda: a.split(32, dim=-1),
+        # elementwise
+        "Cast": lambda: lambda: a.to(torch.float64),
+        "Add": binary(torch.add),
+        "Sub": binary(torch.sub),
+        "Mul": binary(torch.mul),
+        "Div": binary(torch.div),
+        "Pow": lambda: lambda: a.pow(2),
+        "Neg": lambda: lambda: -a,
+        "Abs": lambda: lambda: a.abs(),
+        "Rsqrt": lambda: lambda: a.rsqrt(),
+        "Sqrt": lambda: lambda: a.sqrt(),
+        "Exp": lambda: lambda: a.exp(),
+        "Log": lambda: lambda: a.log(),
+        "Erf": lambda: lambda: a.erf(),
+        "Sin": lambda: lambda: a.sin(),
+        "Cos": lambda: lambda: a.cos(),
+        "Tanh": lambda: lambda: a.tanh(),
+        "Sigmoid": lambda: lambda: a.sigmoid(),
+        "Relu": lambda: lambda: a.relu(),
+        "Gelu": lambda: lambda: F.gelu(a),
+        "Silu": lambda: lambda: F.silu(a),
+        "Clip": lambda: lambda: a.clamp(-1, 1),
+        "Equal": binary(torch.eq),
+        "Less": binary(torch.lt),
+        "LessOrEqual": binary(torch.le),
+        "Greater": binary(torch.gt),
+        "GreaterOrEqual": binary(torch.ge),
+        "And": lambda: lambda: mask & mask,
+        "Not": lambda: lambda: ~mask,
+        "Where": lambda: lambda: torch.where(mask, a, b),
+        "Min": binary(torch.minimum, scalar=torch.tensor(0.5)),
+        "Max": binary(torch.maximum, scalar=torch.tensor(0.5)),
+        # reductions and norms
+        "ReduceMean": lambda: lambda: a.mean(-1, keepdim=True),
+        "ReduceSum": lambda: lambda: a.sum(-1),
+        "ReduceMax": lambda: lambda: a.amax(-1),
+        "CumSum": lambda: lambda: mask.cumsum(-1),
+        "Softmax": lambda: lambda: a.softmax(-1),
+        "LogSoftmax": lambda: lambda: a.log_softmax(-1),
+        "LayerNormalization": lambda: lambda: F.layer_norm(a, (64,), norm_w, norm_w),
+        "RMSNormalization": lambda: lambda: F.rms_norm(a, (64,), norm_w),
+        "BatchNormalization": lambda: lambda: F.batch_norm(img, *bn, training=False),
+        "GroupNormalization": lambda: lambda: F.group_norm(img, 2),
+        "MaxPool": lambda: lambda: F.max_pool2d(img, 2),
+        "AveragePool": lambda: lambda: F.avg_pool2d(img, 2),
+        "GlobalAveragePool": lambda: lambda: F.adaptive_avg_pool2d(img, 1),
+        "TopK": lambda: lambda: a.topk(4, dim=-1),
+        # GEMM-like
+        "Linear": lambda: lambda: F.linear(a, w, bias),
+        "Gemm": lambda: lambda: torch.addmm(bias, a[0], w),
+        "MatMul": lambda: lambda: torch.matmul(q, q.transpose(-1, -2)),
+        "Conv": lambda: lambda: F.conv2d(img, conv_w, padding=1),
+        "Conv:1x1": lambda: lambda: F.conv2d(img, pointwise_w),
+        "Conv:depthwise": lambda: lambda: F.conv2d(img, depthwise_w, padding=1, groups=16),
+        "Attention": lambda: lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=causal),
+        # data movement
+        "Concat": lambda: lambda: torch.cat([a, b], -1),
+        "Gather": lambda: lambda: F.embedding(ids, w),
+        "GatherElements": lambda: lambda: a.gather(-1, ids[..., None].expand(2, 16, 4)),
+        "Pad": lambda: lambda: F.pad(a, (0, 8)),
+        "Range": lambda: lambda: torch.arange(16),
+        "ConstantOfShape": lambda: lambda: a.new_ones(2, 16),
+        "Copy": lambda: lambda: at.contiguous(),
+        "Tile": lambda: lambda: a.repeat(1, 2, 1),
+    }
+
+
+def _rotating(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """One call that runs ``calls`` in turn, one per call."""
+    turn = itertools.cycle(calls)
+    return lambda: next(turn)()
+
+
+#: the op types calibration times (``_ops`` builds them; torch is imported only then)
+OP_BENCHES = ("Reshape", "Reshape:copy", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice",
+              "Flatten", "Identity", "Dropout", "Split", "Cast", "Add", "Sub", "Mul", "Div", "Pow",
+              "Neg", "Abs", "Rsqrt", "Sqrt", "Exp", "Log", "Erf", "Sin", "Cos", "Tanh", "Sigmoid",
+              "Relu", "Gelu", "Silu", "Clip", "Equal", "Less", "LessOrEqual", "Greater",
+              "GreaterOrEqual", "And", "Not", "Where", "Min", "Max", "ReduceMean", "ReduceSum",
+              "ReduceMax", "CumSum", "Softmax", "LogSoftmax", "LayerNormalization",
+              "RMSNormalization", "BatchNormalization", "GroupNormalization", "MaxPool",
+              "AveragePool", "GlobalAveragePool", "TopK", "Linear", "Gemm", "MatMul", "Conv",
+              "Conv:1x1", "Conv:depthwise", "Attention", "Concat", "Gather", "GatherElements",
+              "Pad", "Range", "ConstantOfShape", "Copy", "Tile")
+#: op types that are views (no kernel): their in-model factor is fitted apart
+VIEW_OPS = frozenset({"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice",
+                      "Flatten", "Split"})
+#: FLOPs of the GEMM-like bench calls (``_ops``), taken off their time at the measured rate
+_BENCH_FLOPS = {"Linear": 2 * 32 * 64 * 64, "Gemm": 2 * 16 * 64 * 64,
+                "MatMul": 2 * 8 * 16 * 16 * 16, "Attention": 4 * 8 * 16 * 16 * 16 // 2,
+                "Conv": 2 * 2 * 16 * 16 * 16 * 16 * 9, "Conv:1x1": 2 * 2 * 16 * 16 * 32 * 16,
+                "Conv:depthwise": 2 * 2 * 16 * 16 * 16 * 9}
+#: op types whose median fixed cost stands in for an op type calibration did not time
+_KERNEL_OPS = ("Add", "Sub", "Mul", "Div", "Neg", "Exp", "Tanh", "Sigmoid", "Relu", "Where")
+
+
+def time_call(fn: Callable[[], Any], *, budget_s: float = 0.02, repeats: int = 5,
+              best: bool = False) -> float:
+    """Seconds per call of ``fn``: the median (``best``: the fastest) of ``repeats`` loops,
+    each sized to about ``budget_s``, after one warm-up loop (allocator caches, lazy kernel
+    set-up). A rate is what the machine can reach: its best loop, since a neighbour's work
+    only ever slows one down."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    loops = max(1, min(100_000, int(budget_s / once)))
+    samples = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        samples.append((time.perf_counter() - t0) / loops)
+    return min(samples[1:]) if best else statistics.median(samples[1:])
+
+
+#: outputs kept alive in the mixed stream: a graph's intermediates live until their last
+#: reader, so the allocator does not hand the same hot block back to every op
+_LIVE = 16
+
+
+def _fixed_costs(rounds: int, warmup: int = 5) -> dict[str, float]:
+    """Op type -> median seconds of one call, timed in a mixed stream (module doc, item 1)
+    and measured as ``graphopt profile`` measures a node: the CPU time torch.profiler gives
+    the ATen ops under the call's range."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from graphopt.measure.torch_runs import NODE_RANGE, per_node
+
+    builders = _ops()
+    calls = [(op, builders[op]()) for op in OP_BENCHES]
+    order = random.Random(0)
+    alive: list[Any] = [None] * _LIVE  # outputs stay alive a while, as a graph's do
+    for _ in range(warmup):
+        for _, call in calls:
+            call()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for r in range(rounds):
+            order.shuffle(calls)
+            for i, (op, call) in enumerate(calls):
+                with record_function(NODE_RANGE + op):
+                    alive[(r + i) % _LIVE] = call()
+    return {op: statistics.median(ts) for op, ts in per_node(prof.events()).items()}
+
+
+def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
+    """Achievable FLOP/s for GEMM and conv per dtype the CPU runs natively (INT8: the dynamic
+    quantized linear graphopt's INT8 pass emits), and the DRAM bytes/s of an elementwise add
+    on arrays 8x the last-level cache (at least 64 MiB)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    out: dict[str, float] = {}
+    n = 512 if quick else 1024
+    dtypes = {"fp32": torch.float32}
+    if "bf16" in profile.peak_flops:  # native bf16 (AMX, AVX512_BF16): oneDNN runs it
+        dtypes["bf16"] = torch.bfloat16
+    for key, dt in dtypes.items():
+        m1 = torch.randn(n, n, generator=g).to(dt)
+        m2 = torch.randn(n, n, generator=g).to(dt)
+        out[f"matrix:{key}"] = 2 * n**3 / time_call(functools.partial(torch.mm, m1, m2),
+                                                     budget_s=0.1, repeats=5, best=True)
+    if hasattr(torch.ops.quantized, "linear_dynamic"):  # the kernel graphopt's INT8 pass uses
+        from graphopt.backends.torch.quantize import pack_int8_weight
+
+        x = torch.randn(n, n, generator=g)
+        packed = pack_int8_weight(torch.randn(n, n, generator=g), None)
+        out["matrix:int8"] = 2 * n**3 / time_call(
+            functools.partial(torch.ops.quantized.linear_dynamic, x, packed), budget_s=0.1,
+            repeats=5, best=True)
+    img = torch.randn(1, 64, 56, 56, generator=g)
+    kernel = torch.randn(64, 64, 3, 3, generator=g)
+    conv_flops = 2 * 64 * 56 * 56 * 64 * 9
+    out["conv:fp32"] = conv_flops / time_call(lambda: F.conv2d(img, kernel, padding=1),
+                                              budget_s=0.1, repeats=5, best=True)
+    elems = max(64 * 2**20, 8 * (profile.l2_bytes or 0)) // 4  # fp32 elements
+    if quick:
+        elems //= 2
+    a, b = torch.ones(elems), torch.ones(elems)
+    dst = torch.empty(elems)
+    out["memory"] = 3 * 4 * elems / time_call(lambda: torch.add(a, b, out=dst),
+                                              budget_s=0.1, repeats=5, best=True)
+    return out
+
+
+def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
+              threads: int | None = None) -> HardwareProfile:
+    """The host profile with measured per-op fixed costs, compute rates and bandwidth.
+
+    Args:
+        base: the profile to extend (default: the detected host, ``--target cpu``).
+        quick: about half the time (smaller matmul and arrays; fewer op samples).
+        threads: intra-op threads to measure with (default: torch's); use the number the
+            model will be deployed with.
+    """
+    import torch
+
+    from graphopt.hardware.detect import host_cpu_profile
+    from graphopt.measure.torch_runs import intra_op_threads
+
+    base = base or host_cpu_profile()
+    started = time.perf_counter()
+    with intra_op_threads(threads) as used, torch.inference_mode():
+        overhead = _fixed_costs(rounds=40 if quick else 120)
+        rates = _rates(base, quick)
+    for op, flops in _BENCH_FLOPS.items():  # the bench call's own work is not fixed cost
+        rate = rates["conv:fp32" if op in ("Conv", "Conv:depthwise") else "matrix:fp32"]
+        overhead[op] = max(overhead[op] - flops / rate, overhead[op] / 4)
+    rates = {k: float(f"{v:.4g}") for k, v in rates.items()}
+    launch = statistics.median(overhead[op] for op in _KERNEL_OPS)
+    model = base.display_name.split(" (host")[0]
+    benched = replace(
+        base, display_name=f"{model} (host, calibrated)",
+        bandwidth_bytes_per_s=rates["memory"], launch_overhead_s=launch,
+        host_link=replace(base.host_link, bandwidth_bytes_per_s=rates["memory"]),
+        op_overhead_s=overhead, measured_rates=dict(sorted(rates.items())))
+    with intra_op_threads(threads):
+        kernel, view, how = in_graph_factors(benched)
+    ort = ort_fixed_costs(rounds=30 if quick else 60, threads=used)
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    logger.info("calibrated %d op types in %.1f s", len(overhead), time.perf_counter() - started)
+    return replace(
+        benched, launch_overhead_s=float(f"{launch * kernel:.4g}"),
+        op_overhead_s={**{k: float(f"{v * (view if k in VIEW_OPS else kernel):.4g}")
+                          for k, v in sorted(overhead.items())}, **ort},
+        source=f"measured by graphopt calibrate on {when} with torch {torch.__version__}, "
+               f"{used} intra-op thread(s): each op type's fixed cost on a small input "
+               f"(torch.profiler, mixed stream) x the {how}; ONNX Runtime's per-node cost "
+               "of each op type (ort:*, its profiler, optimizations off); fp32 matmul/conv "
+               "FLOP/s; add bandwidth over arrays far larger than the LLC. ISA, cores, "
+               f"clock: {base.source}",
+    )
+
+
+def calibrate_host(path: str | os.PathLike[str] | None = None, *, quick: bool = False,
+                   threads: int | None = None) -> HardwareProfile:
+    """``graphopt.calibrate``: measure this CPU (:func:`calibrate`) and, given ``path``,
+    write the profile there (whole or not at all) for ``target=path`` / ``--target path``.
+
+    Args:
+        path: a ``.json`` file to write, or None to only return the profile.
+        quick: about half the time, noisier numbers.
+        threads: intra-op threads to measure with (default: torch's); use the number the
+            model will run with.
+    """
+    from graphopt.errors import GraphoptError
+    from graphopt.hardware.profile_file import is_profile_path, save_profile
+
+    if threads is not None and not (isinstance(threads, int) and threads >= 1):
+        raise GraphoptError(f"threads={threads!r} is not a positive integer",
+                            "pass threads=None (torch's default) or a count >= 1")
+    if path is not None and not is_profile_path(os.fspath(path)):
+        raise GraphoptError(f"{os.fspath(path)!r} does not end in .json",
+                            "name the profile file FILE.json: --target reads a .json path "
+                            "as a profile")
+    profile = calibrate(quick=quick, threads=threads)
+    if path is not None:
+        save_profile(profile, path)
+    return profile
