@@ -5,10 +5,19 @@ from __future__ import annotations
 from graphopt._version import __version__
 from graphopt.api.planning import plan
 from graphopt.errors import GraphoptError
-from graphopt.ir.plan import Decision, NodePlan, Plan
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.plan import Decision, NodePlan, Plan, PlanSet
 
-__all__ = ["Decision", "GraphoptError", "NodePlan", "Optimized", "Plan", "__version__",
-           "calibrate", "load", "optimize", "ort_session", "plan", "plan_llm", "profile"]
+__all__ = ["Decision", "GraphoptError", "HardwareProfile", "NodePlan", "Optimized", "Plan",
+           "PlanSet", "__version__", "calibrate", "load", "optimize", "ort_session", "plan",
+           "plan_llm", "profile"]
+
+_LAZY = ("Optimized", "calibrate", "load", "optimize", "ort_session", "plan_llm", "profile")
+
+
+def __dir__() -> list[str]:
+    """The module's names with the lazily imported ones (``dir``, tab completion, help)."""
+    return sorted({*globals(), *_LAZY})
 
 
 def __getattr__(name: str):

@@ -43,7 +43,7 @@ from graphopt.decisions.memory import max_batch_that_fits
 from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.hardware.registry import resolve_targets
+from graphopt.hardware.registry import DEFAULT_TARGET, resolve_targets
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import Plan
 from graphopt.ir.shape_range import bind
@@ -105,7 +105,7 @@ def _batch_range(batch: Any) -> tuple[int, int]:
                         "of 1: plan a single sequence with graphopt.plan)")
 
 
-def plan_llm(model: Any, target: str | HardwareProfile = "h100", *,
+def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
              batch: int | tuple[int, int] = (1, 64), prompt_len: int = 512,
              cache_len: int = 2048, opt_batch: int = 8) -> LLMPlan:
     """Plan prefill (``prompt_len`` tokens) and decode (one token against ``cache_len``

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.kinds import REWRITE_KINDS
 from graphopt.ir.plan import Plan
 
@@ -141,7 +143,8 @@ def _opset_of(model: Any) -> int | None:
 
 
 def optimize(model: Any, example_inputs: Any = None,
-             target: str | HardwareProfile = "h100", *, precision: str = "auto",
+             target: str | HardwareProfile = DEFAULT_TARGET, *,
+             kwargs: Mapping[str, Any] | None = None, precision: str = "auto",
              pad: str = "auto", layout: str = "auto", quantize: str = "auto",
              measure: bool | None = None, calibration: Any = None,
              tolerance: float | None = None, dynamic_shapes: Any = None) -> Optimized:
@@ -149,8 +152,11 @@ def optimize(model: Any, example_inputs: Any = None,
 
     Args:
         model: a ``torch.nn.Module`` in eval mode; it is never modified.
-        example_inputs: a tensor or tuple of tensors shaped like the batches you will run.
+        example_inputs: a tensor or tuple of tensors shaped like the batches you will run
+            (a dict: keyword inputs).
         target: a target name (``graphopt targets``) or a ``HardwareProfile``.
+        kwargs: keyword inputs, as ``torch.export.export`` takes them; they are bound to
+            ``forward``'s positions, and the returned module takes them by name too.
         precision: "auto" | "fp32" | "tf32" | "bf16" | "fp16".
         pad: tensor-core padding, "auto" (cost model) | "always" | "never".
         layout: "auto" (cost model) | "channels_last" | "keep".
@@ -181,6 +187,12 @@ def optimize(model: Any, example_inputs: Any = None,
     if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
         from graphopt.backends.onnx.pipeline import optimize_onnx
 
+        if example_inputs is not None or kwargs:
+            raise GraphoptError("an ONNX model is optimized from its own input shapes: "
+                                "example inputs and kwargs are for a torch module",
+                                "leave them out; give symbolic dims' sizes with "
+                                "dynamic_shapes={'batch': 8}")
+
         proto, plan, info = optimize_onnx(model, target, options, calibration,
                                           dynamic_shapes=dynamic_shapes)
         return Optimized(None, plan, (), info, onnx_model=proto,
@@ -195,7 +207,10 @@ def optimize(model: Any, example_inputs: Any = None,
 
     from graphopt.backends.torch.optimized_module import OptimizedModule
     from graphopt.backends.torch.pipeline import optimize_torch
+    from graphopt.frontends.torch_inputs import positional_inputs
 
+    if kwargs or isinstance(example_inputs, Mapping):
+        example_inputs = positional_inputs(model, example_inputs, kwargs)
     gm, plan, info = optimize_torch(model, example_inputs, target, options,
                                     dynamic_shapes=dynamic_shapes)
     args = info.pop("example_inputs")

@@ -8,13 +8,13 @@ from typing import Any
 from graphopt.decisions.planner import build_plan
 from graphopt.files.inputs import input_files
 from graphopt.frontends import load_graph
-from graphopt.hardware.registry import TargetSpec, resolve_targets
+from graphopt.hardware.registry import DEFAULT_TARGET, TargetSpec, resolve_targets
 from graphopt.ir.plan import Plan, PlanSet
 
 __all__ = ["plan", "with_partition"]
 
 
-def plan(model: Any, example_inputs: Any = None, target: TargetSpec = "h100", *,
+def plan(model: Any, example_inputs: Any = None, target: TargetSpec = DEFAULT_TARGET, *,
          devices: str | None = None, strategy: str = "heft",
          dynamic_shapes: Any = None) -> Plan | PlanSet:
     """Trace or load ``model`` once and plan it for each target.

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from graphopt.errors import GraphoptError
+from graphopt.hardware.registry import DEFAULT_TARGET
 
 __all__ = ["add_parser"]
 
@@ -51,6 +52,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pc.add_argument("dims", nargs="+", help="sizes in order, or name=value")
     pc.add_argument("--dtype", default="bf16",
                     help="fp32 | tf32 | bf16 | fp16 | fp8 | int8 (default bf16)")
-    pc.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    pc.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
     pc.add_argument("--json", action="store_true", help="print JSON")
     pc.set_defaults(func=_cmd_cost)

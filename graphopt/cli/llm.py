@@ -8,6 +8,7 @@ from collections.abc import Callable
 from graphopt.errors import GraphoptError
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
+from graphopt.hardware.registry import DEFAULT_TARGET
 
 __all__ = ["add_parser"]
 
@@ -56,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction,
                                      "range: tokens/s, the bandwidth bound, the KV cache")
     pm.add_argument("model", help="file.py:function returning (model, inputs) for a "
                                   "transformers Llama-layout causal LM (meta device is fine)")
-    pm.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    pm.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
     pm.add_argument("--batch", default="1:64", metavar="MIN:MAX",
                     help="the batch range (default 1:64)")
     pm.add_argument("--prompt", type=int, default=512, help="prefill prompt length")

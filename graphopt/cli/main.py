@@ -15,6 +15,7 @@ from typing import Any
 from graphopt.errors import GraphoptError, UserCodeExit
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
+from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.options import CHOICES, Options
 
 __all__ = ["main"]
@@ -299,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("plan", help="analyze and cost a model on a target")
     pp.add_argument("model", help="an .onnx file, or file.py:function returning "
                                   "(module, example_inputs)")
-    pp.add_argument("--target", default="h100",
+    pp.add_argument("--target", default=DEFAULT_TARGET,
                     help="target name, or several separated by commas (see `graphopt targets`)")
     _add_dynamic(pp)
     _add_devices(pp)
@@ -307,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.set_defaults(func=_cmd_plan)
     pl = sub.add_parser("lint", help="list tensor-core compliance issues and their fixes")
     pl.add_argument("model", help="an .onnx file, or file.py:function")
-    pl.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    pl.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_cmd_lint)
     po = sub.add_parser("optimize", help="optimize a model for a target and write it as ONNX "
@@ -319,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "OUT.graphopt.json (graphopt.ort_session loads both); OUT.pt2 "
                          "instead saves the torch-optimized module of a file.py:function "
                          "model (graphopt.load reads it)")
-    po.add_argument("--target", default="h100", help="target name (see `graphopt targets`)")
+    po.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
     for option, choices in CHOICES.items():  # graphopt.ir.options: one table for every backend
         po.add_argument(f"--{option}", default="auto", choices=choices)
     po.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,

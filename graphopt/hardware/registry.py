@@ -21,8 +21,12 @@ from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import is_profile_path, load_profile
 
-__all__ = ["ALIASES", "TargetSpec", "get_target", "is_this_machine", "list_targets",
-           "not_a_target", "resolve_targets", "target_names"]
+__all__ = ["ALIASES", "DEFAULT_TARGET", "TargetSpec", "get_target", "is_this_machine",
+           "list_targets", "not_a_target", "resolve_targets", "target_names"]
+
+#: the target plan, optimize, plan_llm and the CLI use when none is given (profile and
+#: calibrate measure this machine, so theirs is "cpu")
+DEFAULT_TARGET = "h100"
 
 #: a target as the API takes it: a name, "a100,h100", a profile, or a list of either
 TargetSpec = str | HardwareProfile | Sequence[str | HardwareProfile]

@@ -99,28 +99,31 @@ class OptimizedModule(torch.nn.Module):
         return repr(self._input_names[i]) if self._positions else str(i)
 
     def _by_position(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """A keyword call (the model's own input names) as the positional one the graph takes."""
-        names = list(self._positions)
-        if not names:
+        """A keyword call (the model's own input names) as the positional one the graph takes.
+        A position with no name (a ``None`` the example passed between named inputs) stays
+        ``None``, as traced."""
+        names = self._input_names
+        if not self._positions:
             raise GraphoptError(f"the optimized module takes its {len(self._input_shapes)} "
                                 f"inputs by position, got keywords {sorted(kwargs)}",
                                 "pass the inputs by position")
         out: list[Any] = [*args, *[_MISSING] * (len(names) - len(args))]
         for key, value in kwargs.items():
-            i = self._positions.get(key)
+            i = self._positions.get(key) if key is not None else None
             if i is None:
                 raise GraphoptError(f"the optimized module has no input named {key!r}; its "
-                                    f"inputs are {names}", "pass the inputs by these names "
-                                    "or by position")
+                                    f"inputs are {[n for n in names if n]}", "pass the inputs "
+                                    "by these names or by position")
             if i < len(args):
                 raise GraphoptError(f"input {key!r} given twice (by position and by name)",
                                     "pass each input once")
             out[i] = value
-        missing = [names[i] for i, a in enumerate(out) if a is _MISSING]
+        missing = [names[i] for i, a in enumerate(out) if a is _MISSING and names[i]]
         if missing:
             raise GraphoptError(f"the optimized module's inputs {missing} are missing",
-                                f"pass all of {names}, by position or by name")
-        return tuple(out)
+                                f"pass all of {[n for n in names if n]}, by position or by "
+                                "name")
+        return tuple(None if a is _MISSING else a for a in out)
 
     def _check_types(self, args: tuple[Any, ...]) -> None:
         """Why the inputs' types are not the ones optimized for (the call was not common)."""
