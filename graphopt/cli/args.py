@@ -1,0 +1,40 @@
+"""Options several subcommands share: the reports, shape ranges and devices."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_devices", "add_dynamic", "add_reports", "fmt_time"]
+
+
+def add_reports(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="F", help="write the JSON plan report to F")
+    p.add_argument("--md", metavar="F", help="write the Markdown summary to F")
+    p.add_argument("--html", metavar="F", help="write the HTML report to F")
+
+
+def add_dynamic(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dynamic", action="append", metavar="RANGE",
+                   help="a shape range: NAME=OPT or NAME=MIN:OPT:MAX for an ONNX model's "
+                        "symbolic dim; INPUT.AXIS=NAME:MIN:MAX for a file.py:function model "
+                        "(e.g. x.0=batch:1:64; the example is the opt point); repeat or "
+                        "separate with commas")
+
+
+def add_devices(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", metavar="SPEC",
+                   help="split across devices, e.g. cuda:0=h100,cuda:1=a100:40GB,cpu:8GB "
+                        "(NAME[=TARGET][:MEMORY CAP][@HOST], net=400Gb/s between hosts); "
+                        "the report says where each op runs")
+    p.add_argument("--strategy", default="heft", choices=("heft", "pipeline", "tensor", "auto"),
+                   help="heft: list scheduling over the DAG; pipeline: contiguous stages; "
+                        "tensor: tensor parallelism over every device; auto: compare them "
+                        "(and tensor parallel per NVLink group with pipeline stages across "
+                        "groups), pick by latency")
+
+
+def fmt_time(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"

@@ -1,0 +1,164 @@
+"""``graphopt optimize``: write the optimized ONNX model with its session config, or with
+``-o OUT.pt2`` the torch-optimized module of a ``file.py:function`` model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from graphopt.cli.args import add_devices, add_dynamic, add_reports
+from graphopt.cli.terminal import terminal_safe
+from graphopt.errors import GraphoptError
+from graphopt.files.inputs import input_files
+from graphopt.files.outputs import OutputSet
+from graphopt.hardware.registry import DEFAULT_TARGET
+from graphopt.ir.options import CHOICES, Options
+
+__all__ = ["add_parser"]
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    from graphopt.api.planning import with_partition
+    from graphopt.backends.onnx.guard import snr_text
+    from graphopt.backends.onnx.pipeline import optimize_onnx
+    from graphopt.backends.onnx.save import claim_onnx, stage_onnx
+    from graphopt.cli.dynamic_spec import parse_dynamic
+    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
+    from graphopt.hardware.registry import resolve_targets
+
+    targets = resolve_targets(args.target)
+    if len(targets) > 1:
+        raise GraphoptError("optimize writes one model for one target",
+                            "give one --target (run optimize once per target)")
+    options = Options(precision=args.precision, pad=args.pad, layout=args.layout,
+                          quantize=args.quantize, tolerance=args.tolerance, measure=args.measure)
+    outputs = OutputSet(input_files(args.model, args.calibration))
+    if str(args.output).endswith(".pt2"):  # the torch-optimized module, graphopt.load reads it
+        return _optimize_pt2(args, targets[0], options, outputs)
+    claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
+    outputs.claim_each((args.json, args.md, args.html), "report")
+    model: Any = args.model
+    samples = None
+    dynamic = parse_dynamic(args.dynamic, is_python_spec(args.model))
+    if is_python_spec(args.model):
+        from graphopt.frontends.onnx_export import export_torch
+
+        module, inputs, built = load_python_spec(args.model)
+        dynamic = dynamic or built
+        exported = export_torch(module, inputs, shape_range=_torch_range(module, inputs, dynamic))
+        how = ("the TorchScript exporter" if exported.exporter == "legacy" else
+               f"torch.onnx.export(dynamo=True) ({exported.fallback_reason})")
+        print(f"exported {type(module).__name__} with {how} in {exported.seconds:.1f} s "
+              f"({len(exported.model.graph.node)} nodes)")
+        model, samples, dynamic = exported.model, [exported.feeds], exported.dim_sizes
+    proto, plan, info = optimize_onnx(model, targets[0], options, args.calibration,
+                                      samples=samples, dynamic_shapes=dynamic)
+    plan = with_partition(plan, args.devices, args.strategy)
+    stage_onnx(outputs, proto, args.output, info["session"])
+    plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
+    written = outputs.commit()
+    for warning in info.get("warnings", ()):
+        print(terminal_safe(f"graphopt: warning: {warning}"), file=sys.stderr)
+    applied = ", ".join(info["passes_applied"]) or "none"
+    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: {applied}")
+    print(f"  precision: {info['precision_choice']['reason']}")
+    for r in info["passes_reverted"]:
+        print(f"  reverted {r['pass']}: {r['reason']}")
+    for g in info["guard"]:
+        if g["rounds"]:
+            print(f"  guard {g['pass']}: {g['reason']} ({g['rounds']} round(s))")
+        for f in g["fallbacks"]:
+            print(f"    kept {f['node']} in higher precision: {f['reason'][:160]}")
+    tol = info["tolerance"]
+    print(f"  numerics vs the original in ONNX Runtime on {info['samples']} batch(es) "
+          f"(tolerance {tol['rel_to_scale']:g} of scale, cosine >= {tol['min_cosine']}):")
+    for n in info["numerics"]:
+        print(f"    {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
+              f"cosine {n['cosine']:.6f}, {snr_text(n['snr_db'])}, "
+              f"{'within' if n['within'] else 'OUT OF'} tolerance")
+    layout = info["session"]["reasons"].get("layout")
+    if layout:
+        print(f"  layout: {layout}")
+    for path_written in written:
+        print(f"wrote {path_written}")
+    return 0 if all(n["within"] for n in info["numerics"]) else 1
+
+
+def _torch_range(module: Any, inputs: Any, dynamic: Any) -> Any:
+    """The shape range torch.export finds for ``dynamic`` (None without one)."""
+    if not dynamic:
+        return None
+    from graphopt.frontends.torch_frontend import trace_torch
+
+    return trace_torch(module, inputs, dynamic_shapes=dynamic).shape_range
+
+
+def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
+                  outputs: OutputSet) -> int:
+    """``-o OUT.pt2``: run the torch pipeline on a ``file.py:function`` model and save it."""
+    from graphopt.api.optimized import optimize
+    from graphopt.api.planning import with_partition
+    from graphopt.backends.torch.saved import stage
+    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
+
+    if not is_python_spec(args.model):
+        raise GraphoptError(f"-o {args.output} saves a torch module, but {args.model} is not a "
+                            "file.py:function torch model",
+                            "give file.py:function, or write an ONNX model with -o OUT.onnx")
+    if args.calibration:
+        raise GraphoptError("--calibration feeds ONNX Runtime's quantizers",
+                            "leave it out for -o OUT.pt2, or write -o OUT.onnx")
+    outputs.claim(args.output, "saved model")  # refuse a bad path before the work
+    outputs.claim_each((args.json, args.md, args.html), "report")
+    module, inputs, dynamic = load_python_spec(args.model)
+    opt = optimize(module, inputs, target, precision=options.precision, pad=options.pad,
+                   layout=options.layout, quantize=options.quantize, measure=options.measure,
+                   tolerance=options.tolerance, dynamic_shapes=dynamic)
+    stage(opt, outputs, args.output)
+    plan = with_partition(opt.plan, args.devices, args.strategy)
+    plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
+    written = outputs.commit()
+    info = opt.info
+    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: "
+          f"{', '.join(info['passes_applied']) or 'none'}")
+    for r in info["passes_reverted"]:
+        print(f"  reverted {r['pass']}: {r['reason']}")
+    if opt.shape_range:
+        print(f"  shape range: {opt.shape_range.describe()}")
+    for n in info["numerics"]:
+        print(f"  output {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
+              f"cosine {n['cosine']:.6f}, {'within' if n['within'] else 'OUT OF'} tolerance")
+    for path_written in written:
+        print(f"wrote {path_written}")
+    return 0 if all(n["within"] for n in info["numerics"]) else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the subcommand on the CLI's subparsers."""
+    po = sub.add_parser("optimize", help="optimize a model for a target and write it as ONNX "
+                                            "(or, with -o OUT.pt2, a saved torch module)")
+    po.add_argument("model", help="an .onnx file, or file.py:function returning "
+                                  "(module, example_inputs) (exported to ONNX first)")
+    po.add_argument("-o", "--output", required=True, metavar="OUT.onnx",
+                    help="the optimized model; its session config goes beside it as "
+                         "OUT.graphopt.json (graphopt.ort_session loads both); OUT.pt2 "
+                         "instead saves the torch-optimized module of a file.py:function "
+                         "model (graphopt.load reads it)")
+    po.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
+    for option, choices in CHOICES.items():  # graphopt.ir.options: one table for every backend
+        po.add_argument(f"--{option}", default="auto", choices=choices)
+    po.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
+                    help="time each auto-decided pass here and revert it if slower (default: "
+                         "only when --target is this machine's CPU)")
+    po.add_argument("--calibration", metavar="F",
+                    help="calibration batches: an .npz with one array per model input (named "
+                         "like it, batches along axis 0) or a folder of .npz files, one batch "
+                         "each; needed by --quantize int8_static, used by the accuracy guard")
+    po.add_argument("--tolerance", type=float, metavar="X",
+                    help="accuracy budget: max |ref - out| <= X * max |ref| per output "
+                         "(default: the precision's, e.g. 0.01 for fp16)")
+    add_dynamic(po)
+    add_devices(po)
+    add_reports(po)
+    po.set_defaults(func=_cmd_optimize)
