@@ -50,7 +50,8 @@ def bench(name: str, rounds: int, calls: int, tmp: Path) -> dict[str, object]:
     exported = export_torch(model, inputs)
     plain_path = tmp / f"{name}.plain.onnx"
     plain_path.write_bytes(exported.model.SerializeToString())
-    opt, _, info = optimize_onnx(exported.model, "cpu", Options(), samples=[exported.feeds])
+    done = optimize_onnx(exported.model, "cpu", Options(), samples=[exported.feeds])
+    opt, info = done.model, done.report
     opt_path = save_onnx(opt, tmp / f"{name}.graphopt.onnx", info["session"])
     plain = ort.InferenceSession(str(plain_path), providers=["CPUExecutionProvider"])
     control = ort.InferenceSession(str(plain_path), providers=["CPUExecutionProvider"])

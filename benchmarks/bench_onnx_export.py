@@ -52,7 +52,8 @@ else:
     if kind == "graphopt":
         onnx.save(exported.model, out)
     else:
-        opt, _, info = optimize_onnx(exported.model, "cpu", samples=[exported.feeds])
+        done = optimize_onnx(exported.model, "cpu", samples=[exported.feeds])
+        opt, info = done.model, done.report
         save_onnx(opt, out, info["session"])
     seconds, exporter = time.perf_counter() - t0, exported.exporter
 sess = ort.InferenceSession(out, providers=["CPUExecutionProvider"])

@@ -142,10 +142,11 @@ def test_graph_output_gets_original_strides_back() -> None:
 
 def test_pipeline_keeps_outputs_within_fp32_tolerance() -> None:
     model, x = ResidualConvNet(), torch.randn(2, 3, 16, 16)
-    gm, plan, info = optimize_torch(
+    done = optimize_torch(
         model.eval(), (x,), "cpu", Options(layout="channels_last", measure=False),  # no timing
         passes=[Pass("cleanup", fold_batchnorm_and_drop_dropout),
                 Pass("layout", channels_last, option="layout")])
+    plan, info = done.plan, done.report
     assert "layout" in info["passes_applied"] and not info["passes_reverted"]
     assert info["notes"]["layout"]["conversions"] == 2
     by_name = {n.name: n for n in plan.nodes}

@@ -35,6 +35,11 @@ FP32_RTOL = 1e-5  # fp32 rewrites reorder sums at most
 FP16_RTOL = 1e-2  # verify.tolerance_for("fp16")
 
 
+def _unpack(done):
+    """An OnnxResult as the (model, plan, report) these tests read."""
+    return done.model, done.plan, done.report
+
+
 def _run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     src = model if isinstance(model, str) else model.SerializeToString()
     sess = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
@@ -99,8 +104,8 @@ def test_cpu_round_trip_matches_torch(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_fp16_islands_keep_io_types_and_tolerance(name, tmp_path):
     _, _, exp = _exported(name)
-    proto, plan, info = optimize_onnx(exp.model, "h100", Options(quantize="none"),
-                                      samples=[exp.feeds])
+    proto, plan, info = _unpack(optimize_onnx(exp.model, "h100", Options(quantize="none"),
+                                      samples=[exp.feeds]))
     # padding pays only for tc_guide_cnn's conv2d_1 on h100: its 129 output channels padded to
     # 136 (its 67 input channels are padded per filter tap by the conv library itself;
     # benchmarks/RESULTS.md, issue 12's padding decisions)
@@ -128,8 +133,8 @@ def test_decomposed_rmsnorm_stays_fp32_between_its_ops():
     """The case ORT's float16 converter gets wrong: blocked ops cast back to fp16 in between,
     so x^2 would be stored in fp16. Here Pow -> ReduceMean -> Add -> Sqrt read fp32."""
     _, _, exp = _exported("rmsnorm_swiglu")
-    proto, _, _ = optimize_onnx(exp.model, "h100", Options(quantize="none"),
-                                samples=[exp.feeds])
+    proto, _, _ = _unpack(optimize_onnx(exp.model, "h100", Options(quantize="none"),
+                                samples=[exp.feeds]))
     types = {vi.name: vi.type.tensor_type.elem_type
              for vi in (*proto.graph.value_info, *proto.graph.input)}
     for n in proto.graph.node:
@@ -142,8 +147,8 @@ def test_decomposed_rmsnorm_stays_fp32_between_its_ops():
 def test_precision_does_not_fire_without_fp16(target, kw):
     """CPU targets (ORT's CPU EP has no native fp16) and fp32/tf32 requests: no casts."""
     _, _, exp = _exported("transformer_hd72")
-    proto, _, info = optimize_onnx(exp.model, target, Options(quantize="none", **kw),
-                                   samples=[exp.feeds])
+    proto, _, info = _unpack(optimize_onnx(exp.model, target, Options(quantize="none", **kw),
+                                   samples=[exp.feeds]))
     assert "precision" not in info["passes_applied"]
     assert not any(n.op_type == "Cast" and n.name.startswith("graphopt_precision")
                    for n in proto.graph.node)
@@ -152,8 +157,8 @@ def test_precision_does_not_fire_without_fp16(target, kw):
 
 def test_bf16_request_becomes_fp16_on_onnx():
     _, _, exp = _exported("odd_mlp")
-    _, _, info = optimize_onnx(exp.model, "a100-80gb", Options(precision="bf16"),
-                               samples=[exp.feeds])
+    _, _, info = _unpack(optimize_onnx(exp.model, "a100-80gb", Options(precision="bf16"),
+                               samples=[exp.feeds]))
     assert info["compute_dtype"] == "fp16"
     assert "bf16 becomes fp16" in info["precision_choice"]["reason"]
 
@@ -179,8 +184,8 @@ def test_model_overflows_in_plain_fp16():
 def test_guard_moves_the_overflowing_gemm_back_and_ends_within_tolerance(tmp_path):
     model, x = _overflow()
     exp = export_torch(model, (x,))
-    proto, plan, info = optimize_onnx(exp.model, "h100", Options(quantize="none"),
-                                      samples=[exp.feeds])
+    proto, plan, info = _unpack(optimize_onnx(exp.model, "h100", Options(quantize="none"),
+                                      samples=[exp.feeds]))
     report = next(g for g in info["guard"] if g["pass"] == "precision")
     assert report["rounds"] >= 2 and not report["reverted"]
     assert not report["initial"][0]["within"] and report["initial"][0]["nonfinite"] > 0
@@ -197,9 +202,9 @@ def test_guard_moves_the_overflowing_gemm_back_and_ends_within_tolerance(tmp_pat
 
 def test_guard_reverts_when_no_fp16_node_can_meet_the_budget():
     _, _, exp = _exported("odd_mlp")
-    proto, _, info = optimize_onnx(exp.model, "h100",
+    proto, _, info = _unpack(optimize_onnx(exp.model, "h100",
                                    Options(quantize="none", tolerance=1e-9),
-                                   samples=[exp.feeds])
+                                   samples=[exp.feeds]))
     assert "precision" not in info["passes_applied"]
     assert info["passes_reverted"] and info["passes_reverted"][0]["pass"] == "precision"
     assert info["compute_dtype"] == "fp32"
@@ -222,12 +227,12 @@ def test_session_config_nhwc_on_gpu_conv_nets_and_loads_on_cpu(tmp_path):
     assert sess.get_providers() == ["CPUExecutionProvider"]
     keep = graphopt.optimize(str(src), target="h100", layout="keep").info["session"]
     assert "prefer_nhwc" not in keep["providers"][0][1]
-    mlp = optimize_onnx(_exported("odd_mlp")[2].model, "h100")[2]["session"]
+    mlp = optimize_onnx(_exported("odd_mlp")[2].model, "h100").report["session"]
     assert "prefer_nhwc" not in mlp["providers"][0][1]  # no convs: nothing to decide
 
 
 def test_session_config_on_cpu_leaves_threads_to_ort():
-    cfg = optimize_onnx(_exported("odd_mlp")[2].model, "cpu")[2]["session"]
+    cfg = optimize_onnx(_exported("odd_mlp")[2].model, "cpu").report["session"]
     assert cfg["providers"] == [["CPUExecutionProvider", {}]]
     assert cfg["intra_op_num_threads"] is None
     assert cfg["graph_optimization_level"] == "ORT_ENABLE_ALL"
@@ -242,13 +247,13 @@ def test_measured_guard_reverts_a_pass_that_is_slower_here(monkeypatch):
     monkeypatch.setattr(measure, "faster_or_equal", lambda b, a, f, threads=None: (False, 1.0,
                                                                                    2.0))
     _, _, exp = _exported("transformer_hd72")
-    proto, plan, info = optimize_onnx(exp.model, "cpu", samples=[exp.feeds])
+    proto, plan, info = _unpack(optimize_onnx(exp.model, "cpu", samples=[exp.feeds]))
     if "quantize" in info["notes"].get("measured", {}):  # auto INT8 chose some MatMuls
         assert "quantize" not in info["passes_applied"]
         assert "measured slower" in info["passes_reverted"][-1]["reason"]
         assert not any(n.op_type == "MatMulInteger" for n in proto.graph.node)
     forced = optimize_onnx(exp.model, "cpu", Options(quantize="int8_dynamic"),
-                           samples=[exp.feeds])[2]
+                           samples=[exp.feeds]).report
     assert "quantize" in forced["passes_applied"]
 
 
@@ -365,8 +370,8 @@ def test_calibration_npz_feeds_static_int8_and_the_guard(tmp_path):
     np.savez(tmp_path / "calib.npz", x=rng.standard_normal((6, 4, 61)).astype(np.float32))
     # a pinned CPU without VNNI (reduce_range), not the host: the guard runs the model on this
     # machine, and U8S8 planned for a VNNI CPU saturates on an AVX2-only one
-    proto, _, info = optimize_onnx(exp.model, "epyc-7763", Options(quantize="int8_static"),
-                                   calibration=tmp_path / "calib.npz")
+    proto, _, info = _unpack(optimize_onnx(exp.model, "epyc-7763", Options(quantize="int8_static"),
+                                   calibration=tmp_path / "calib.npz"))
     assert info["calibration_batches"] == 6 and info["samples"] == 6
     assert "quantize" in info["passes_applied"]
     assert all(n["within"] for n in info["numerics"])
@@ -392,14 +397,14 @@ def test_gpt2_and_bert_export_with_either_exporter(tmp_path, opset, exporter):
     for name, model in (("gpt2", gpt2.eval()), ("bert", bert.eval())):
         exp = export_torch(model, (ids,), opset=opset)
         assert exp.exporter == exporter and (exp.fallback_reason is None) == (opset is None)
-        proto, _, info = optimize_onnx(exp.model, "cpu", Options(quantize="none"),
-                                       samples=[exp.feeds])
+        proto, _, info = _unpack(optimize_onnx(exp.model, "cpu", Options(quantize="none"),
+                                       samples=[exp.feeds]))
         path = tmp_path / f"{name}.onnx"
         path.write_bytes(proto.SerializeToString())
         _checked(str(path))
         _close(exp.outputs, _run(str(path), exp.feeds), FP32_RTOL)
-        fp16, _, info16 = optimize_onnx(exp.model, "h100", Options(quantize="none"),
-                                        samples=[exp.feeds])
+        fp16, _, info16 = _unpack(optimize_onnx(exp.model, "h100", Options(quantize="none"),
+                                        samples=[exp.feeds]))
         assert all(n["within"] for n in info16["numerics"])
         _close(exp.outputs, _run(emulate_fp16(fp16), exp.feeds), FP16_RTOL)
 

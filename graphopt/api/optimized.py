@@ -29,13 +29,14 @@ class Optimized:
 
     def __init__(self, module: torch.nn.Module | None, plan: Plan,
                  example_inputs: tuple[Any, ...], info: dict[str, Any], *,
-                 onnx_model: Any = None, source: Any = None) -> None:
+                 onnx_model: Any = None, source: Any = None, session: Any = None) -> None:
         self.module = module
         self.plan = plan
         self.example_inputs = example_inputs
         self.info = info
-        #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`)
-        self.onnx_model = onnx_model
+        #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`) and its
+        #: ONNX Runtime session settings (``backends.onnx.session.SessionConfig``)
+        self.onnx_model, self.onnx_session = onnx_model, session
         #: (torch model, example inputs, options) for export_onnx, or the ONNX input's path
         self._source = source
         #: the shape range the module accepts (``graphopt.ir.shape_range.ShapeRange``), or None
@@ -106,12 +107,12 @@ class Optimized:
             # exporters run forward on real tensors: never on the user's model or inputs
             exported = export_torch(model, clone_inputs(inputs), opset=opset,
                                     shape_range=self.shape_range)
-            self.onnx_model, onnx_plan, onnx_info = optimize_onnx(
-                exported.model, self.plan.target, opts, samples=[exported.feeds],
-                dynamic_shapes=exported.dim_sizes)
+            done = optimize_onnx(exported.model, self.plan.target, opts,
+                                 samples=[exported.feeds], dynamic_shapes=exported.dim_sizes)
+            self.onnx_model, self.onnx_session, onnx_plan = done.model, done.session, done.plan
             export = {"exporter": exported.exporter, "export_s": exported.seconds,
                       "opset": _opset_of(self.onnx_model)}
-            self.info["onnx"] = {**onnx_info, **export}
+            self.info["onnx"] = {**done.report, **export}
             # the report keeps each artifact's own decisions and numerics: the torch module's
             # under "optimization", the ONNX file's here (its nodes are the ONNX graph's)
             # its kernels are ONNX Runtime's, fused for the target's EP (cost/ort_fusion.py)
@@ -120,8 +121,7 @@ class Optimized:
                 "decisions": _rewrite_decisions(onnx_plan),
                 **({"fusion": onnx_plan.extra["fusion"]} if "fusion" in onnx_plan.extra
                    else {})}})
-        session = self.info.get("onnx", self.info).get("session")
-        return save_onnx(self.onnx_model, path, session, protect=self.input_files)
+        return save_onnx(self.onnx_model, path, self.onnx_session, protect=self.input_files)
 
     @property
     def input_files(self) -> list[Path]:
@@ -193,9 +193,9 @@ def optimize(model: Any, example_inputs: Any = None,
                                 "leave them out; give symbolic dims' sizes with "
                                 "dynamic_shapes={'batch': 8}")
 
-        proto, plan, info = optimize_onnx(model, target, options, calibration,
-                                          dynamic_shapes=dynamic_shapes)
-        return Optimized(None, plan, (), info, onnx_model=proto,
+        done = optimize_onnx(model, target, options, calibration, dynamic_shapes=dynamic_shapes)
+        return Optimized(None, done.plan, (), done.report, onnx_model=done.model,
+                         session=done.session,
                          source=model if isinstance(model, (str, os.PathLike)) else None)
     if calibration is not None:
         raise GraphoptError("calibration= feeds ONNX Runtime's static quantizers and the ONNX "
@@ -211,20 +211,18 @@ def optimize(model: Any, example_inputs: Any = None,
 
     if kwargs or isinstance(example_inputs, Mapping):
         example_inputs = positional_inputs(model, example_inputs, kwargs)
-    gm, plan, info = optimize_torch(model, example_inputs, target, options,
-                                    dynamic_shapes=dynamic_shapes)
-    args = info.pop("example_inputs")
-    shape_range, names = info.pop("shape_range_object"), info.pop("input_names")
+    done = optimize_torch(model, example_inputs, target, options, dynamic_shapes=dynamic_shapes)
+    args, names = done.example_inputs, list(done.input_names)
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
-    runtime = info.get("notes", {}).get("precision", {}).get("runtime", {})
     # the pipeline hands back a plain copy of the model when nothing it does pays on this
     # machine: return that copy as is, with no wrapper cost on every call
-    module = (OptimizedModule(gm, shapes, runtime, shape_range=shape_range, input_names=names)
-              if isinstance(gm, fx.GraphModule) else gm)
-    result = Optimized(module, plan, args, info,
+    module = (OptimizedModule(done.module, shapes, done.runtime_flags,
+                              shape_range=done.shape_range, input_names=names)
+              if isinstance(done.module, fx.GraphModule) else done.module)
+    result = Optimized(module, done.plan, args, dict(done.report),
                        source=(model, example_inputs, options, dynamic_shapes))
-    result.shape_range, result.input_names = shape_range, list(names)
+    result.shape_range, result.input_names = done.shape_range, names
     # the report shows the settings for the precision actually applied, not the planner's guess
-    result.plan = replace(plan, extra={**plan.extra,
-                                       "runtime_settings": result.runtime_settings.to_dict()})
+    result.plan = replace(done.plan, extra={
+        **done.plan.extra, "runtime_settings": result.runtime_settings.to_dict()})
     return result

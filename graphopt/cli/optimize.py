@@ -52,13 +52,14 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         print(f"exported {type(module).__name__} with {how} in {exported.seconds:.1f} s "
               f"({len(exported.model.graph.node)} nodes)")
         model, samples, dynamic = exported.model, [exported.feeds], exported.dim_sizes
-    proto, plan, info = optimize_onnx(model, targets[0], options, args.calibration,
-                                      samples=samples, dynamic_shapes=dynamic)
-    plan = with_partition(plan, args.devices, args.strategy)
-    stage_onnx(outputs, proto, args.output, info["session"])
+    done = optimize_onnx(model, targets[0], options, args.calibration, samples=samples,
+                         dynamic_shapes=dynamic)
+    info = done.report
+    plan = with_partition(done.plan, args.devices, args.strategy)
+    stage_onnx(outputs, done.model, args.output, done.session)
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
-    for warning in info.get("warnings", ()):
+    for warning in done.warnings:
         print(terminal_safe(f"graphopt: warning: {warning}"), file=sys.stderr)
     applied = ", ".join(info["passes_applied"]) or "none"
     print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: {applied}")
@@ -77,12 +78,12 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         print(f"    {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
               f"cosine {n['cosine']:.6f}, {snr_text(n['snr_db'])}, "
               f"{'within' if n['within'] else 'OUT OF'} tolerance")
-    layout = info["session"]["reasons"].get("layout")
+    layout = done.session.reasons.get("layout")
     if layout:
         print(f"  layout: {layout}")
     for path_written in written:
         print(f"wrote {path_written}")
-    return 0 if all(n["within"] for n in info["numerics"]) else 1
+    return 0 if done.within_tolerance else 1
 
 
 def _torch_range(module: Any, inputs: Any, dynamic: Any) -> Any:

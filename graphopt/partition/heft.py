@@ -39,6 +39,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from graphopt.partition.problem import Problem
 from graphopt.partition.simulate import Sim, simulate
@@ -85,130 +86,168 @@ def rank_order(pb: Problem) -> tuple[int, ...]:
     return tuple(sorted(range(n), key=lambda v: (-rank[v], v)))
 
 
-def heft(pb: Problem, order: tuple[int, ...]) -> HeftResult:
-    """Cases 2 and 3: place the nodes in ``order`` on the device of earliest finish."""
-    n, k = pb.n, pb.k
-    cost, lat, inv, caps = pb.cost, pb.latency, pb.inv_bw, pb.caps
-    t_prod, t_bytes, t_cons = pb.t_producer, pb.t_bytes, pb.t_consumers
-    assign = [-1] * n
-    start = [0.0] * n
-    finish = [0.0] * n
-    dev_free = [0.0] * k
-    link_free = [[0.0] * k for _ in range(k)]
-    copies: dict[int, tuple[float, float]] = {}
-    remaining = [len(c) for c in t_cons]
-    inst_devs: list[list[int]] = [[] for _ in t_bytes]  # devices holding an open instance
-    open_bytes = [0] * k
-    closed_free: list[list[float]] = [[] for _ in range(k)]  # sorted frees of closed instances
-    closed_bytes: list[list[int]] = [[] for _ in range(k)]
-    act_peak = [0] * k
-    params_on: list[set[int]] = [set() for _ in range(k)]
-    param_bytes = [0] * k
-    gemm_on = [False] * k
-    eft_table: list[tuple[float | None, ...]] = [()] * n
-    failed: int | None = None
+class _Option(NamedTuple):
+    """Node ``v`` tried on one device: its bytes over the cap, finish and start, the copies
+    of its inputs it would make, the parameter bytes it would add and the activation bound."""
 
-    def close(t: int) -> None:
-        p = t_prod[t]
-        for e in inst_devs[t]:
+    over: int
+    finish: float
+    start: float
+    copies: list[tuple[int, int, float, float]]  # (tensor, source device, start, end)
+    new_params: int
+    peak: int
+
+
+class _Placer:
+    """HEFT's state as it places nodes (cases 2 and 3): where and when each node runs, the
+    copies made and the links' queues, and each device's open and closed activation
+    instances, parameters and memory bound."""
+
+    def __init__(self, pb: Problem) -> None:
+        n, k = pb.n, pb.k
+        self.pb = pb
+        self.assign = [-1] * n
+        self.start = [0.0] * n
+        self.finish = [0.0] * n
+        self.dev_free = [0.0] * k
+        self.link_free = [[0.0] * k for _ in range(k)]
+        self.copies: dict[int, tuple[float, float]] = {}
+        self.remaining = [len(c) for c in pb.t_consumers]
+        # per tensor, the devices holding an open instance of it
+        self.inst_devs: list[list[int]] = [[] for _ in pb.t_bytes]
+        self.open_bytes = [0] * k
+        # per device, the sorted free times of closed instances, and their bytes
+        self.closed_free: list[list[float]] = [[] for _ in range(k)]
+        self.closed_bytes: list[list[int]] = [[] for _ in range(k)]
+        self.act_peak = [0] * k
+        self.params_on: list[set[int]] = [set() for _ in range(k)]
+        self.param_bytes = [0] * k
+        self.gemm_on = [False] * k
+
+    def close(self, t: int) -> None:
+        """Tensor ``t``'s last consumer is placed: its instances become closed, freed when
+        their last reader (or copy out) finishes."""
+        pb, k, assign, finish = self.pb, self.pb.k, self.assign, self.finish
+        p = pb.t_producer[t]
+        for e in self.inst_devs[t]:
             free = 0.0
-            for c in t_cons[t]:
+            for c in pb.t_consumers[t]:
                 if assign[c] == e and finish[c] > free:
                     free = finish[c]
             if p >= 0 and assign[p] == e:
-                free = max(free, finish[p], *(copies[t * k + d][1] for d in range(k)
-                                              if t * k + d in copies))
-            open_bytes[e] -= t_bytes[t]
-            i = bisect.bisect_right(closed_free[e], free)
-            closed_free[e].insert(i, free)
-            closed_bytes[e].insert(i, t_bytes[t])
-        inst_devs[t] = []
+                free = max(free, finish[p], *(self.copies[t * k + d][1] for d in range(k)
+                                              if t * k + d in self.copies))
+            self.open_bytes[e] -= pb.t_bytes[t]
+            i = bisect.bisect_right(self.closed_free[e], free)
+            self.closed_free[e].insert(i, free)
+            self.closed_bytes[e].insert(i, pb.t_bytes[t])
+        self.inst_devs[t] = []
 
-    for v in order:
-        best: tuple[tuple[int, float], int, float, list[tuple[int, int, float, float]], int,
-                    int] | None = None
-        efts: list[float | None] = []
-        for d in range(k):
-            ready, new_bytes, a_min = 0.0, 0, math.inf
-            tentative: dict[int, float] = {}
-            new_copies: list[tuple[int, int, float, float]] = []
-            for t in pb.node_inputs[v]:
-                p = t_prod[t]
-                if p < 0:
-                    if d not in inst_devs[t] and t_bytes[t]:
-                        new_bytes += t_bytes[t]
-                        a_min = 0.0
-                    continue
-                src = assign[p]
-                if src == d:
-                    r = finish[p]
+    def option(self, v: int, d: int) -> _Option:
+        """Node ``v`` on device ``d``: when its inputs arrive (copying the missing ones over
+        FIFO links), when it finishes, and the memory bound it leaves there."""
+        pb, k = self.pb, self.pb.k
+        t_prod, t_bytes, lat, inv = pb.t_producer, pb.t_bytes, pb.latency, pb.inv_bw
+        assign, finish = self.assign, self.finish
+        ready, new_bytes, a_min = 0.0, 0, math.inf
+        tentative: dict[int, float] = {}
+        new_copies: list[tuple[int, int, float, float]] = []
+        for t in pb.node_inputs[v]:
+            p = t_prod[t]
+            if p < 0:
+                if d not in self.inst_devs[t] and t_bytes[t]:
+                    new_bytes += t_bytes[t]
+                    a_min = 0.0
+                continue
+            src = assign[p]
+            if src == d:
+                r = finish[p]
+            else:
+                c = self.copies.get(t * k + d)
+                if c is None:
+                    free_at = tentative.get(src, self.link_free[src][d])
+                    ts = finish[p] if finish[p] > free_at else free_at
+                    r = ts + lat[src][d] + t_bytes[t] * inv[src][d]
+                    tentative[src] = r
+                    new_copies.append((t, src, ts, r))
+                    new_bytes += t_bytes[t]
+                    a_min = min(a_min, ts)
                 else:
-                    c = copies.get(t * k + d)
-                    if c is None:
-                        free_at = tentative.get(src, link_free[src][d])
-                        ts = finish[p] if finish[p] > free_at else free_at
-                        r = ts + lat[src][d] + t_bytes[t] * inv[src][d]
-                        tentative[src] = r
-                        new_copies.append((t, src, ts, r))
-                        new_bytes += t_bytes[t]
-                        a_min = min(a_min, ts)
-                    else:
-                        r = c[1]
-                if r > ready:
-                    ready = r
-            s = dev_free[d] if dev_free[d] > ready else ready
-            f = s + cost[d][v]
-            out_bytes = sum(t_bytes[t] for t in pb.node_outputs[v])
-            if out_bytes:
-                new_bytes += out_bytes
-                a_min = min(a_min, s)
-            new_params = sum(pb.p_bytes[p] for p in pb.node_params[v] if p not in params_on[d])
-            if pb.node_gemm[v] and not gemm_on[d]:
-                new_params += pb.workspace[d]
-            bound = open_bytes[d] + new_bytes
-            if a_min < math.inf:
-                i = bisect.bisect_right(closed_free[d], a_min)
-                bound += sum(closed_bytes[d][i:])
-            peak = max(act_peak[d], bound)
-            over = param_bytes[d] + new_params + peak - caps[d]
-            efts.append(f if over <= 0 else None)
+                    r = c[1]
+            if r > ready:
+                ready = r
+        s = self.dev_free[d] if self.dev_free[d] > ready else ready
+        f = s + pb.cost[d][v]
+        out_bytes = sum(t_bytes[t] for t in pb.node_outputs[v])
+        if out_bytes:
+            new_bytes += out_bytes
+            a_min = min(a_min, s)
+        new_params = sum(pb.p_bytes[p] for p in pb.node_params[v] if p not in self.params_on[d])
+        if pb.node_gemm[v] and not self.gemm_on[d]:
+            new_params += pb.workspace[d]
+        bound = self.open_bytes[d] + new_bytes
+        if a_min < math.inf:
+            i = bisect.bisect_right(self.closed_free[d], a_min)
+            bound += sum(self.closed_bytes[d][i:])
+        peak = max(self.act_peak[d], bound)
+        over = self.param_bytes[d] + new_params + peak - pb.caps[d]
+        return _Option(over, f, s, new_copies, new_params, peak)
+
+    def place(self, v: int, d: int, o: _Option) -> None:
+        """Commit ``v`` to ``d`` as :meth:`option` tried it; close the tensors it ends."""
+        pb, t_bytes = self.pb, self.pb.t_bytes
+        for t, src, ts, te in o.copies:
+            self.copies[t * pb.k + d] = (ts, te)
+            self.link_free[src][d] = te
+            self.inst_devs[t].append(d)
+            self.open_bytes[d] += t_bytes[t]
+        for t in pb.node_inputs[v]:
+            if pb.t_producer[t] < 0 and d not in self.inst_devs[t] and t_bytes[t]:
+                self.inst_devs[t].append(d)
+                self.open_bytes[d] += t_bytes[t]
+        self.assign[v], self.start[v], self.finish[v], self.dev_free[d] = (d, o.start, o.finish,
+                                                                           o.finish)
+        for p in pb.node_params[v]:
+            self.params_on[d].add(p)
+        self.param_bytes[d] += o.new_params
+        self.gemm_on[d] = self.gemm_on[d] or pb.node_gemm[v]
+        self.act_peak[d] = o.peak
+        for t in pb.node_outputs[v]:
+            if t_bytes[t]:
+                self.inst_devs[t].append(d)
+                self.open_bytes[d] += t_bytes[t]
+            if self.remaining[t] == 0 and not pb.t_output[t]:
+                self.close(t)  # a dead output: freed when its producer finishes
+        for t in pb.node_inputs[v]:
+            self.remaining[t] -= 1
+            if self.remaining[t] == 0 and not pb.t_output[t]:
+                self.close(t)
+
+
+def heft(pb: Problem, order: tuple[int, ...]) -> HeftResult:
+    """Cases 2 and 3: place the nodes in ``order`` on the device of earliest finish."""
+    placer = _Placer(pb)
+    eft_table: list[tuple[float | None, ...]] = [()] * pb.n
+    failed: int | None = None
+    for v in order:
+        best: tuple[tuple[int, float], int, _Option] | None = None
+        efts: list[float | None] = []
+        for d in range(pb.k):
+            o = placer.option(v, d)
+            efts.append(o.finish if o.over <= 0 else None)
             # case 3: legal devices by finish time; if none is, the least overflow (the
             # search repairs it later)
-            rank = (max(over, 0), f)
+            rank = (max(o.over, 0), o.finish)
             if best is None or rank < best[0]:
-                best = (rank, d, s, new_copies, new_params, peak)
+                best = (rank, d, o)
         eft_table[v] = tuple(efts)
         assert best is not None
-        (over, f), d, s, new_copies, new_params, peak = best
+        (over, _), d, o = best
         if over > 0 and failed is None:
             failed = v
             logger.info("HEFT: node %s fits on no device within the bound", pb.names[v])
-        for t, src, ts, te in new_copies:
-            copies[t * k + d] = (ts, te)
-            link_free[src][d] = te
-            inst_devs[t].append(d)
-            open_bytes[d] += t_bytes[t]
-        for t in pb.node_inputs[v]:
-            if t_prod[t] < 0 and d not in inst_devs[t] and t_bytes[t]:
-                inst_devs[t].append(d)
-                open_bytes[d] += t_bytes[t]
-        assign[v], start[v], finish[v], dev_free[d] = d, s, f, f
-        for p in pb.node_params[v]:
-            params_on[d].add(p)
-        param_bytes[d] += new_params
-        gemm_on[d] = gemm_on[d] or pb.node_gemm[v]
-        act_peak[d] = peak
-        for t in pb.node_outputs[v]:
-            if t_bytes[t]:
-                inst_devs[t].append(d)
-                open_bytes[d] += t_bytes[t]
-            if remaining[t] == 0 and not pb.t_output[t]:
-                close(t)  # a dead output: freed when its producer finishes
-        for t in pb.node_inputs[v]:
-            remaining[t] -= 1
-            if remaining[t] == 0 and not pb.t_output[t]:
-                close(t)
-    return HeftResult(tuple(assign), tuple(eft_table), failed)
+        placer.place(v, d, o)
+    return HeftResult(tuple(placer.assign), tuple(eft_table), failed)
 
 
 def _key(sim: Sim) -> tuple[int, float]:

@@ -17,6 +17,7 @@ Every splitter and the schedule evaluator read this one record, so they agree on
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate
 from graphopt.decisions.memory import gemm_workspace_bytes
 from graphopt.ir.graph import Graph
-from graphopt.ir.plan import Plan
+from graphopt.ir.plan import NodePlan, Plan
 from graphopt.partition.devices import DeviceSet
 
 __all__ = ["Problem", "build_problem", "live_profile"]
@@ -97,7 +98,30 @@ def build_problem(plan_or_graph: Plan | Graph, devices: DeviceSet) -> Problem:
     """Flatten a plan (or a graph, planned on the first device) for the splitters."""
     plan = _as_plan(plan_or_graph, devices)
     nodes = plan.nodes
-    by_profile: dict[int, tuple[float, ...]] = {}  # case 1: one cost vector per profile
+    cost = _costs(plan, devices)
+    flow = _Flow(nodes)
+    outputs = {o["name"] for o in plan.model.get("outputs", [])}
+    lat, inv = _links(devices)
+    return Problem(
+        plan=plan, devices=devices, names=tuple(n.name for n in nodes),
+        cost=cost, node_inputs=tuple(flow.node_inputs),
+        node_outputs=tuple(flow.node_outputs), node_params=tuple(flow.node_params),
+        node_gemm=tuple(n.analysis.kernel_class in GEMM_LIKE for n in nodes),
+        t_names=tuple(flow.t_names), t_bytes=tuple(flow.t_bytes),
+        t_producer=tuple(flow.t_producer),
+        t_consumers=tuple(tuple(c) for c in flow.consumers),
+        t_output=tuple(t in outputs for t in flow.t_names),
+        p_names=tuple(flow.p_names), p_bytes=tuple(flow.p_bytes),
+        caps=tuple(d.memory_bytes for d in devices.devices),
+        workspace=tuple(gemm_workspace_bytes(d.profile)[0] for d in devices.devices),  # case 4
+        latency=tuple(map(tuple, lat)), inv_bw=tuple(map(tuple, inv)))
+
+
+def _costs(plan: Plan, devices: DeviceSet) -> tuple[tuple[float, ...], ...]:
+    """Case 1: each device's node costs, one vector per profile (the plan's own target keeps
+    the plan's costs)."""
+    nodes = plan.nodes
+    by_profile: dict[int, tuple[float, ...]] = {}
     cost = []
     keys: list[tuple[Any, ...]] | None = None
     for dev in devices.devices:
@@ -116,53 +140,66 @@ def build_problem(plan_or_graph: Plan | Graph, devices: DeviceSet) -> Problem:
                     times.append(t)
                 by_profile[pid] = tuple(times)
         cost.append(by_profile[pid])
+    return tuple(cost)
 
-    t_index: dict[str, int] = {}
-    t_names: list[str] = []
-    t_bytes: list[int] = []
-    t_producer: list[int] = []
-    consumers: list[list[int]] = []
-    p_index: dict[str, int] = {}
-    p_names: list[str] = []
-    p_bytes: list[int] = []
 
-    def tensor(name: str, nbytes: int) -> int:
-        i = t_index.get(name)
+class _Flow:
+    """Case 2: the nodes' activations and parameters as indices, in first-seen order."""
+
+    def __init__(self, nodes: Sequence[NodePlan]) -> None:
+        self.t_index: dict[str, int] = {}
+        self.t_names: list[str] = []
+        self.t_bytes: list[int] = []
+        self.t_producer: list[int] = []
+        self.consumers: list[list[int]] = []
+        self.p_index: dict[str, int] = {}
+        self.p_names: list[str] = []
+        self.p_bytes: list[int] = []
+        self.node_inputs: list[tuple[int, ...]] = []
+        self.node_outputs: list[tuple[int, ...]] = []
+        self.node_params: list[tuple[int, ...]] = []
+        for i, n in enumerate(nodes):
+            self._node(i, n)
+
+    def _tensor(self, name: str, nbytes: int) -> int:
+        i = self.t_index.get(name)
         if i is None:
-            i = t_index[name] = len(t_names)
-            t_names.append(name)
-            t_bytes.append(nbytes)
-            t_producer.append(-1)
-            consumers.append([])
+            i = self.t_index[name] = len(self.t_names)
+            self.t_names.append(name)
+            self.t_bytes.append(nbytes)
+            self.t_producer.append(-1)
+            self.consumers.append([])
         return i
 
-    node_inputs, node_outputs, node_params = [], [], []
-    for i, n in enumerate(nodes):
+    def _node(self, i: int, n: NodePlan) -> None:
         ins: dict[int, None] = {}
         params: dict[int, None] = {}
         for t in n.inputs:
             if t is None:
                 continue
             if t.kind in ("param", "constant"):  # case 2
-                if t.name not in p_index:
-                    p_index[t.name] = len(p_names)
-                    p_names.append(t.name)
-                    p_bytes.append(t.nbytes)
-                params[p_index[t.name]] = None
+                if t.name not in self.p_index:
+                    self.p_index[t.name] = len(self.p_names)
+                    self.p_names.append(t.name)
+                    self.p_bytes.append(t.nbytes)
+                params[self.p_index[t.name]] = None
             else:
-                ins[tensor(t.name, t.nbytes)] = None
+                ins[self._tensor(t.name, t.nbytes)] = None
         outs: dict[int, None] = {}
         for t in n.outputs:
             if t is not None:
-                j = tensor(t.name, t.nbytes)
-                t_producer[j] = i
+                j = self._tensor(t.name, t.nbytes)
+                self.t_producer[j] = i
                 outs[j] = None
         for j in ins:
-            consumers[j].append(i)
-        node_inputs.append(tuple(ins))
-        node_outputs.append(tuple(outs))
-        node_params.append(tuple(params))
-    outputs = {o["name"] for o in plan.model.get("outputs", [])}
+            self.consumers[j].append(i)
+        self.node_inputs.append(tuple(ins))
+        self.node_outputs.append(tuple(outs))
+        self.node_params.append(tuple(params))
+
+
+def _links(devices: DeviceSet) -> tuple[list[list[float]], list[list[float]]]:
+    """Case 3: each ordered pair's latency and inverse bandwidth."""
     k = len(devices.devices)
     lat = [[0.0] * k for _ in range(k)]
     inv = [[0.0] * k for _ in range(k)]
@@ -172,18 +209,7 @@ def build_problem(plan_or_graph: Plan | Graph, devices: DeviceSet) -> Problem:
                 link = devices.link(da.name, db.name)  # case 3
                 lat[a][b] = link.latency_s
                 inv[a][b] = 1.0 / link.bandwidth_bytes_per_s
-    return Problem(
-        plan=plan, devices=devices, names=tuple(n.name for n in nodes),
-        cost=tuple(cost), node_inputs=tuple(node_inputs), node_outputs=tuple(node_outputs),
-        node_params=tuple(node_params),
-        node_gemm=tuple(n.analysis.kernel_class in GEMM_LIKE for n in nodes),
-        t_names=tuple(t_names), t_bytes=tuple(t_bytes), t_producer=tuple(t_producer),
-        t_consumers=tuple(tuple(c) for c in consumers),
-        t_output=tuple(t in outputs for t in t_names),
-        p_names=tuple(p_names), p_bytes=tuple(p_bytes),
-        caps=tuple(d.memory_bytes for d in devices.devices),
-        workspace=tuple(gemm_workspace_bytes(d.profile)[0] for d in devices.devices),  # case 4
-        latency=tuple(map(tuple, lat)), inv_bw=tuple(map(tuple, inv)))
+    return lat, inv
 
 
 def live_profile(pb: Problem) -> list[int]:

@@ -6,19 +6,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphopt.partition.devices import DeviceSet
+from graphopt.partition.tp_roles import Share
 
 __all__ = ["Partition", "ScheduledNode", "Transfer"]
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledNode:
-    """A node placed on a device with its estimated start and finish time (seconds)."""
+    """A node placed on a device with its estimated start and finish time (seconds).
+
+    ``share``: under tensor parallelism, how much of the node each device of its group runs
+    (the decision reads it here, never out of ``reason``); None for a node placed whole.
+    """
 
     node: str
     device: str
     start_s: float
     finish_s: float
     reason: str
+    share: Share | None = None
 
 
 @dataclass(frozen=True, slots=True)

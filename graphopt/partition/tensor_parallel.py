@@ -49,69 +49,22 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from graphopt.analysis.kernel_class import KernelClass
-from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate
-from graphopt.cost.roofline import cost_key
 from graphopt.hardware.profile import Link
-from graphopt.ir.plan import NodePlan, Plan
+from graphopt.ir.plan import Plan
 from graphopt.partition.assemble import human_bytes, human_s
 from graphopt.partition.collectives import group_link, ring_allreduce_s, ring_half_s
 from graphopt.partition.devices import DeviceSet
-from graphopt.partition.plan_flow import weight_of
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode
 from graphopt.partition.tp_blocks import LM_HEAD, TPBlock, find_tp_blocks, splittable
 from graphopt.partition.tp_result import BlockSplit, Collective, TensorParallel
+from graphopt.partition.tp_roles import CollectiveKind, Role
+from graphopt.partition.tp_shares import Shares, split_analysis, split_nodes, split_tokens
 
 __all__ = ["BlockSplit", "Collective", "TensorParallel", "split_analysis", "tensor_parallel"]
 
 logger = logging.getLogger(__name__)
-
-#: outside the blocks, classes that keep a head-sharded input sharded (case 2)
-_TAIL = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass.ELEMENTWISE})
-#: replicated classes that work per token, so split by tokens under sequence parallelism
-_SEQ = frozenset({KernelClass.RMSNORM, KernelClass.NORM, KernelClass.ELEMENTWISE,
-                  KernelClass.VIEW})
-_NORMS = frozenset({KernelClass.RMSNORM, KernelClass.NORM})
-
-
-def split_analysis(n: NodePlan, role: str, degree: int, sharded_in: int,
-                   block: TPBlock | None = None) -> NodeAnalysis:
-    """The analysis of ``n``'s share on one of ``degree`` devices (case 1).
-
-    ``role``: "column", "row", "inner" (any other node of a block, or a sharded tail) or
-    "tokens" (case 8: 1/t of the tokens, parameters whole);
-    ``sharded_in``: bytes of ``n``'s inputs that arrive split by ``degree`` (its sharded
-    activations, and the weight of a column or row GEMM).
-    """
-    a, t = n.analysis, degree
-    dims = dict(a.dims)
-    if role == "column":
-        dims["N"] = max(1, int(dims.get("N", 1)) // t)
-    elif role == "row":
-        dims["K"] = max(1, int(dims.get("K", 1)) // t)
-    elif role == "tokens":
-        for key in ("numel", "rows"):
-            if key in dims and dims[key] % t == 0:
-                dims[key] //= t
-    else:
-        for key in ("heads", "numel"):
-            if key in dims and dims[key] % t == 0:
-                dims[key] //= t
-        if block is not None and dims.get("cols") == block.inner and block.inner % t == 0:
-            dims["cols"] //= t
-    read = max(0, a.bytes_read - round(sharded_in * (1 - 1 / t)))
-    written = a.bytes_written if role == "row" else math.ceil(a.bytes_written / t)
-    params = a.param_count
-    if role in ("column", "inner"):
-        params = math.ceil(params / t)
-    elif role == "row":
-        w = weight_of(n)
-        wn = w.numel if w is not None else 0
-        params = params - wn + math.ceil(wn / t)
-    return replace(a, dims=dims, flops=math.ceil(a.flops / t), bytes_read=read,
-                   bytes_written=written, param_count=params)
 
 
 def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
@@ -139,125 +92,103 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
     else:
         blocks, fallbacks = splittable(blocks, t)
     pb = build_problem(plan, devices)
-    names = [d.name for d in devices.devices]
     link = group_link(devices)
     index = {name: i for i, name in enumerate(pb.names)}
     blocks, lost = _worth_a_gather(plan, pb, blocks, devices, link, index)
     fallbacks = [*fallbacks, *lost]
-    role: dict[int, tuple[str, TPBlock | None]] = {}
-    for b in blocks:
-        for name in b.nodes:
-            role[index[name]] = ("inner", b)
-        for name in b.column:
-            role[index[name]] = ("column", b)
-        for name in b.row:
-            role[index[name]] = ("row", b)
-    sharded = {pb.t_names.index(x) for b in blocks for x in b.kv_inputs} if any(
-        b.kv_inputs for b in blocks) else set()
-    split_params: set[int] = set()
-    whole_params: set[int] = set()
-    cost = [list(row) for row in pb.cost]  # case 3: the plan's own costs where replicated
     memo: dict[tuple[Any, ...], float] = {}
-    tails = 0
-    for v, n in enumerate(plan.nodes):
-        r, b = role.get(v, (None, None))
-        ins = pb.node_inputs[v]
-        if r is None and ins and all(x in sharded for x in ins) \
-                and n.analysis.kernel_class in _TAIL:
-            r, tails = "inner", tails + 1  # case 2
-        if r is None:
-            whole_params.update(pb.node_params[v])
-            continue
-        sharded_in = sum(pb.t_bytes[x] for x in ins if x in sharded)
-        if r in ("column", "row"):
-            w = _weight_index(pb, v, n)
-            owned = [p for p in pb.node_params[v] if r == "column" or p == w]
-            split_params.update(owned)
-            whole_params.update(p for p in pb.node_params[v] if p not in owned)
-            sharded_in += sum(pb.p_bytes[p] for p in owned)
-        else:
-            split_params.update(pb.node_params[v])
-            sharded_in += sum(pb.p_bytes[p] for p in pb.node_params[v])
-        if r != "row" and (b is None or b.kind != LM_HEAD):  # the head's logits: gathered
-            sharded.update(pb.node_outputs[v])
-        _cost_on_each(split_analysis(n, r, t, sharded_in, b), v, devices, cost, memo)
-        role[v] = (r, b)
-    split_params -= whole_params  # a tied weight also read whole stays whole
-
+    sh = split_nodes(plan, pb, blocks, devices, index, memo)
     rows = {index[x]: b for b in blocks for x in b.row}
     gathers = {index[b.column[0]] for b in blocks if b.kind == LM_HEAD}  # case 9
-    seq_nodes: set[int] = set()
-    seq_t: set[int] = set()  # token-sharded tensors
-    scatter: set[int] = set()  # row GEMMs that end in a reduce-scatter
     if sequence_parallel and t > 1:
-        seq_nodes = _sequence_nodes(plan, pb, role, sharded, blocks, t)
-        for v in rows:
-            outs = pb.node_outputs[v]
-            if outs and all(c in seq_nodes for x in outs for c in pb.t_consumers[x]) \
-                    and not any(pb.t_output[x] for x in outs):
-                scatter.add(v)
-                seq_t.update(outs)
-        for v in sorted(seq_nodes):
-            n = plan.nodes[v]
-            sa = split_analysis(n, "tokens", t, sum(pb.t_bytes[x] for x in pb.node_inputs[v]))
-            _cost_on_each(sa, v, devices, cost, memo)
-            seq_t.update(pb.node_outputs[v])
+        split_tokens(plan, pb, sh, blocks, rows, devices, memo)
+    clock = _Clock(pb, [d.name for d in devices.devices], link)
+    clock.run(sh, rows, gathers, _reasons(plan, sh, t))
+    result = _result(pb, devices, link, blocks, index, sh, clock, fallbacks,
+                     sequence_parallel)
+    logger.info("tensor parallel x%d: %d blocks split, %d unsplit; makespan %s (%s of "
+                "all-reduce); %s per device%s", t, len(result.splits), len(fallbacks),
+                human_s(result.makespan_s), human_s(clock.comm),
+                human_bytes(max(result.memory_used.values(), default=0)),
+                f"; over: {result.overflow_text()}" if result.over else "")
+    return result
 
-    # case 4/5: the clock
-    seg_start = 0.0
-    seg = [0.0] * t
-    schedule: list[ScheduledNode] = []
-    collectives: list[Collective] = []
-    comm = 0.0
-    reasons = _reasons(plan, role, t)
-    for v in seq_nodes:
-        reasons[v] = f"1/{t} of the tokens on each device (sequence parallel)"
-    gathered: set[int] = set()
 
-    def flush(kind: str, after: int, nbytes: int) -> None:
-        nonlocal seg_start, seg, comm
-        start = seg_start + max(seg)
-        half = kind != "all-reduce"
+class _Clock:
+    """Cases 4/5: the segments between collectives; a segment ends when its slowest device
+    does, then the collective runs on the group's link."""
+
+    def __init__(self, pb: Any, names: list[str], link: Link | None) -> None:
+        self.pb, self.names, self.link, self.t = pb, names, link, len(names)
+        self.seg_start = 0.0
+        self.seg = [0.0] * self.t
+        self.schedule: list[ScheduledNode] = []
+        self.collectives: list[Collective] = []
+        self.comm = 0.0
+        self.gathered: set[int] = set()
+
+    def flush(self, kind: CollectiveKind, after: int, nbytes: int) -> None:
+        """End the segment with a collective of ``nbytes`` after node ``after``."""
+        start = self.seg_start + max(self.seg)
+        half = kind != CollectiveKind.ALL_REDUCE
+        t, link = self.t, self.link
         c = 0.0 if link is None else (ring_half_s if half else ring_allreduce_s)(nbytes, t, link)
-        collectives.append(Collective(kind, pb.names[after], nbytes, start, start + c))
-        comm += c
-        seg_start, seg = start + c, [0.0] * t
+        self.collectives.append(Collective(kind, self.pb.names[after], nbytes, start, start + c))
+        self.comm += c
+        self.seg_start, self.seg = start + c, [0.0] * t
 
-    for v in range(pb.n):
-        if v not in seq_nodes:  # case 8: gather token-sharded inputs first
-            for x in pb.node_inputs[v]:
-                if x in seq_t and x not in gathered:
-                    gathered.add(x)
-                    flush("all-gather", pb.t_producer[x], pb.t_bytes[x])
-        for d in range(t):
-            s = seg_start + seg[d]
-            seg[d] += cost[d][v]
-            schedule.append(ScheduledNode(pb.names[v], names[d], s, seg_start + seg[d],
-                                          reasons[v]))
-        if v in rows and t > 1:
-            flush("reduce-scatter" if v in scatter else "all-reduce", v,
-                  sum(pb.t_bytes[x] for x in pb.node_outputs[v]))
-        elif v in gathers and t > 1:
-            flush("all-gather", v, sum(pb.t_bytes[x] for x in pb.node_outputs[v]))
-    for x in sorted(x for x in seq_t if pb.t_output[x] and x not in gathered):
-        gathered.add(x)  # a returned token-sharded tensor is gathered at the end
-        flush("all-gather", pb.t_producer[x], pb.t_bytes[x])
-    makespan = seg_start + max(seg, default=0.0)
+    def run(self, sh: Shares, rows: Mapping[int, TPBlock], gathers: set[int],
+            reasons: list[str]) -> None:
+        """Every node on every device in plan order, with the collectives after them."""
+        pb, t = self.pb, self.t
+        for v in range(pb.n):
+            if v not in sh.seq_nodes:  # case 8: gather token-sharded inputs first
+                for x in pb.node_inputs[v]:
+                    if x in sh.seq_t and x not in self.gathered:
+                        self.gathered.add(x)
+                        self.flush(CollectiveKind.ALL_GATHER, pb.t_producer[x], pb.t_bytes[x])
+            share = sh.share(v)
+            for d in range(t):
+                s = self.seg_start + self.seg[d]
+                self.seg[d] += sh.cost[d][v]
+                self.schedule.append(ScheduledNode(pb.names[v], self.names[d], s,
+                                                   self.seg_start + self.seg[d], reasons[v],
+                                                   share))
+            if v in rows and t > 1:
+                self.flush(CollectiveKind.REDUCE_SCATTER if v in sh.scatter
+                           else CollectiveKind.ALL_REDUCE, v,
+                           sum(pb.t_bytes[x] for x in pb.node_outputs[v]))
+            elif v in gathers and t > 1:
+                self.flush(CollectiveKind.ALL_GATHER, v,
+                           sum(pb.t_bytes[x] for x in pb.node_outputs[v]))
+        for x in sorted(x for x in sh.seq_t if pb.t_output[x] and x not in self.gathered):
+            self.gathered.add(x)  # a returned token-sharded tensor is gathered at the end
+            self.flush(CollectiveKind.ALL_GATHER, pb.t_producer[x], pb.t_bytes[x])
+
+    @property
+    def makespan(self) -> float:
+        return self.seg_start + max(self.seg, default=0.0)
+
+
+def _result(pb: Any, devices: DeviceSet, link: Link | None, blocks: list[TPBlock],
+            index: Mapping[str, int], sh: Shares, clock: _Clock, fallbacks: list[str],
+            sequence_parallel: bool) -> TensorParallel:
+    """The result, with case 7's memory per device."""
+    t, names, cost = len(devices.devices), clock.names, sh.cost
+    makespan, comm = clock.makespan, clock.comm
     compute = makespan - comm
-
-    # case 7: memory
-    split_t = sharded | {x for v in seq_nodes for x in pb.node_outputs[v]}
-    scaled = tuple(math.ceil(nb / t) if x in split_t and x not in gathered else nb
+    split_t = sh.sharded | {x for v in sh.seq_nodes for x in pb.node_outputs[v]}
+    scaled = tuple(math.ceil(nb / t) if x in split_t and x not in clock.gathered else nb
                    for x, nb in enumerate(pb.t_bytes))
     acts = max(live_profile(replace(pb, t_bytes=scaled)), default=0)
-    pbytes = sum(math.ceil(nb / t) if p in split_params else nb
+    pbytes = sum(math.ceil(nb / t) if p in sh.split_params else nb
                  for p, nb in enumerate(pb.p_bytes))
     gemm = any(pb.node_gemm)
     memory = {name: pbytes + acts + (pb.workspace[d] if gemm else 0)
               for d, name in enumerate(names)}
     busy = {name: sum(cost[d]) for d, name in enumerate(names)}
     splits = tuple(_block_split(b, t, index, cost, pb, link) for b in blocks)
-    result = TensorParallel(
+    return TensorParallel(
         degree=t, devices=devices, link=link, makespan_s=makespan, compute_s=compute,
         throughput_per_s=1 / makespan if makespan > 0 else 0.0,
         throughput_overlapped_per_s=(1 / max(compute, comm) if max(compute, comm) > 0
@@ -265,88 +196,46 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         memory_used=memory, params=dict.fromkeys(names, pbytes),
         activations=dict.fromkeys(names, acts), busy_s=busy,
         collective_s=dict.fromkeys(names, comm), splits=splits, fallbacks=tuple(fallbacks),
-        collectives=tuple(collectives), schedule=tuple(schedule),
-        notes={"replicated": "nodes outside the split blocks (embeddings, norms, residual adds, "
-                             "blocks that do not divide, an LM head not worth its all-gather) "
-                             "run whole on every device",
-               "replicated_nodes": sum(1 for v in range(pb.n) if v not in role),
-               "replicated_s": max(sum(row[v] for v in range(pb.n) if v not in role)
-                                   for row in cost),
-               "sharded_tails": tails,
-               "sequence_parallel": {"enabled": sequence_parallel, "nodes": len(seq_nodes),
-                                     "reduce_scatters": len(scatter),
-                                     "all_gathers": len(gathered)},
-               "collective_model": "ring all-reduce after each row GEMM (all-gather after a "
-                                   "vocabulary-split LM head) over the group's slowest link, "
-                                   "on the critical path",
-               "throughput_is": "back to back: 1/makespan; overlapped: 1/max(compute, "
-                                "collectives) with two micro-batches in flight"})
-    logger.info("tensor parallel x%d: %d blocks split, %d unsplit; makespan %s (%s of "
-                "all-reduce); %s per device%s", t, len(splits), len(fallbacks),
-                human_s(makespan), human_s(comm), human_bytes(max(memory.values(), default=0)),
-                f"; over: {result.overflow_text()}" if result.over else "")
-    return result
+        collectives=tuple(clock.collectives), schedule=tuple(clock.schedule),
+        notes=_notes(pb, sh, clock, sequence_parallel))
 
 
-def _sequence_nodes(plan: Plan, pb: Any, role: Mapping[int, Any], sharded: set[int],
-                    blocks: list[TPBlock], t: int) -> set[int]:
-    """Case 8: replicated per-token nodes whose every activation is (tokens, hidden) or a
-    per-token statistic (tokens, 1) inside a norm, tokens divisible by ``t``, reading no
-    head-sharded tensor."""
-    hiddens = {b.hidden for b in blocks}
-    if len(hiddens) != 1:
-        return set()
-    hidden = hiddens.pop()
-    out = set()
-    for v, n in enumerate(plan.nodes):
-        if v in role or n.analysis.kernel_class not in _SEQ \
-                or any(x in sharded for x in pb.node_inputs[v]):
-            continue
-        infos = [x for x in (*n.inputs, *n.outputs)
-                 if x is not None and x.kind not in ("param", "constant")]
-        # (tokens, hidden) activations, or per-token statistics (tokens, 1) inside a norm
-        widths = (hidden, 1) if n.analysis.kernel_class in _NORMS else (hidden,)
-        tokens = {x.numel // x.shape[-1] if x.is_static and x.shape and x.shape[-1] in widths
-                  else 0 for x in infos}
-        if infos and len(tokens) == 1 and (k := tokens.pop()) >= t and k % t == 0:
-            out.add(v)
-    return out
+def _notes(pb: Any, sh: Shares, clock: _Clock, sequence_parallel: bool) -> dict[str, Any]:
+    """The result's notes: what runs replicated, and how the clock is modelled."""
+    return {"replicated": "nodes outside the split blocks (embeddings, norms, residual adds, "
+                          "blocks that do not divide, an LM head not worth its all-gather) "
+                          "run whole on every device",
+            "replicated_nodes": sum(1 for v in range(pb.n) if v not in sh.role),
+            "replicated_s": max(sum(row[v] for v in range(pb.n) if v not in sh.role)
+                                for row in sh.cost),
+            "sharded_tails": sh.tails,
+            "sequence_parallel": {"enabled": sequence_parallel, "nodes": len(sh.seq_nodes),
+                                  "reduce_scatters": len(sh.scatter),
+                                  "all_gathers": len(clock.gathered)},
+            "collective_model": "ring all-reduce after each row GEMM (all-gather after a "
+                                "vocabulary-split LM head) over the group's slowest link, "
+                                "on the critical path",
+            "throughput_is": "back to back: 1/makespan; overlapped: 1/max(compute, "
+                             "collectives) with two micro-batches in flight"}
 
 
-def _cost_on_each(sa: NodeAnalysis, v: int, devices: DeviceSet, cost: list[list[float]],
-                  memo: dict[tuple[Any, ...], float]) -> None:
-    """Node ``v``'s time on every device of the group at the split work ``sa`` (a repeated
-    layer's split is estimated once per device profile)."""
-    key = cost_key(sa)
-    for d, dev in enumerate(devices.devices):
-        k = (id(dev.profile), *key)
-        if k not in memo:
-            memo[k] = estimate(sa, dev.profile).est_time_s
-        cost[d][v] = memo[k]
-
-
-def _weight_index(pb: Any, v: int, n: NodePlan) -> int | None:
-    """The id of GEMM ``n``'s weight (:func:`.plan_flow.weight_of`) among node ``v``'s
-    parameters."""
-    w = weight_of(n)
-    return None if w is None else next(
-        (p for p in pb.node_params[v] if pb.p_names[p] == w.name), None)
-
-
-def _reasons(plan: Plan, role: Mapping[int, tuple[str, TPBlock | None]], t: int) -> list[str]:
+def _reasons(plan: Plan, sh: Shares, t: int) -> list[str]:
+    """Each node's reason text (the decision's share is :meth:`Shares.share`, not this)."""
     out = []
     for v in range(len(plan.nodes)):
-        r, b = role.get(v, (None, None))
-        if r is None:
+        r, b = sh.role.get(v, (None, None))
+        if v in sh.seq_nodes:
+            out.append(f"1/{t} of the tokens on each device (sequence parallel)")
+        elif r is None:
             out.append(f"replicated on all {t} devices (outside the split blocks)")
         elif b is None:
             out.append(f"1/{t} on each device: reads only head-sharded tensors")
-        elif r == "column" and b.kind == LM_HEAD:
+        elif r == Role.COLUMN and b.kind == LM_HEAD:
             out.append(f"column split of {b.name}: 1/{t} of {b.dims_text()['column']}, then "
                        "all-gather")
-        elif r == "column":
+        elif r == Role.COLUMN:
             out.append(f"column split of {b.name}: 1/{t} of {b.dims_text()['column']}")
-        elif r == "row":
+        elif r == Role.ROW:
             out.append(f"row split of {b.name}: 1/{t} of {b.dims_text()['row']}, then "
                        "all-reduce")
         else:
@@ -366,7 +255,7 @@ def _block_split(b: TPBlock, t: int, index: Mapping[str, int], cost: list[list[f
         compute_s=max(sum(row[v] for v in vs) for row in cost),
         unsplit_s=sum(pb.cost[0][v] for v in vs), allreduce_bytes=nbytes,
         allreduce_s=ring(nbytes, t, link) if link is not None and t > 1 else 0.0,
-        collective="all-gather" if head else "all-reduce")
+        collective=CollectiveKind.ALL_GATHER if head else CollectiveKind.ALL_REDUCE)
 
 
 def _worth_a_gather(plan: Plan, pb: Any, blocks: list[TPBlock], devices: DeviceSet,
@@ -382,7 +271,7 @@ def _worth_a_gather(plan: Plan, pb: Any, blocks: list[TPBlock], devices: DeviceS
             continue
         v = index[b.column[0]]
         owned = sum(pb.p_bytes[p] for p in pb.node_params[v])  # a column GEMM's, as below
-        sa = split_analysis(plan.nodes[v], "column", t, owned, b)
+        sa = split_analysis(plan.nodes[v], Role.COLUMN, t, owned, b)
         split = max(estimate(sa, dev.profile).est_time_s for dev in devices.devices)
         whole = max(row[v] for row in pb.cost)
         nbytes = sum(pb.t_bytes[x] for x in pb.node_outputs[v])

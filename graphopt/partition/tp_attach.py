@@ -25,6 +25,7 @@ from graphopt.ir.plan import Decision, Plan
 from graphopt.partition.result import ScheduledNode
 from graphopt.partition.tensor_parallel import TensorParallel
 from graphopt.partition.tp_blocks import find_tp_blocks
+from graphopt.partition.tp_roles import Share
 from graphopt.partition.two_d import TwoD
 
 __all__ = ["attach_split", "parallelize_section"]
@@ -50,14 +51,6 @@ def parallelize_section(plan: Plan, degree: int, source: Any, *,
         return {"unavailable": e.problem, "fix": e.fix}
 
 
-def _share(reason: str, t: int) -> str:
-    if "replicated on all" in reason:
-        return "replicated"
-    if "of the tokens" in reason:
-        return f"1/{t} of the tokens"
-    return f"1/{t}"
-
-
 def _decisions(plan: Plan, rows: list[tuple[ScheduledNode, tuple[str, ...], int | None]]
                ) -> Plan:
     """Each node's ``device`` decision: the group it runs on, its share, start and finish."""
@@ -70,7 +63,7 @@ def _decisions(plan: Plan, rows: list[tuple[ScheduledNode, tuple[str, ...], int 
             nodes.append(n)
             continue
         s, group, stage = first[n.name]
-        share = _share(s.reason, len(group))
+        share = (s.share or Share.SPLIT).text(len(group))  # None: a node split 1/t
         fields: dict[str, Any] = {"device": ",".join(group), "devices": list(group),
                                   "share": share, "start_s": s.start_s, "finish_s": s.finish_s}
         if stage is not None:
@@ -97,7 +90,7 @@ def _timeline(res: TensorParallel | TwoD, makespan: float) -> dict[str, Any]:
     if isinstance(res, TensorParallel):
         names = [d.name for d in devs]
         out.update(transfers=[], stages=[], stage_devices=[], collectives=[
-            {"kind": c.kind, "after": c.after, "bytes": c.nbytes, "start_s": c.start_s,
+            {"kind": str(c.kind), "after": c.after, "bytes": c.nbytes, "start_s": c.start_s,
              "finish_s": c.finish_s, "devices": names} for c in res.collectives],
             notes={"throughput_per_s": res.throughput_per_s,
                    "makespan_is": "one request, every device working on every node"})

@@ -52,6 +52,7 @@ from graphopt.partition.plan_flow import (
     gemm_weight_layout,
     weight_of,
 )
+from graphopt.partition.tp_roles import BlockKind
 
 __all__ = ["LM_HEAD", "TPBlock", "can_split", "find_tp_blocks", "parameter_fqns", "splittable"]
 
@@ -66,7 +67,7 @@ _MLP_PATH = frozenset({KernelClass.VIEW, KernelClass.ELEMENTWISE, KernelClass.SI
 _MERGE_PATH = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT})
 #: from the LM head to the model's output: slices, casts, soft-capping
 _OUT_PATH = frozenset({KernelClass.VIEW, KernelClass.DATA_MOVEMENT, KernelClass.ELEMENTWISE})
-LM_HEAD = "lm_head"
+LM_HEAD = BlockKind.LM_HEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,7 @@ class TPBlock:
     ``note``: why an emitter cannot use plain Colwise/RowwiseParallel here ("" if it can).
     """
 
-    kind: str  # "mlp" | "attention" | "lm_head"
+    kind: BlockKind
     column: tuple[str, ...]
     row: tuple[str, ...]
     nodes: tuple[str, ...]
@@ -105,7 +106,7 @@ class TPBlock:
 
     def dims_text(self) -> dict[str, str]:
         """Which dims each side splits, for the report."""
-        if self.kind == "attention":
+        if self.kind == BlockKind.ATTENTION:
             return {"column": "N (heads)", "row": "K (heads)"}
         if self.kind == LM_HEAD:
             return {"column": "N (vocabulary)"}
@@ -116,7 +117,7 @@ def can_split(block: TPBlock, degree: int) -> str | None:
     """None when ``block`` splits evenly over ``degree`` devices, else why not."""
     if degree < 1:
         return f"degree {degree} is not a positive device count"
-    if block.kind == "attention":
+    if block.kind == BlockKind.ATTENTION:
         if block.heads % degree:
             return f"{block.heads} heads do not divide by degree {degree}"
         if block.kv_heads % degree:
@@ -229,7 +230,7 @@ def _attention_block(flow: PlanFlow, unit: tuple[str, ...], qkv: list[str]
     if flow.leaves_block([*unit, *merge], nodes):  # each device would hold only its heads
         return None, "the attention's output is read outside the block or returned"
     layout = gemm_weight_layout(flow.nodes[columns[0]])
-    return TPBlock("attention", tuple(columns), (row.name,),
+    return TPBlock(BlockKind.ATTENTION, tuple(columns), (row.name,),
                    tuple(sorted(nodes, key=flow.order.__getitem__)), hidden, heads * hd,
                    heads=heads, kv_heads=kv, head_dim=hd, attention=unit,
                    kv_inputs=tuple(kv_inputs), fused_qkv=fused, weight_layout=layout,
@@ -284,7 +285,7 @@ def _mlp_block(flow: PlanFlow, down: NodePlan, taken: set[str]) -> TPBlock | Non
     if flow.leaves_block([*columns, *passed], nodes):
         return None
     layout = gemm_weight_layout(cnodes[0])
-    return TPBlock("mlp", tuple(columns), (down.name,),
+    return TPBlock(BlockKind.MLP, tuple(columns), (down.name,),
                    tuple(sorted(nodes, key=flow.order.__getitem__)), hidden.pop(), width,
                    weight_layout=layout, note=_note(layout, False))
 
@@ -378,7 +379,8 @@ def find_tp_blocks(plan: Plan, degree: int | None = None, *, source: Any = None
         kept, unsplit = splittable(blocks, degree)
         reasons += unsplit
     logger.info("tensor-parallel blocks: %d attention, %d MLP, %d LM head%s",
-                sum(b.kind == "attention" for b in kept), sum(b.kind == "mlp" for b in kept),
+                sum(b.kind == BlockKind.ATTENTION for b in kept),
+                sum(b.kind == BlockKind.MLP for b in kept),
                 sum(b.kind == LM_HEAD for b in kept),
                 f" ({len(reasons)} not split)" if reasons else "")
     return kept, reasons

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from graphopt.errors import GraphoptError
+from graphopt.partition.tp_roles import BlockKind
 from graphopt.partition.tp_sequence import (
     SPLayout,
     guard_tokens,
@@ -127,7 +128,7 @@ def head_attributes(module: nn.Module, blocks: Sequence[TPBlockLike], degree: in
     modules. Matched by name and value, so ``num_key_value_groups`` is never touched."""
     out: dict[str, dict[str, tuple[int, int]]] = {}
     for b in blocks:
-        if b.kind != "attention" or not b.heads:
+        if b.kind != BlockKind.ATTENTION or not b.heads:
             continue
         where = attention_module(b)
         attn = submodule(module, where)
@@ -209,9 +210,9 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
     check_degree(blocks, degree)
     rows = []
     for b in blocks:
-        row: dict[str, Any] = {"kind": b.kind, "column": list(b.column_modules),
+        row: dict[str, Any] = {"kind": str(b.kind), "column": list(b.column_modules),
                                "row": list(b.row_modules)}
-        if b.kind == "attention":
+        if b.kind == BlockKind.ATTENTION:
             kv = b.kv_heads or b.heads
             row.update(module=attention_module(b), heads=b.heads, kv_heads=kv,
                        local_heads=(b.heads or 0) // degree, local_kv_heads=(kv or 0) // degree)

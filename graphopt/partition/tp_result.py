@@ -12,6 +12,7 @@ from graphopt.hardware.profile import Link
 from graphopt.partition.assemble import human_bytes
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.result import ScheduledNode
+from graphopt.partition.tp_roles import BlockKind, CollectiveKind
 
 __all__ = ["BlockSplit", "Collective", "TensorParallel"]
 
@@ -21,7 +22,7 @@ class BlockSplit:
     """How one block is split and what it costs per device."""
 
     block: str
-    kind: str
+    kind: BlockKind
     degree: int
     dims: Mapping[str, str]  # {"column": "N (heads)", "row": "K (heads)"}
     column: tuple[str, ...]
@@ -30,22 +31,22 @@ class BlockSplit:
     unsplit_s: float  # the same nodes whole on the first device
     allreduce_bytes: int  # the bytes of its collective (an all-gather for the LM head)
     allreduce_s: float
-    collective: str = "all-reduce"
+    collective: CollectiveKind = CollectiveKind.ALL_REDUCE
 
     def to_dict(self) -> dict[str, Any]:
-        return {"block": self.block, "kind": self.kind, "degree": self.degree,
+        return {"block": self.block, "kind": str(self.kind), "degree": self.degree,
                 "dims": dict(self.dims), "column": list(self.column), "row": list(self.row),
                 "compute_s": self.compute_s, "unsplit_s": self.unsplit_s,
-                "collective": self.collective, "allreduce_bytes": self.allreduce_bytes,
+                "collective": str(self.collective), "allreduce_bytes": self.allreduce_bytes,
                 "allreduce_s": self.allreduce_s}
 
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """One all-reduce on the timeline (case 4)."""
+    """One collective on the timeline (case 4: an all-reduce after a row GEMM)."""
 
-    kind: str
-    after: str  # the row GEMM whose output is summed
+    kind: CollectiveKind
+    after: str  # the node whose output it sums or gathers
     nbytes: int
     start_s: float
     finish_s: float
@@ -105,7 +106,7 @@ class TensorParallel:
                         for d in self.devices.devices],
             "over": self.over, "splits": [s.to_dict() for s in self.splits],
             "fallbacks": list(self.fallbacks),
-            "collectives": [{"kind": c.kind, "after": c.after, "bytes": c.nbytes,
+            "collectives": [{"kind": str(c.kind), "after": c.after, "bytes": c.nbytes,
                              "start_s": c.start_s, "finish_s": c.finish_s}
                             for c in self.collectives],
             "notes": dict(self.notes),

@@ -30,6 +30,7 @@ from typing import Any
 from torch import nn
 
 from graphopt.errors import GraphoptError
+from graphopt.partition.tp_roles import BlockKind
 from graphopt.partition.tp_styles import (
     LM_HEAD,
     Specs,
@@ -117,8 +118,8 @@ def sequence_parallel_layout(blocks: Sequence[TPBlockLike], module: nn.Module
     decoder layer one attention and one MLP block with a norm before each, one final norm
     beside the layers, and a Linear LM head (``get_output_embeddings``), which an
     ``"lm_head"`` block, if any, names."""
-    attn = [b for b in blocks if b.kind == "attention"]
-    mlp = [b for b in blocks if b.kind == "mlp"]
+    attn = [b for b in blocks if b.kind == BlockKind.ATTENTION]
+    mlp = [b for b in blocks if b.kind == BlockKind.MLP]
     heads = [b for b in blocks if b.kind == LM_HEAD]
     if not attn or len(attn) != len(mlp) or len(attn) + len(mlp) + len(heads) != len(blocks):
         return (f"{len(attn)} attention and {len(mlp)} MLP blocks: sequence parallelism needs "

@@ -24,6 +24,7 @@ from torch import nn
 
 from graphopt.errors import GraphoptError
 from graphopt.partition.tp_blocks import LM_HEAD
+from graphopt.partition.tp_roles import BlockKind
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -32,7 +33,7 @@ __all__ = ["KINDS", "LM_HEAD", "TPBlockLike", "attention_module", "block_label",
            "check_degree", "check_linears", "emittable", "not_emittable", "style_code",
            "style_specs", "submodule"]
 
-KINDS = ("mlp", "attention", LM_HEAD)
+KINDS = tuple(BlockKind)  # mlp, attention, lm_head
 
 #: FQN -> (style class name in torch.distributed.tensor.parallel, keyword arguments)
 Specs = dict[str, tuple[str, dict[str, Any]]]
@@ -42,7 +43,7 @@ class TPBlockLike(Protocol):
     """What the emitter reads from a block (``graphopt.partition.tp_blocks.TPBlock`` has it)."""
 
     @property
-    def kind(self) -> str: ...  # "mlp" | "attention" | "lm_head"
+    def kind(self) -> str: ...  # a BlockKind, or its value
 
     @property
     def column_modules(self) -> tuple[str, ...]: ...
@@ -146,7 +147,7 @@ def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
     for b in blocks:
         if b.kind not in KINDS:
             raise GraphoptError(f"unknown tensor-parallel block kind {b.kind!r}",
-                                f"use one of {', '.join(map(repr, KINDS))}")
+                                f"use one of {', '.join(repr(str(k)) for k in KINDS)}")
         why = not_emittable(b)
         if why:
             raise GraphoptError(f"{block_label(b)}: {why}",
@@ -161,7 +162,7 @@ def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
             if heads > 1 or len(b.column_modules) != 1 or b.row_modules:
                 raise GraphoptError(f"{block_label(b)}: an LM head block is one Linear, once",
                                     "give one lm_head block with one column module")
-        elif b.kind == "attention":
+        elif b.kind == BlockKind.ATTENTION:
             _check_heads(b, degree)
 
 

@@ -38,6 +38,7 @@ from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
 from graphopt.backends.onnx.padding import pad_channels
 from graphopt.backends.onnx.precision import reduce_precision
 from graphopt.backends.onnx.quantize import quantize
+from graphopt.backends.onnx.result import OnnxResult
 from graphopt.backends.onnx.save import PROTO_LIMIT as _PROTO_LIMIT
 from graphopt.backends.onnx.save import save_onnx
 from graphopt.backends.onnx.session import decide_session
@@ -45,7 +46,6 @@ from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
-from graphopt.ir.plan import Plan
 
 __all__ = ["default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
 
@@ -221,8 +221,9 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
                   *, samples: Sequence[dict[str, np.ndarray]] | None = None,
                   passes: Sequence[Pass] | None = None, dynamic_shapes: Any = None,
-                  ) -> tuple[onnx.ModelProto, Plan, dict[str, Any]]:
-    """Optimize an ONNX model for ``target``; returns (model, plan with decisions, run info).
+                  ) -> OnnxResult:
+    """Optimize an ONNX model for ``target``; returns the model, the plan with its decisions
+    and the run report.
 
     Args:
         model: an ``.onnx`` path or a ``ModelProto`` (never modified).
@@ -308,4 +309,4 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                    extra={**plan.extra, "optimization": _plain(info)})
     logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
                 len(info["fallbacks"]), timings["total_s"])
-    return current, plan, info
+    return OnnxResult(current, plan, info, session, tuple(warnings))

@@ -27,6 +27,7 @@ from graphopt.backends.torch.measure import faster_or_equal
 from graphopt.backends.torch.padding import pad_channels
 from graphopt.backends.torch.precision import reduce_precision
 from graphopt.backends.torch.quantize import dynamic_int8
+from graphopt.backends.torch.result import TorchResult
 from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.planner import build_plan
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
@@ -36,7 +37,7 @@ from graphopt.frontends.torch_frontend import trace_torch
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
-from graphopt.ir.plan import Plan, mark_reverted
+from graphopt.ir.plan import mark_reverted
 
 __all__ = ["default_passes", "optimize_torch", "prepare"]
 
@@ -147,8 +148,9 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                    target: str | HardwareProfile = "h100",
                    options: Options | None = None,
                    passes: Sequence[Pass] | None = None, *, dynamic_shapes: Any = None,
-                   ) -> tuple[torch.nn.Module, Plan, dict[str, Any]]:
-    """Run the passes with a numeric check after each; returns (module, plan, run info).
+                   ) -> TorchResult:
+    """Run the passes with a numeric check after each; returns the module, the plan with its
+    decisions and the run report.
 
     The module is the rewritten graph, or, on the host CPU when even the rewritten graph
     measures slower than the user's model (tiny models where no rewrite pays), a copy of
@@ -185,9 +187,9 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
             "numerics": [c.to_dict() for c in final]}
     plan = ctx.plan.with_decisions(ctx.decisions)
     plan = replace(plan, extra={**plan.extra, "optimization": info})
-    return module, plan, {**info, "example_inputs": ctx.example_inputs,
-                          "shape_range_object": ctx.shape_range,
-                          "input_names": list(ctx.input_names)}
+    flags = ctx.notes.get("precision", {}).get("runtime", {})
+    return TorchResult(module, plan, info, tuple(ctx.example_inputs), ctx.shape_range,
+                       tuple(ctx.input_names), dict(flags))
 
 
 def _shapes(args: tuple[Any, ...]) -> str:

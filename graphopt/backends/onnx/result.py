@@ -1,0 +1,40 @@
+"""What the ONNX backend hands the face: one typed record, not a dict to take apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from graphopt.backends.onnx.session import SessionConfig
+from graphopt.ir.plan import Plan
+
+__all__ = ["OnnxResult"]
+
+
+@dataclass(frozen=True)
+class OnnxResult:
+    """The ONNX backend's output for :func:`graphopt.optimize` and ``graphopt optimize``.
+
+    Attributes:
+        model: the optimized model, checked and shape-inferred.
+        plan: the plan with every decision the passes applied or declined; its
+            ``optimization`` section is ``report``.
+        report: the run report (passes, guard rounds and fallbacks, numerics per output, the
+            session settings, timings): JSON-ready, what ``Optimized.info`` holds.
+        session: the ONNX Runtime session settings written beside the model.
+        warnings: what the user asked for and did not get (an explicit quantize that
+            quantized nothing), also in the plan's warnings.
+    """
+
+    model: onnx.ModelProto
+    plan: Plan
+    report: dict[str, Any]
+    session: SessionConfig
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def within_tolerance(self) -> bool:
+        """Every output of the optimized model within the stated tolerance of the original's."""
+        return all(n["within"] for n in self.report["numerics"])
