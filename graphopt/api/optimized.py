@@ -184,33 +184,50 @@ def optimize(model: Any, example_inputs: Any = None,
 
     options = Options(precision=precision, pad=pad, layout=layout, quantize=quantize,
                       tolerance=tolerance, measure=measure)
-    if isinstance(model, (str, os.PathLike)) or type(model).__name__ == "ModelProto":
-        from graphopt.backends.onnx.pipeline import optimize_onnx
-
+    if _is_onnx(model):
         if example_inputs is not None or kwargs:
             raise GraphoptError("an ONNX model is optimized from its own input shapes: "
                                 "example inputs and kwargs are for a torch module",
                                 "leave them out; give symbolic dims' sizes with "
                                 "dynamic_shapes={'batch': 8}")
-
-        done = optimize_onnx(model, target, options, calibration, dynamic_shapes=dynamic_shapes)
-        return Optimized(None, done.plan, (), done.report, onnx_model=done.model,
-                         session=done.session,
-                         source=model if isinstance(model, (str, os.PathLike)) else None)
+        return _optimize_onnx_model(model, target, options, calibration, dynamic_shapes)
     if calibration is not None:
         raise GraphoptError("calibration= feeds ONNX Runtime's static quantizers and the ONNX "
                             "accuracy guard",
                             "pass the .onnx file (or optimize the file export_onnx writes), or "
                             "leave calibration out for a torch module")
+    if kwargs or isinstance(example_inputs, Mapping):
+        from graphopt.frontends.torch_inputs import positional_inputs
+
+        example_inputs = positional_inputs(model, example_inputs, kwargs)
+    return _optimize_torch_module(model, example_inputs, target, options, dynamic_shapes)
+
+
+def _is_onnx(model: Any) -> bool:
+    """An ``.onnx`` path or an ``onnx.ModelProto``."""
+    from graphopt.frontends import is_onnx_proto
+
+    return isinstance(model, (str, os.PathLike)) or is_onnx_proto(model)
+
+
+def _optimize_onnx_model(model: Any, target: str | HardwareProfile, options: Any,
+                         calibration: Any, dynamic_shapes: Any) -> Optimized:
+    from graphopt.backends.onnx.pipeline import optimize_onnx
+
+    done = optimize_onnx(model, target, options, calibration, dynamic_shapes=dynamic_shapes)
+    return Optimized(None, done.plan, (), done.report, onnx_model=done.model,
+                     session=done.session,
+                     source=model if isinstance(model, (str, os.PathLike)) else None)
+
+
+def _optimize_torch_module(model: Any, example_inputs: Any, target: str | HardwareProfile,
+                           options: Any, dynamic_shapes: Any) -> Optimized:
     import torch
     from torch import fx
 
     from graphopt.backends.torch.optimized_module import OptimizedModule
     from graphopt.backends.torch.pipeline import optimize_torch
-    from graphopt.frontends.torch_inputs import positional_inputs
 
-    if kwargs or isinstance(example_inputs, Mapping):
-        example_inputs = positional_inputs(model, example_inputs, kwargs)
     done = optimize_torch(model, example_inputs, target, options, dynamic_shapes=dynamic_shapes)
     args, names = done.example_inputs, list(done.input_names)
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]

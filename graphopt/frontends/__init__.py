@@ -20,7 +20,14 @@ from graphopt.frontends.python_spec import (
 )
 from graphopt.ir.graph import Graph
 
-__all__ = ["load_graph", "load_python_spec"]
+__all__ = ["is_onnx_proto", "load_graph", "load_python_spec"]
+
+
+def is_onnx_proto(model: Any) -> bool:
+    """An ``onnx.ModelProto``, checked without importing onnx: an object that is one was made
+    with onnx already imported."""
+    onnx = sys.modules.get("onnx")
+    return onnx is not None and isinstance(model, onnx.ModelProto)
 
 
 def load_graph(model: Any, example_inputs: Any = None, dynamic_shapes: Any = None) -> Graph:
@@ -42,7 +49,7 @@ def load_graph(model: Any, example_inputs: Any = None, dynamic_shapes: Any = Non
         from graphopt.frontends.onnx_frontend import load_onnx
 
         return onnx_range(load_onnx(text), dynamic_shapes)
-    if type(model).__name__ == "ModelProto":
+    if is_onnx_proto(model):
         from graphopt.frontends.onnx_frontend import load_onnx
 
         return onnx_range(load_onnx(model), dynamic_shapes)

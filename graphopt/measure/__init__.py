@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.frontends import is_onnx_proto
 from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 from graphopt.ir.plan import Plan
 from graphopt.measure.stats import Measured, spearman, with_measurements
@@ -46,7 +47,7 @@ def _measured_on(target: Any) -> tuple[Any, str]:
 def _is_onnx(model: Any) -> bool:
     """An ONNX model or a path that is not ``file.py:function`` (``load_graph`` says what a
     bad path is)."""
-    if type(model).__name__ == "ModelProto":
+    if is_onnx_proto(model):
         return True
     return isinstance(model, (str, os.PathLike)) and not is_python_spec(os.fspath(model))
 

@@ -46,6 +46,7 @@ from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
+from graphopt.ir.plan import Plan
 
 __all__ = ["default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
 
@@ -237,17 +238,49 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
 
     Passes are timed per ``options.measure`` (:func:`graphopt.backends.driver.measure_here`).
     """
+    start = time.perf_counter()
+    opts = options or Options()
+    profile = _resolve(target)
+    setup = _setup(model, profile, opts, calibration, samples, dynamic_shapes, start)
+    compute, why = onnx_precision(profile, opts.precision)
+    ctx = OnnxContext(plan=setup.plan, target=profile, options=opts, samples=setup.runs,
+                      calibration=setup.calib, compute_dtype=compute, graph=setup.graph,
+                      dim_values=setup.rng.values("opt") if setup.rng else {})
+    ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
+                                     "reason": why}
+    backend = _OnnxBackend(ctx, setup.base, setup.reference)
+    done = run_passes(backend, setup.base, default_passes() if passes is None else passes,
+                      measure=measure_here(opts, profile))
+    setup.timings.update({f"{name}_s": s for name, s in done.seconds.items()})
+    return _finish(setup, ctx, done, backend.guard_reports, start)
+
+
+@dataclass
+class _Setup:
+    """The model loaded and planned, the inputs every check runs on and the reference outputs
+    the original model gives on them."""
+
+    graph: Any  # the IR at the opt point (range_plan.at_opt)
+    plan: Plan
+    base: onnx.ModelProto
+    rng: Any
+    calib: list[dict[str, np.ndarray]] | None
+    runs: list[dict[str, np.ndarray]]
+    at_ends: list[dict[str, np.ndarray]]
+    reference: list[list[np.ndarray]]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any,
+           samples: Sequence[dict[str, np.ndarray]] | None, dynamic_shapes: Any,
+           start: float) -> _Setup:
     from graphopt.decisions.planner import build_plan
     from graphopt.decisions.range_plan import at_opt
     from graphopt.frontends.onnx_frontend import load_onnx
     from graphopt.frontends.onnx_range import onnx_range
 
-    start = time.perf_counter()
-    opts = options or Options()
-    profile = _resolve(target)
     graph = onnx_range(load_onnx(model), dynamic_shapes)
-    rng = graph.shape_range
-    base = graph.source_model
+    rng, base = graph.shape_range, graph.source_model
     if base is None:  # pragma: no cover - the ONNX frontend always sets it
         raise GraphoptError("the ONNX frontend kept no model to rewrite")
     plan = build_plan(graph, profile)
@@ -269,44 +302,42 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         if samples or calib:
             raise
         raise _generated_inputs_failed(e, runs, rng) from None
-    compute, why = onnx_precision(profile, opts.precision)
-    ctx = OnnxContext(plan=plan, target=profile, options=opts, samples=runs, calibration=calib,
-                      compute_dtype=compute, graph=at_opt(graph),
-                      dim_values=rng.values("opt") if rng else {})
-    ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
-                                     "reason": why}
-    backend = _OnnxBackend(ctx, base, reference)
-    done = run_passes(backend, base, default_passes() if passes is None else passes,
-                      measure=measure_here(opts, profile))
-    current, applied, reports, final_tol = (done.model, done.applied, backend.guard_reports,
-                                            done.tolerance)
-    timings.update({f"{name}_s": s for name, s in done.seconds.items()})
-    session = decide_session(current, ctx)
+    return _Setup(at_opt(graph), plan, base, rng, calib, runs, at_ends, reference, timings)
+
+
+def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, Any]],
+            start: float) -> OnnxResult:
+    """The session settings, the checked model, its numbers against the original's and the
+    run report."""
+    opts, applied, timings = ctx.options, done.applied, setup.timings
+    session = decide_session(done.model, ctx)
     t0 = time.perf_counter()
-    current = finalize(current)
-    names = [o.name for o in base.graph.output]
-    final = compare(reference, run_samples(current, runs, "the optimized model"), names,
-                    final_tol)
+    current = finalize(done.model)
+    names = [o.name for o in setup.base.graph.output]
+    final = compare(setup.reference, run_samples(current, setup.runs, "the optimized model"),
+                    names, done.tolerance)
     timings["check_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - start
     warnings = _declined_requests(opts, applied, ctx)
     for w in warnings:
-        logger.info("%s", w)  # the CLI prints info["warnings"]; the report lists them
+        logger.info("%s", w)  # the CLI prints them; the report lists them
+    rng, calib, runs = setup.rng, setup.calib, setup.runs
     info: dict[str, Any] = {
-        "source": "onnx", "target": profile.name, "passes_applied": applied,
+        "source": "onnx", "target": ctx.target.name, "passes_applied": applied,
         "warnings": warnings,
-        "passes_reverted": done.reverted, "compute_dtype": compute if "precision" in applied
-        else "fp32", "precision_choice": ctx.notes["precision_choice"],
-        "tolerance": final_tol.to_dict(), "numerics": [e.to_dict() for e in final],
+        "passes_reverted": done.reverted, "compute_dtype": ctx.compute_dtype
+        if "precision" in applied else "fp32", "precision_choice": ctx.notes["precision_choice"],
+        "tolerance": done.tolerance.to_dict(), "numerics": [e.to_dict() for e in final],
         "guard": reports, "fallbacks": [f for r in reports for f in r["fallbacks"]],
         "session": session.to_dict(), "samples": len(runs),
         "sample_shapes": [{k: list(np.shape(v)) for k, v in r.items()} for r in runs],
-        **({"shape_range": rng.to_dict(), "range_samples": len(at_ends)} if rng else {}),
+        **({"shape_range": rng.to_dict(), "range_samples": len(setup.at_ends)} if rng else {}),
         "calibration_batches": len(calib) if calib else 0,
         "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
         "timings": timings}
-    plan = replace(plan.with_decisions(ctx.decisions), warnings=(*plan.warnings, *warnings),
-                   extra={**plan.extra, "optimization": _plain(info)})
+    plan = replace(setup.plan.with_decisions(ctx.decisions),
+                   warnings=(*setup.plan.warnings, *warnings),
+                   extra={**setup.plan.extra, "optimization": _plain(info)})
     logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
                 len(info["fallbacks"]), timings["total_s"])
     return OnnxResult(current, plan, info, session, tuple(warnings))
