@@ -35,7 +35,7 @@ class Optimized:
         self.example_inputs = example_inputs
         self.info = info
         #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`) and its
-        #: ONNX Runtime session settings (``backends.onnx.session.SessionConfig``)
+        #: ONNX Runtime session settings (``decisions.ort_session.SessionConfig``)
         self.onnx_model, self.onnx_session = onnx_model, session
         #: (torch model, example inputs, options) for export_onnx, or the ONNX input's path
         self._source = source

@@ -51,7 +51,7 @@ from typing import Any
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = ["ALLOC_CONF_ENV", "RuntimeSettings", "Setting", "apply_runtime_settings",
-           "runtime_settings", "snapshot_torch_state"]
+           "runtime_settings", "snapshot_torch_state", "tf32_allowed"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,12 @@ def _sdpa(t: HardwareProfile, precision: str, head_dim: int | None) -> Setting:
                    f"{align}-element aligned for the memory-efficient kernel")
 
 
+def tf32_allowed(target: HardwareProfile, precision: str) -> bool:
+    """Rule 1: TF32 tensor cores for fp32 GEMMs and convs where the GPU has them and the
+    precision asked for is not strict ``"fp32"`` (torch's flags and ORT's ``use_tf32`` both)."""
+    return target.has("tf32") and precision != "fp32"
+
+
 def runtime_settings(target: HardwareProfile | str, *, precision: str = "bf16",
                      has_convs: bool = False, static_shapes: bool = True,
                      max_batch_size: int | None = None,
@@ -155,7 +161,7 @@ def runtime_settings(target: HardwareProfile | str, *, precision: str = "bf16",
             mkldnn_enabled=Setting(True, "rule 6: oneDNN conv/linear kernels for x86/aarch64"))
     cc = t.compute_capability or (0, 0)
     tf32_hw = t.has("tf32")
-    tf32 = tf32_hw and precision != "fp32"
+    tf32 = tf32_allowed(t, precision)
     if not tf32_hw:
         why = f"rule 1: sm_{cc[0]}{cc[1]} has no TF32 tensor cores"
     elif tf32:

@@ -53,118 +53,140 @@ logger = logging.getLogger(__name__)
 Bench = Callable[[], Callable[[], Any]]
 
 
-def _ops() -> dict[str, Bench]:
-    """Canonical op type -> a builder of one small call of it (inputs made once, outside the
-    timed loop). Shapes are small-model activations: 2 x 16 x 64 for sequence ops,
+class _Operands:
+    """The inputs of the bench calls, made once, outside the timed loop, from one seeded
+    generator. Shapes are small-model activations: 2 x 16 x 64 for sequence ops,
     2 x 16 x 16 x 16 for image ops (a tinier conv runs on one thread and misses the cost of
-    waking the others, which every real conv pays)."""
-    import torch
-    import torch.nn.functional as F
+    waking the others, which every real conv pays). torch is imported only here."""
 
-    g = torch.Generator().manual_seed(0)
+    def __init__(self) -> None:
+        import torch
+        import torch.nn.functional as F
 
-    def x(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
+        g = torch.Generator().manual_seed(0)
 
-    a, b = x(2, 16, 64), x(2, 16, 64)
-    img = x(2, 16, 16, 16)
-    w, bias = x(64, 64), x(64)
-    ids = torch.randint(0, 64, (2, 16), generator=g)
-    q = x(2, 4, 16, 16)
-    mask = a > 0
-    causal = torch.ones(16, 16, dtype=torch.bool).tril()
-    aten = torch.ops.aten
-    norm_w = x(64)
-    conv_w, pointwise_w, depthwise_w = x(16, 16, 3, 3), x(32, 16, 1, 1), x(16, 1, 3, 3)
-    bn = (x(16), x(16).abs() + 1, x(16), x(16))
-    at = a.transpose(1, 2)
-    strided = x(2, 64, 16).transpose(1, 2)
+        def x(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g)
 
-    def binary(fn: Callable[[Any, Any], Any], lhs: Any = a, scalar: Any = 0.5) -> Bench:
-        """A binary op on the operand layouts models give it, in turn: same shape, a
-        broadcast row, a Python scalar (wrapped into a tensor on every call) and a strided
-        view. Their costs differ up to 2.5x; the median over the four is the op's."""
-        other = (lhs.flip(0), lhs[0, 0], scalar, strided)
-        return lambda: _rotating([functools.partial(fn, lhs, o) for o in other])
+        self.torch, self.F, self.aten = torch, F, torch.ops.aten
+        self.a, self.b = x(2, 16, 64), x(2, 16, 64)
+        self.img = x(2, 16, 16, 16)
+        self.w, self.bias = x(64, 64), x(64)
+        self.ids = torch.randint(0, 64, (2, 16), generator=g)
+        self.q = x(2, 4, 16, 16)
+        self.mask = self.a > 0
+        self.causal = torch.ones(16, 16, dtype=torch.bool).tril()
+        self.norm_w = x(64)
+        self.conv_w, self.pointwise_w, self.depthwise_w = (x(16, 16, 3, 3), x(32, 16, 1, 1),
+                                                           x(16, 1, 3, 3))
+        self.bn = (x(16), x(16).abs() + 1, x(16), x(16))
+        self.at = self.a.transpose(1, 2)
+        self.strided = x(2, 64, 16).transpose(1, 2)
 
-    return {
-        # views and aliases: dispatch only, no kernel
-        "Reshape": lambda: lambda: a.view(2, 16, 4, 16),
-        "Reshape:copy": lambda: lambda: at.reshape(2, 1024),  # strides allow no view
-        "Transpose": lambda: lambda: a.transpose(1, 2),
-        "Unsqueeze": lambda: lambda: a.unsqueeze(1),
-        "Squeeze": lambda: lambda: a[:1].squeeze(0),
-        "Expand": lambda: lambda: a[:, :1].expand(2, 16, 64),
-        "Slice": lambda: lambda: a[:, 2:10],
-        "Flatten": lambda: lambda: a.flatten(1),
-        "Identity": lambda: lambda: aten.to.dtype(a, torch.float32),  # a no-op cast
-        "Dropout": lambda: lambda: F.dropout(a, 0.1, training=False),
-        "Split": lambda: lambda: a.split(32, dim=-1),
-        # elementwise
-        "Cast": lambda: lambda: a.to(torch.float64),
-        "Add": binary(torch.add),
-        "Sub": binary(torch.sub),
-        "Mul": binary(torch.mul),
-        "Div": binary(torch.div),
-        "Pow": lambda: lambda: a.pow(2),
-        "Neg": lambda: lambda: -a,
-        "Abs": lambda: lambda: a.abs(),
-        "Rsqrt": lambda: lambda: a.rsqrt(),
-        "Sqrt": lambda: lambda: a.sqrt(),
-        "Exp": lambda: lambda: a.exp(),
-        "Log": lambda: lambda: a.log(),
-        "Erf": lambda: lambda: a.erf(),
-        "Sin": lambda: lambda: a.sin(),
-        "Cos": lambda: lambda: a.cos(),
-        "Tanh": lambda: lambda: a.tanh(),
-        "Sigmoid": lambda: lambda: a.sigmoid(),
-        "Relu": lambda: lambda: a.relu(),
-        "Gelu": lambda: lambda: F.gelu(a),
-        "Silu": lambda: lambda: F.silu(a),
-        "Clip": lambda: lambda: a.clamp(-1, 1),
-        "Equal": binary(torch.eq),
-        "Less": binary(torch.lt),
-        "LessOrEqual": binary(torch.le),
-        "Greater": binary(torch.gt),
-        "GreaterOrEqual": binary(torch.ge),
-        "And": lambda: lambda: mask & mask,
-        "Not": lambda: lambda: ~mask,
-        "Where": lambda: lambda: torch.where(mask, a, b),
-        "Min": binary(torch.minimum, scalar=torch.tensor(0.5)),
-        "Max": binary(torch.maximum, scalar=torch.tensor(0.5)),
-        # reductions and norms
-        "ReduceMean": lambda: lambda: a.mean(-1, keepdim=True),
-        "ReduceSum": lambda: lambda: a.sum(-1),
-        "ReduceMax": lambda: lambda: a.amax(-1),
-        "CumSum": lambda: lambda: mask.cumsum(-1),
-        "Softmax": lambda: lambda: a.softmax(-1),
-        "LogSoftmax": lambda: lambda: a.log_softmax(-1),
-        "LayerNormalization": lambda: lambda: F.layer_norm(a, (64,), norm_w, norm_w),
-        "RMSNormalization": lambda: lambda: F.rms_norm(a, (64,), norm_w),
-        "BatchNormalization": lambda: lambda: F.batch_norm(img, *bn, training=False),
-        "GroupNormalization": lambda: lambda: F.group_norm(img, 2),
-        "MaxPool": lambda: lambda: F.max_pool2d(img, 2),
-        "AveragePool": lambda: lambda: F.avg_pool2d(img, 2),
-        "GlobalAveragePool": lambda: lambda: F.adaptive_avg_pool2d(img, 1),
-        "TopK": lambda: lambda: a.topk(4, dim=-1),
-        # GEMM-like
-        "Linear": lambda: lambda: F.linear(a, w, bias),
-        "Gemm": lambda: lambda: torch.addmm(bias, a[0], w),
-        "MatMul": lambda: lambda: torch.matmul(q, q.transpose(-1, -2)),
-        "Conv": lambda: lambda: F.conv2d(img, conv_w, padding=1),
-        "Conv:1x1": lambda: lambda: F.conv2d(img, pointwise_w),
-        "Conv:depthwise": lambda: lambda: F.conv2d(img, depthwise_w, padding=1, groups=16),
-        "Attention": lambda: lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=causal),
-        # data movement
-        "Concat": lambda: lambda: torch.cat([a, b], -1),
-        "Gather": lambda: lambda: F.embedding(ids, w),
-        "GatherElements": lambda: lambda: a.gather(-1, ids[..., None].expand(2, 16, 4)),
-        "Pad": lambda: lambda: F.pad(a, (0, 8)),
-        "Range": lambda: lambda: torch.arange(16),
-        "ConstantOfShape": lambda: lambda: a.new_ones(2, 16),
-        "Copy": lambda: lambda: at.contiguous(),
-        "Tile": lambda: lambda: a.repeat(1, 2, 1),
-    }
+
+#: one bench: given the operands, the call to time
+_Make = Callable[[_Operands], Callable[[], Any]]
+
+
+def _binary(fn: str, tensor_scalar: bool = False) -> _Make:
+    """``torch.<fn>`` on the operand layouts models give it, in turn: same shape, a broadcast
+    row, a Python scalar (wrapped into a tensor on every call; ``tensor_scalar``: a 0-d
+    tensor) and a strided view. Their costs differ up to 2.5x; the median over the four is the
+    op's."""
+    def make(o: _Operands) -> Callable[[], Any]:
+        scalar = o.torch.tensor(0.5) if tensor_scalar else 0.5
+        other = (o.a.flip(0), o.a[0, 0], scalar, o.strided)
+        return _rotating([functools.partial(getattr(o.torch, fn), o.a, x) for x in other])
+    return make
+
+
+#: canonical op type -> its bench call on :class:`_Operands`
+_BENCHES: dict[str, _Make] = {
+    # views and aliases: dispatch only, no kernel
+    "Reshape": lambda o: lambda: o.a.view(2, 16, 4, 16),
+    "Reshape:copy": lambda o: lambda: o.at.reshape(2, 1024),  # strides allow no view
+    "Transpose": lambda o: lambda: o.a.transpose(1, 2),
+    "Unsqueeze": lambda o: lambda: o.a.unsqueeze(1),
+    "Squeeze": lambda o: lambda: o.a[:1].squeeze(0),
+    "Expand": lambda o: lambda: o.a[:, :1].expand(2, 16, 64),
+    "Slice": lambda o: lambda: o.a[:, 2:10],
+    "Flatten": lambda o: lambda: o.a.flatten(1),
+    "Identity": lambda o: lambda: o.aten.to.dtype(o.a, o.torch.float32),  # a no-op cast
+    "Dropout": lambda o: lambda: o.F.dropout(o.a, 0.1, training=False),
+    "Split": lambda o: lambda: o.a.split(32, dim=-1),
+    # elementwise
+    "Cast": lambda o: lambda: o.a.to(o.torch.float64),
+    "Add": _binary("add"),
+    "Sub": _binary("sub"),
+    "Mul": _binary("mul"),
+    "Div": _binary("div"),
+    "Pow": lambda o: lambda: o.a.pow(2),
+    "Neg": lambda o: lambda: -o.a,
+    "Abs": lambda o: lambda: o.a.abs(),
+    "Rsqrt": lambda o: lambda: o.a.rsqrt(),
+    "Sqrt": lambda o: lambda: o.a.sqrt(),
+    "Exp": lambda o: lambda: o.a.exp(),
+    "Log": lambda o: lambda: o.a.log(),
+    "Erf": lambda o: lambda: o.a.erf(),
+    "Sin": lambda o: lambda: o.a.sin(),
+    "Cos": lambda o: lambda: o.a.cos(),
+    "Tanh": lambda o: lambda: o.a.tanh(),
+    "Sigmoid": lambda o: lambda: o.a.sigmoid(),
+    "Relu": lambda o: lambda: o.a.relu(),
+    "Gelu": lambda o: lambda: o.F.gelu(o.a),
+    "Silu": lambda o: lambda: o.F.silu(o.a),
+    "Clip": lambda o: lambda: o.a.clamp(-1, 1),
+    "Equal": _binary("eq"),
+    "Less": _binary("lt"),
+    "LessOrEqual": _binary("le"),
+    "Greater": _binary("gt"),
+    "GreaterOrEqual": _binary("ge"),
+    "And": lambda o: lambda: o.mask & o.mask,
+    "Not": lambda o: lambda: ~o.mask,
+    "Where": lambda o: lambda: o.torch.where(o.mask, o.a, o.b),
+    "Min": _binary("minimum", tensor_scalar=True),
+    "Max": _binary("maximum", tensor_scalar=True),
+    # reductions and norms
+    "ReduceMean": lambda o: lambda: o.a.mean(-1, keepdim=True),
+    "ReduceSum": lambda o: lambda: o.a.sum(-1),
+    "ReduceMax": lambda o: lambda: o.a.amax(-1),
+    "CumSum": lambda o: lambda: o.mask.cumsum(-1),
+    "Softmax": lambda o: lambda: o.a.softmax(-1),
+    "LogSoftmax": lambda o: lambda: o.a.log_softmax(-1),
+    "LayerNormalization": lambda o: lambda: o.F.layer_norm(o.a, (64,), o.norm_w, o.norm_w),
+    "RMSNormalization": lambda o: lambda: o.F.rms_norm(o.a, (64,), o.norm_w),
+    "BatchNormalization": lambda o: lambda: o.F.batch_norm(o.img, *o.bn, training=False),
+    "GroupNormalization": lambda o: lambda: o.F.group_norm(o.img, 2),
+    "MaxPool": lambda o: lambda: o.F.max_pool2d(o.img, 2),
+    "AveragePool": lambda o: lambda: o.F.avg_pool2d(o.img, 2),
+    "GlobalAveragePool": lambda o: lambda: o.F.adaptive_avg_pool2d(o.img, 1),
+    "TopK": lambda o: lambda: o.a.topk(4, dim=-1),
+    # GEMM-like
+    "Linear": lambda o: lambda: o.F.linear(o.a, o.w, o.bias),
+    "Gemm": lambda o: lambda: o.torch.addmm(o.bias, o.a[0], o.w),
+    "MatMul": lambda o: lambda: o.torch.matmul(o.q, o.q.transpose(-1, -2)),
+    "Conv": lambda o: lambda: o.F.conv2d(o.img, o.conv_w, padding=1),
+    "Conv:1x1": lambda o: lambda: o.F.conv2d(o.img, o.pointwise_w),
+    "Conv:depthwise": lambda o: lambda: o.F.conv2d(o.img, o.depthwise_w, padding=1, groups=16),
+    "Attention": lambda o: lambda: o.F.scaled_dot_product_attention(o.q, o.q, o.q,
+                                                                   attn_mask=o.causal),
+    # data movement
+    "Concat": lambda o: lambda: o.torch.cat([o.a, o.b], -1),
+    "Gather": lambda o: lambda: o.F.embedding(o.ids, o.w),
+    "GatherElements": lambda o: lambda: o.a.gather(-1, o.ids[..., None].expand(2, 16, 4)),
+    "Pad": lambda o: lambda: o.F.pad(o.a, (0, 8)),
+    "Range": lambda o: lambda: o.torch.arange(16),
+    "ConstantOfShape": lambda o: lambda: o.a.new_ones(2, 16),
+    "Copy": lambda o: lambda: o.at.contiguous(),
+    "Tile": lambda o: lambda: o.a.repeat(1, 2, 1),
+}
+
+
+def _ops() -> dict[str, Bench]:
+    """Canonical op type -> a builder of one small call of it (:data:`_BENCHES` on one set of
+    :class:`_Operands`)."""
+    o = _Operands()
+    return {op: functools.partial(make, o) for op, make in _BENCHES.items()}
 
 
 def _rotating(calls: list[Callable[[], Any]]) -> Callable[[], Any]:

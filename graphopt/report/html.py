@@ -26,6 +26,7 @@ import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from graphopt.report._html_assets import PAGE, SCRIPT, STYLE
@@ -118,6 +119,81 @@ def _time_panel(plan: Mapping[str, Any], colors: dict[str, str]) -> str:
             f'<div class="keys">{keys}</div><div class="bars">{bars}</div></div>')
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """The roofline's log-log box: decades ``x0..x1`` (FLOP/byte) and ``y0..y1`` (FLOP/s)."""
+
+    x0: int
+    x1: int
+    y0: int
+    y1: int
+    pw: int = _W - _PL - _PR
+    ph: int = _H - _PT - _PB
+
+    def px(self, v: float) -> float:
+        return _PL + (math.log10(v) - self.x0) / (self.x1 - self.x0) * self.pw
+
+    def py(self, v: float) -> float:
+        return _PT + self.ph - (math.log10(v) - self.y0) / (self.y1 - self.y0) * self.ph
+
+
+def _frame(pts: Sequence[tuple[float, float, int]], peaks: Mapping[float, list[str]],
+           bw: float) -> _Frame:
+    """The decades that hold every point, and each ridge a decade either side."""
+    ridges = [p / bw for p in peaks] if bw else []
+    xs = [x for x, _, _ in pts] + [r / 10 for r in ridges] + [r * 10 for r in ridges] or [1e-2, 1e4]
+    ys = [y for _, y, _ in pts] + list(peaks) or [1e9, 1e15]
+    x1, y1 = math.ceil(math.log10(max(xs))), math.ceil(math.log10(max(ys) * 1.05))
+    x0 = max(math.floor(math.log10(min(xs))), x1 - 10)
+    y0 = max(math.floor(math.log10(min(ys))), y1 - 8)
+    return _Frame(min(x0, x1 - 1), x1, min(y0, y1 - 1), y1)
+
+
+def _axes(f: _Frame, t: int) -> list[str]:
+    """The clip box, the decade grid with its labels, and the axes' box."""
+    pw, ph, px, py = f.pw, f.ph, f.px, f.py
+    parts = [f'<clipPath id="clip{t}"><rect x="{_PL}" y="{_PT}" width="{pw}" height="{ph}"/>'
+             f'</clipPath>']
+    step = 1 if f.x1 - f.x0 <= 8 else 2
+    for k in range(f.x0, f.x1 + 1):
+        parts.append(f'<line class="gl" x1="{px(10.0**k):.1f}" y1="{_PT}" x2="{px(10.0**k):.1f}" '
+                     f'y2="{_PT + ph}"/>')
+        if (k - f.x0) % step == 0:
+            parts.append(f'<text x="{px(10.0**k):.1f}" y="{_PT + ph + 14}" text-anchor="middle">'
+                         f'{esc(fmt_si(10.0**k))}</text>')
+    for k in range(f.y0, f.y1 + 1):
+        parts.append(f'<line class="gl" x1="{_PL}" y1="{py(10.0**k):.1f}" x2="{_PL + pw}" '
+                     f'y2="{py(10.0**k):.1f}"/><text x="{_PL - 6}" y="{py(10.0**k) + 3.5:.1f}" '
+                     f'text-anchor="end">{esc(fmt_si(10.0**k))}</text>')
+    parts.append(f'<rect class="ax" x="{_PL}" y="{_PT}" width="{pw}" height="{ph}" fill="none"/>')
+    return parts
+
+
+def _roofs(f: _Frame, t: int, peaks: Mapping[float, list[str]], bw: float) -> list[str]:
+    """One flat roof per peak (labelled right of the plot) and the bandwidth slope."""
+    px, py, parts = f.px, f.py, []
+    label_y = -1e9
+    lo, hi = 10.0**f.x0, 10.0**f.x1
+    for peak in sorted(peaks, reverse=True):
+        start = max(peak / bw, lo) if bw else lo
+        parts.append(f'<line class="rl roof-peak" clip-path="url(#clip{t})" x1="{px(start):.1f}" '
+                     f'y1="{py(peak):.1f}" x2="{px(hi):.1f}" y2="{py(peak):.1f}"/>')
+        label_y = max(py(peak) + 3.5, label_y + 11)  # right of the plot, never on a point
+        parts.append(f'<text class="rt" x="{_PL + f.pw + 5}" y="{label_y:.1f}">'
+                     f'{esc("/".join(peaks[peak]))} {esc(fmt_si(peak))}</text>')
+    if bw:
+        a = max(lo, 10.0**f.y0 / bw)
+        b = min(hi, max(peaks) / bw) if peaks else hi
+        if b > a:
+            parts.append(f'<line class="rl roof-bw" clip-path="url(#clip{t})" x1="{px(a):.1f}" '
+                         f'y1="{py(bw * a):.1f}" x2="{px(b):.1f}" y2="{py(bw * b):.1f}"/>')
+            m = math.sqrt(a * math.sqrt(a * b))
+            ang = math.degrees(math.atan2(py(bw * b) - py(bw * a), px(b) - px(a)))
+            parts.append(f'<text class="rt bwl" transform="translate({px(m):.1f},'
+                         f'{py(bw * m) - 6:.1f}) rotate({ang:.1f})">{esc(fmt_rate(bw))}</text>')
+    return parts
+
+
 def _roofline(plan: Mapping[str, Any], t: int, colors: dict[str, str],
               pts: Sequence[tuple[float, float, int]]) -> str:
     """Log-log roofline frame (axes, bandwidth slope, one roof per peak); JS adds the points.
@@ -132,59 +208,14 @@ def _roofline(plan: Mapping[str, Any], t: int, colors: dict[str, str],
         if (finite(v) or 0.0) > 0:
             peaks.setdefault(float(v), []).append(str(k))
     plotted = sum(c for _, _, c in pts)
-    ridges = [p / bw for p in peaks] if bw else []
-    xs = [x for x, _, _ in pts] + [r / 10 for r in ridges] + [r * 10 for r in ridges] or [1e-2, 1e4]
-    ys = [y for _, y, _ in pts] + list(peaks) or [1e9, 1e15]
-    x1, y1 = math.ceil(math.log10(max(xs))), math.ceil(math.log10(max(ys) * 1.05))
-    x0 = max(math.floor(math.log10(min(xs))), x1 - 10)
-    y0 = max(math.floor(math.log10(min(ys))), y1 - 8)
-    x0, y0 = min(x0, x1 - 1), min(y0, y1 - 1)
-    pw, ph = _W - _PL - _PR, _H - _PT - _PB
-
-    def px(v: float) -> float:
-        return _PL + (math.log10(v) - x0) / (x1 - x0) * pw
-
-    def py(v: float) -> float:
-        return _PT + ph - (math.log10(v) - y0) / (y1 - y0) * ph
-
-    parts = [f'<clipPath id="clip{t}"><rect x="{_PL}" y="{_PT}" width="{pw}" height="{ph}"/>'
-             f'</clipPath>']
-    step = 1 if x1 - x0 <= 8 else 2
-    for k in range(x0, x1 + 1):
-        parts.append(f'<line class="gl" x1="{px(10.0**k):.1f}" y1="{_PT}" x2="{px(10.0**k):.1f}" '
-                     f'y2="{_PT + ph}"/>')
-        if (k - x0) % step == 0:
-            parts.append(f'<text x="{px(10.0**k):.1f}" y="{_PT + ph + 14}" text-anchor="middle">'
-                         f'{esc(fmt_si(10.0**k))}</text>')
-    for k in range(y0, y1 + 1):
-        parts.append(f'<line class="gl" x1="{_PL}" y1="{py(10.0**k):.1f}" x2="{_PL + pw}" '
-                     f'y2="{py(10.0**k):.1f}"/><text x="{_PL - 6}" y="{py(10.0**k) + 3.5:.1f}" '
-                     f'text-anchor="end">{esc(fmt_si(10.0**k))}</text>')
-    parts.append(f'<rect class="ax" x="{_PL}" y="{_PT}" width="{pw}" height="{ph}" fill="none"/>')
-    label_y = -1e9
-    lo, hi = 10.0**x0, 10.0**x1
-    for peak in sorted(peaks, reverse=True):
-        start = max(peak / bw, lo) if bw else lo
-        parts.append(f'<line class="rl roof-peak" clip-path="url(#clip{t})" x1="{px(start):.1f}" '
-                     f'y1="{py(peak):.1f}" x2="{px(hi):.1f}" y2="{py(peak):.1f}"/>')
-        label_y = max(py(peak) + 3.5, label_y + 11)  # right of the plot, never on a point
-        parts.append(f'<text class="rt" x="{_PL + pw + 5}" y="{label_y:.1f}">'
-                     f'{esc("/".join(peaks[peak]))} {esc(fmt_si(peak))}</text>')
-    if bw:
-        a = max(lo, 10.0**y0 / bw)
-        b = min(hi, max(peaks) / bw) if peaks else hi
-        if b > a:
-            parts.append(f'<line class="rl roof-bw" clip-path="url(#clip{t})" x1="{px(a):.1f}" '
-                         f'y1="{py(bw * a):.1f}" x2="{px(b):.1f}" y2="{py(bw * b):.1f}"/>')
-            m = math.sqrt(a * math.sqrt(a * b))
-            ang = math.degrees(math.atan2(py(bw * b) - py(bw * a), px(b) - px(a)))
-            parts.append(f'<text class="rt bwl" transform="translate({px(m):.1f},'
-                         f'{py(bw * m) - 6:.1f}) rotate({ang:.1f})">{esc(fmt_rate(bw))}</text>')
-    parts.append(f'<text x="{_PL + pw / 2:.1f}" y="{_H - 6}" text-anchor="middle">'
+    f = _frame(pts, peaks, bw)
+    parts = [*_axes(f, t), *_roofs(f, t, peaks, bw)]
+    parts.append(f'<text x="{_PL + f.pw / 2:.1f}" y="{_H - 6}" text-anchor="middle">'
                  f'arithmetic intensity (FLOP/byte)</text><text transform="translate(13,'
-                 f'{_PT + ph / 2:.1f}) rotate(-90)" text-anchor="middle">attained FLOP/s</text>')
-    box = (f'data-t="{t}" data-lx0="{x0}" data-lx1="{x1}" data-ly0="{y0}" data-ly1="{y1}" '
-           f'data-px="{_PL}" data-py="{_PT}" data-pw="{pw}" data-ph="{ph}"')
+                 f'{_PT + f.ph / 2:.1f}) rotate(-90)" text-anchor="middle">attained FLOP/s</text>')
+    box = (f'data-t="{t}" data-lx0="{f.x0}" data-lx1="{f.x1}" data-ly0="{f.y0}" '
+           f'data-ly1="{f.y1}" data-px="{_PL}" data-py="{_PT}" data-pw="{f.pw}" '
+           f'data-ph="{f.ph}"')
     svg = (f'<svg class="roofline" viewBox="0 0 {_W} {_H}" role="img" aria-label="Roofline of '
            f'{esc(target_name(tgt))}" {box}>{"".join(parts)}<g class="pts" '
            f'clip-path="url(#clip{t})"></g></svg>')
