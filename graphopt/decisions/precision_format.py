@@ -10,7 +10,7 @@ from __future__ import annotations
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["choose_precision", "native_format"]
+__all__ = ["choose_precision", "native_format", "onnx_precision"]
 
 _CHOICES = ("auto", "fp32", "tf32", "bf16", "fp16")
 
@@ -86,3 +86,27 @@ def choose_precision(target: HardwareProfile, requested: str) -> tuple[str, str]
     return auto, (f"{auto}: {requested} requested, but {where} does not run {requested} "
                   f"natively (it would be emulated, slower than fp32); fell back to the auto "
                   f"choice ({auto_reason})")
+
+
+def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
+    """The torch path's precision choice, as ONNX Runtime can run it: the named exception to
+    one choice for both backends.
+
+    bf16 becomes fp16 on ONNX: ONNX's Conv/pooling schemas (opset <= 21) have no bf16, ORT's
+    CPU EP has no bf16 kernels at all (measured, ORT 1.31: MatMul/Add/... NOT_IMPLEMENTED), so
+    a bf16 graph could not run everywhere nor be checked by the guard; fp16 runs on the same
+    tensor cores at the same peak on sm_80+, and the guard handles fp16's narrower range.
+    On CPU targets reduced precision stays fp32 (ORT's CPU EP runs fp16 by casting to fp32).
+    """
+    chosen, why = choose_precision(target, requested)
+    if chosen in ("bf16", "fp16") and not target.is_gpu:
+        return "fp32", (f"fp32: {why}; but ORT's CPU EP has no native bf16/fp16 kernels "
+                        "(it would insert casts around fp32 kernels), so the ONNX model stays "
+                        "fp32")
+    if chosen == "bf16":
+        if "fp16" in target.peak_flops:
+            return "fp16", (f"fp16 with fp32 islands ({why}; on ONNX bf16 becomes fp16: no bf16 "
+                            "Conv in ONNX, no bf16 kernels in ORT's CPU EP, same tensor-core "
+                            "peak; the accuracy guard covers fp16's range)")
+        return "fp32", f"fp32: {why}; but the target has no fp16 tensor cores for ONNX's fp16"
+    return chosen, why

@@ -42,13 +42,14 @@ from graphopt.backends.onnx.result import OnnxResult
 from graphopt.backends.onnx.save import PROTO_LIMIT as _PROTO_LIMIT
 from graphopt.backends.onnx.save import save_onnx
 from graphopt.backends.onnx.session import decide_session
+from graphopt.decisions.precision_format import onnx_precision
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan
 
-__all__ = ["default_passes", "onnx_precision", "optimize_onnx", "save_onnx"]
+__all__ = ["default_passes", "optimize_onnx", "save_onnx"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,31 +61,6 @@ def default_passes() -> list[Pass]:
     return [Pass("padding", pad_channels, "fp32", option="pad"),
             Pass("precision", reduce_precision, "fp16", option="precision"),
             Pass("quantize", quantize, "int8", option="quantize")]
-
-
-def onnx_precision(target: HardwareProfile, requested: str) -> tuple[str, str]:
-    """The torch path's precision choice, as ONNX Runtime can run it.
-
-    bf16 becomes fp16 on ONNX: ONNX's Conv/pooling schemas (opset <= 21) have no bf16, ORT's
-    CPU EP has no bf16 kernels at all (measured, ORT 1.31: MatMul/Add/... NOT_IMPLEMENTED), so
-    a bf16 graph could not run everywhere nor be checked by the guard; fp16 runs on the same
-    tensor cores at the same peak on sm_80+, and the guard handles fp16's narrower range.
-    On CPU targets reduced precision stays fp32 (ORT's CPU EP runs fp16 by casting to fp32).
-    """
-    from graphopt.decisions.precision_format import choose_precision
-
-    chosen, why = choose_precision(target, requested)
-    if chosen in ("bf16", "fp16") and not target.is_gpu:
-        return "fp32", (f"fp32: {why}; but ORT's CPU EP has no native bf16/fp16 kernels "
-                        "(it would insert casts around fp32 kernels), so the ONNX model stays "
-                        "fp32")
-    if chosen == "bf16":
-        if "fp16" in target.peak_flops:
-            return "fp16", (f"fp16 with fp32 islands ({why}; on ONNX bf16 becomes fp16: no bf16 "
-                            "Conv in ONNX, no bf16 kernels in ORT's CPU EP, same tensor-core "
-                            "peak; the accuracy guard covers fp16's range)")
-        return "fp32", f"fp32: {why}; but the target has no fp16 tensor cores for ONNX's fp16"
-    return chosen, why
 
 
 def _generated_inputs_failed(e: GraphoptError, feeds: list[dict[str, np.ndarray]],
