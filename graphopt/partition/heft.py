@@ -39,7 +39,6 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from graphopt.partition.problem import Problem
 from graphopt.partition.simulate import Sim, simulate
@@ -86,16 +85,10 @@ def rank_order(pb: Problem) -> tuple[int, ...]:
     return tuple(sorted(range(n), key=lambda v: (-rank[v], v)))
 
 
-class _Option(NamedTuple):
-    """Node ``v`` tried on one device: its bytes over the cap, finish and start, the copies
-    of its inputs it would make, the parameter bytes it would add and the activation bound."""
-
-    over: int
-    finish: float
-    start: float
-    copies: list[tuple[int, int, float, float]]  # (tensor, source device, start, end)
-    new_params: int
-    peak: int
+#: node ``v`` tried on one device: (bytes over the cap, finish, start, the copies of its inputs
+#: it would make as (tensor, source device, start, end), the parameter bytes it would add, the
+#: activation bound); a plain tuple, as HEFT makes one per node and device
+_Option = tuple[int, float, float, list[tuple[int, int, float, float]], int, int]
 
 
 class _Placer:
@@ -143,60 +136,69 @@ class _Placer:
             self.closed_bytes[e].insert(i, pb.t_bytes[t])
         self.inst_devs[t] = []
 
-    def option(self, v: int, d: int) -> _Option:
-        """Node ``v`` on device ``d``: when its inputs arrive (copying the missing ones over
-        FIFO links), when it finishes, and the memory bound it leaves there."""
-        pb, k = self.pb, self.pb.k
+    def options(self, v: int) -> list[_Option]:
+        """Node ``v`` on each device: when its inputs arrive there (copying the missing ones
+        over FIFO links), when it finishes, and the memory bound it leaves there."""
+        pb = self.pb
+        k, cost, caps = pb.k, pb.cost, pb.caps
         t_prod, t_bytes, lat, inv = pb.t_producer, pb.t_bytes, pb.latency, pb.inv_bw
-        assign, finish = self.assign, self.finish
-        ready, new_bytes, a_min = 0.0, 0, math.inf
-        tentative: dict[int, float] = {}
-        new_copies: list[tuple[int, int, float, float]] = []
-        for t in pb.node_inputs[v]:
-            p = t_prod[t]
-            if p < 0:
-                if d not in self.inst_devs[t] and t_bytes[t]:
-                    new_bytes += t_bytes[t]
-                    a_min = 0.0
-                continue
-            src = assign[p]
-            if src == d:
-                r = finish[p]
-            else:
-                c = self.copies.get(t * k + d)
-                if c is None:
-                    free_at = tentative.get(src, self.link_free[src][d])
-                    ts = finish[p] if finish[p] > free_at else free_at
-                    r = ts + lat[src][d] + t_bytes[t] * inv[src][d]
-                    tentative[src] = r
-                    new_copies.append((t, src, ts, r))
-                    new_bytes += t_bytes[t]
-                    a_min = min(a_min, ts)
+        assign, finish, copies, inst_devs = self.assign, self.finish, self.copies, self.inst_devs
+        link_free, dev_free, params_on, gemm_on = (self.link_free, self.dev_free, self.params_on,
+                                                   self.gemm_on)
+        open_bytes, closed_free, closed_bytes = self.open_bytes, self.closed_free, self.closed_bytes
+        act_peak, param_bytes = self.act_peak, self.param_bytes
+        out = []
+        for d in range(k):
+            ready, new_bytes, a_min = 0.0, 0, math.inf
+            tentative: dict[int, float] = {}
+            new_copies: list[tuple[int, int, float, float]] = []
+            for t in pb.node_inputs[v]:
+                p = t_prod[t]
+                if p < 0:
+                    if d not in inst_devs[t] and t_bytes[t]:
+                        new_bytes += t_bytes[t]
+                        a_min = 0.0
+                    continue
+                src = assign[p]
+                if src == d:
+                    r = finish[p]
                 else:
-                    r = c[1]
-            if r > ready:
-                ready = r
-        s = self.dev_free[d] if self.dev_free[d] > ready else ready
-        f = s + pb.cost[d][v]
-        out_bytes = sum(t_bytes[t] for t in pb.node_outputs[v])
-        if out_bytes:
-            new_bytes += out_bytes
-            a_min = min(a_min, s)
-        new_params = sum(pb.p_bytes[p] for p in pb.node_params[v] if p not in self.params_on[d])
-        if pb.node_gemm[v] and not self.gemm_on[d]:
-            new_params += pb.workspace[d]
-        bound = self.open_bytes[d] + new_bytes
-        if a_min < math.inf:
-            i = bisect.bisect_right(self.closed_free[d], a_min)
-            bound += sum(self.closed_bytes[d][i:])
-        peak = max(self.act_peak[d], bound)
-        over = self.param_bytes[d] + new_params + peak - pb.caps[d]
-        return _Option(over, f, s, new_copies, new_params, peak)
+                    c = copies.get(t * k + d)
+                    if c is None:
+                        free_at = tentative.get(src, link_free[src][d])
+                        ts = finish[p] if finish[p] > free_at else free_at
+                        r = ts + lat[src][d] + t_bytes[t] * inv[src][d]
+                        tentative[src] = r
+                        new_copies.append((t, src, ts, r))
+                        new_bytes += t_bytes[t]
+                        a_min = min(a_min, ts)
+                    else:
+                        r = c[1]
+                if r > ready:
+                    ready = r
+            s = dev_free[d] if dev_free[d] > ready else ready
+            f = s + cost[d][v]
+            out_bytes = sum(t_bytes[t] for t in pb.node_outputs[v])
+            if out_bytes:
+                new_bytes += out_bytes
+                a_min = min(a_min, s)
+            new_params = sum(pb.p_bytes[p] for p in pb.node_params[v] if p not in params_on[d])
+            if pb.node_gemm[v] and not gemm_on[d]:
+                new_params += pb.workspace[d]
+            bound = open_bytes[d] + new_bytes
+            if a_min < math.inf:
+                i = bisect.bisect_right(closed_free[d], a_min)
+                bound += sum(closed_bytes[d][i:])
+            peak = max(act_peak[d], bound)
+            over = param_bytes[d] + new_params + peak - caps[d]
+            out.append((over, f, s, new_copies, new_params, peak))
+        return out
 
     def place(self, v: int, d: int, o: _Option) -> None:
-        """Commit ``v`` to ``d`` as :meth:`option` tried it; close the tensors it ends."""
+        """Commit ``v`` to ``d`` as :meth:`options` tried it; close the tensors it ends."""
         pb, t_bytes = self.pb, self.pb.t_bytes
-        for t, src, ts, te in o.copies:
+        _, finish, start, new_copies, new_params, peak = o
+        for t, src, ts, te in new_copies:
             self.copies[t * pb.k + d] = (ts, te)
             self.link_free[src][d] = te
             self.inst_devs[t].append(d)
@@ -205,13 +207,12 @@ class _Placer:
             if pb.t_producer[t] < 0 and d not in self.inst_devs[t] and t_bytes[t]:
                 self.inst_devs[t].append(d)
                 self.open_bytes[d] += t_bytes[t]
-        self.assign[v], self.start[v], self.finish[v], self.dev_free[d] = (d, o.start, o.finish,
-                                                                           o.finish)
+        self.assign[v], self.start[v], self.finish[v], self.dev_free[d] = d, start, finish, finish
         for p in pb.node_params[v]:
             self.params_on[d].add(p)
-        self.param_bytes[d] += o.new_params
+        self.param_bytes[d] += new_params
         self.gemm_on[d] = self.gemm_on[d] or pb.node_gemm[v]
-        self.act_peak[d] = o.peak
+        self.act_peak[d] = peak
         for t in pb.node_outputs[v]:
             if t_bytes[t]:
                 self.inst_devs[t].append(d)
@@ -232,12 +233,12 @@ def heft(pb: Problem, order: tuple[int, ...]) -> HeftResult:
     for v in order:
         best: tuple[tuple[int, float], int, _Option] | None = None
         efts: list[float | None] = []
-        for d in range(pb.k):
-            o = placer.option(v, d)
-            efts.append(o.finish if o.over <= 0 else None)
+        for d, o in enumerate(placer.options(v)):
+            over, f = o[0], o[1]
+            efts.append(f if over <= 0 else None)
             # case 3: legal devices by finish time; if none is, the least overflow (the
             # search repairs it later)
-            rank = (max(o.over, 0), o.finish)
+            rank = (max(over, 0), f)
             if best is None or rank < best[0]:
                 best = (rank, d, o)
         eft_table[v] = tuple(efts)
