@@ -19,11 +19,11 @@ import logging
 import math
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.files.read import read_small_file
 from graphopt.hardware.profile import HardwareProfile, Link
 
 __all__ = ["FORMAT", "MAX_PROFILE_BYTES", "is_profile_path", "load_profile", "profile_from_dict",
@@ -197,62 +197,6 @@ def profile_from_dict(d: dict[str, Any]) -> HardwareProfile:
 
 # ------------------------------------------------------------------------------- the file
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
-
-
-def _not_regular(p: Path, mode: int) -> GraphoptError:
-    what = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    return GraphoptError(f"hardware profile {str(p)!r} is {what}, not a regular file "
-                         "(a symbolic link is followed)",
-                         f"give the path of a JSON file; {_FIX}")
-
-
-def _too_big(p: Path) -> GraphoptError:
-    return GraphoptError(f"hardware profile {str(p)!r} is larger than "
-                         f"{MAX_PROFILE_BYTES // 2**20} MiB (a profile is a few KB)",
-                         f"check the path, or {_FIX}")
-
-
-def _read_bytes(p: Path) -> bytes:
-    """The file's bytes: a regular file (checked before and after opening; a FIFO opened
-    non-blocking does not wait for a writer) of at most MAX_PROFILE_BYTES, read bounded."""
-    try:
-        st = os.stat(p)  # follows symbolic links: a link to /dev/zero is a character device
-    except FileNotFoundError:
-        raise GraphoptError(f"hardware profile {str(p)!r} does not exist",
-                            f"check the path, or {_FIX}") from None
-    except OSError as e:
-        raise GraphoptError(f"cannot read hardware profile {str(p)!r}: {e}", _FIX) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _not_regular(p, st.st_mode)
-    if st.st_size > MAX_PROFILE_BYTES:
-        raise _too_big(p)
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise GraphoptError(f"cannot read hardware profile {str(p)!r}: {e}", _FIX) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):  # replaced between the stat and the open
-            raise _not_regular(p, mode)
-        chunks, size = [], 0
-        while size <= MAX_PROFILE_BYTES:
-            chunk = os.read(fd, MAX_PROFILE_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        raise GraphoptError(f"cannot read hardware profile {str(p)!r}: {e}", _FIX) from None
-    finally:
-        os.close(fd)
-    if size > MAX_PROFILE_BYTES:  # grew after the stat
-        raise _too_big(p)
-    return b"".join(chunks)
-
-
 def _depth(text: str) -> int:
     """How deep the JSON nests (strings skipped); stops counting past ``_MAX_DEPTH``."""
     depth = deepest = 0
@@ -272,7 +216,8 @@ def _no_constant(name: str) -> Any:
 
 def _parse(p: Path) -> Any:
     try:
-        text = _read_bytes(p).decode("utf-8")
+        text = read_small_file(p, MAX_PROFILE_BYTES, f"hardware profile {str(p)!r}", _FIX,
+                               "a profile is a few KB").decode("utf-8")
         if _depth(text) > _MAX_DEPTH:
             raise ValueError(f"it nests more than {_MAX_DEPTH} levels deep (a profile nests 3)")
         return json.loads(text, parse_constant=_no_constant)

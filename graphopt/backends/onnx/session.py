@@ -26,6 +26,7 @@ from graphopt.decisions.ort_session import (
     decide_ort_session,
 )
 from graphopt.errors import GraphoptError
+from graphopt.files.read import read_small_file
 
 __all__ = ["config_path", "decide_session", "ort_session", "render_config"]
 
@@ -112,18 +113,16 @@ def _load_config(path: Path) -> SessionConfig | None:
     when it is not one graphopt wrote (not a regular file, too big, not JSON, malformed)."""
     fix = (f"delete {path} (ORT's defaults then apply) or write it again with graphopt "
            "(optimize ... -o model.onnx)")
-    if not path.is_file():
-        if path.exists() or path.is_symlink():  # a folder, a FIFO, a device, a dangling link
-            raise GraphoptError(f"the session config {path} is not a regular file", fix)
+    if not path.exists():  # none: ORT's defaults (read_small_file says what else it is)
+        if path.is_symlink():
+            raise GraphoptError(f"the session config {path} is a link to nothing, not a "
+                                "regular file", fix)
         return None
+    raw = read_small_file(path, _CONFIG_MAX_BYTES, f"the session config {path}", fix,
+                          "graphopt writes a few hundred bytes")
     try:
-        with path.open("rb") as f:  # read at most the limit: a size on disk can lie
-            raw = f.read(_CONFIG_MAX_BYTES + 1)
-        if len(raw) > _CONFIG_MAX_BYTES:
-            raise GraphoptError(f"the session config {path} is over {_CONFIG_MAX_BYTES:,} "
-                                "bytes; graphopt writes a few hundred", fix)
         data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise GraphoptError(f"cannot read the session config {path}: "
                             f"{type(e).__name__}: {str(e)[:200]}", fix) from None
     try:

@@ -41,12 +41,12 @@ from graphopt.backends.torch.pt2_graph import (
     parse_device,
     plain_name,
 )
+from graphopt.backends.torch.saved_format import RESAVE
 from graphopt.errors import GraphoptError, first_line
 
 __all__ = ["build", "open_archive", "read"]
 
 _SCHEMA_MAJOR, _SCHEMA_MINOR = 8, 20  # the versions this reader was written against
-_RESAVE = "save the model again with Optimized.save (graphopt.optimize(...).save(path))"
 _SELF_LOAD = ("save the model again with this graphopt's Optimized.save; graphopt.load never "
               "hands a file to torch.export.load, which unpickles: if you trust the file, "
               "call torch.export.load yourself")
@@ -59,7 +59,7 @@ def open_archive(path: Path) -> Archive:
     try:
         return Archive(path)
     except Damaged as e:
-        raise GraphoptError(f"{path} is a damaged zip archive: {e}", _RESAVE) from None
+        raise GraphoptError(f"{path} is a damaged zip archive: {e}", RESAVE) from None
 
 
 def read(path: str | os.PathLike[str], extra_files: dict[str, Any],
@@ -83,7 +83,7 @@ def build(path: Path, ar: Archive, extra_files: dict[str, Any], device: Any,
                             f"does not read: {e}", _SELF_LOAD) from None
     except _BROKEN as e:
         what = str(e) if isinstance(e, Damaged) else first_line(e)
-        raise GraphoptError(f"{path} is a damaged graphopt archive: {what}", _RESAVE) from None
+        raise GraphoptError(f"{path} is a damaged graphopt archive: {what}", RESAVE) from None
 
 
 def _mover(to: str | None) -> Any:

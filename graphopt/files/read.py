@@ -1,0 +1,73 @@
+"""Reading a small file a user names (a hardware profile, a session config), safely.
+
+The path may name anything: a FIFO (``open`` would wait for a writer forever), a link to
+``/dev/zero`` (read until memory runs out), a file swapped between the check and the open, or
+one far larger than graphopt ever writes. :func:`read_small_file` refuses all of them with a
+GraphoptError before or while reading, and reads at most ``limit`` bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from graphopt.errors import GraphoptError
+
+__all__ = ["read_small_file"]
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(what: str, mode: int, fix: str) -> GraphoptError:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return GraphoptError(f"{what} is {kind}, not a regular file (a symbolic link is followed)",
+                         fix)
+
+
+def read_small_file(path: Path, limit: int, what: str, fix: str, typical: str) -> bytes:
+    """The bytes of ``path``, a regular file (checked before and after opening; opened
+    non-blocking, so a FIFO swapped in does not wait for a writer) of at most ``limit`` bytes.
+
+    Args:
+        what: the file as errors name it, e.g. ``"hardware profile 'cpu.json'"``.
+        fix: what to do about it, for every error.
+        typical: how big such a file really is, for the too-large error.
+    """
+    too_big = GraphoptError(f"{what} is larger than {limit // 2**20} MiB ({typical})",
+                            f"check the path, or {fix}")
+    try:
+        st = os.stat(path)  # follows symbolic links: a link to /dev/zero is a character device
+    except FileNotFoundError:
+        raise GraphoptError(f"{what} does not exist", f"check the path, or {fix}") from None
+    except OSError as e:
+        raise GraphoptError(f"cannot read {what}: {e}", fix) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(what, st.st_mode, fix)
+    if st.st_size > limit:
+        raise too_big
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) |
+                     getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise GraphoptError(f"cannot read {what}: {e}", fix) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # replaced between the stat and the open
+            raise _not_regular(what, mode, fix)
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise GraphoptError(f"cannot read {what}: {e}", fix) from None
+    finally:
+        os.close(fd)
+    if size > limit:  # grew after the stat
+        raise too_big
+    return b"".join(chunks)
