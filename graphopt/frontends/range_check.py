@@ -16,25 +16,20 @@ from graphopt.errors import GraphoptError
 __all__ = ["check_against"]
 
 
-def check_against(dynamic_shapes: Any, model: Any, example_inputs: Any) -> None:
+def check_against(dynamic_shapes: Any, model: Any, args: tuple[Any, ...],
+                  kwargs: Mapping[str, Any] | None = None) -> None:
     """Raise GraphoptError where a torch ``dynamic_shapes`` does not fit ``model.forward`` and
-    ``example_inputs`` (a tensor, a tuple of args, or a kwargs dict): an input forward does not
-    take, a tuple of the wrong length, an axis past the input's rank, a range the example's
-    size is outside of. Anything it cannot read is left to torch.export."""
+    the example inputs (``args`` and ``kwargs`` as the frontend split them): an input forward
+    does not take, a tuple of the wrong length, an axis past the input's rank, a range the
+    example's size is outside of. Anything it cannot read is left to torch.export."""
     if not dynamic_shapes:
         return
     try:
         sig = inspect.signature(model.forward)
     except (AttributeError, TypeError, ValueError):
         return
-    if isinstance(example_inputs, Mapping):
-        args, kwargs = (), dict(example_inputs)
-    elif isinstance(example_inputs, (tuple, list)):
-        args, kwargs = tuple(example_inputs), {}
-    else:
-        args, kwargs = (example_inputs,), {}
     try:
-        given = dict(sig.bind(*args, **kwargs).arguments)
+        given = dict(sig.bind(*args, **(kwargs or {})).arguments)
     except TypeError:
         return  # the frontend says what is wrong with the inputs themselves
     kinds = {p.kind for p in sig.parameters.values()}

@@ -64,7 +64,7 @@ def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = 
                          "pass the nn.Module instance itself (load ONNX files with the ONNX "
                          "frontend, TorchScript files with torch.jit.load first)")
     args, kwargs = _split_inputs(model, example_inputs)
-    check_against(dynamic_shapes, model, example_inputs)  # an unknown input is an error
+    check_against(dynamic_shapes, model, args, kwargs)  # an unknown input is an error
     warnings = [TRAINING_WARNING] if model.training else []
     modes = [(m, m.training) for m in model.modules()]
     try:
