@@ -26,13 +26,7 @@ _COST_FIELDS = {"est_time_s", "cost", "flops", "bytes_read", "bytes_written", "p
 _RULE = re.compile(r"should_\w+|\w*_pays\w*|[A-Z][A-Z0-9_]*_MEASURED")
 
 #: decision logic still in a backend: (module under backends/, function) -> where it goes
-_NOT_YET_MOVED = {
-    ("onnx/quantize.py", "_method"): "decisions: the quantize method per format and target",
-    ("onnx/quantize.py", "_blocked"): "decisions: INT8 conv/GEMM profitability on the CPU",
-    ("onnx/quantize.py", "_auto_mode"): "decisions: the auto quantize choice per node",
-    ("onnx/quantize.py", "_apply"): "decisions: dynamic vs static INT8 per target",
-    ("torch/context.py", "est_time_s"): "decisions: the torch passes' cost reads",
-}
+_NOT_YET_MOVED: dict[tuple[str, str], str] = {}
 
 
 def decision_logic(root: Path = BACKENDS) -> dict[tuple[str, str], list[str]]:

@@ -1,5 +1,6 @@
-"""INT8 on CPUs: when it pays (VNNI / AMX-INT8 only). ``backends/torch/quantize.py`` applies it
-in torch, ``backends/onnx/quantize.py`` in ONNX; both ask this module first.
+"""INT8 on CPUs: when it pays (VNNI / AMX-INT8 only). The plan (``decisions/gemm_precision.py``)
+and the quantize choices (``decisions/quantize_choice.py``) ask this module; the backends
+(``backends/torch/quantize.py``, ``backends/onnx/quantize.py``) apply what those decide.
 
 Facts this module rests on (the sources are those of :mod:`graphopt.hardware.cpus`):
   * VNNI ``VPDPBUSD`` does 4 int8 multiply-adds per 32-bit lane in one instruction, 4x the fp32

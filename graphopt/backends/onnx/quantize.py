@@ -13,7 +13,8 @@ Modes (``ctx.options.quantize``), numbered as the code refers to them:
    static QDQ when calibration data is given, else dynamic (MatMul only); ``int8`` on a GPU
    (Turing/Ampere INT8 tensor cores) as static S8S8 QDQ, which needs calibration data;
    ``fp8_e4m3`` as FP8 QDQ, which needs calibration data; ``nvfp4``/``q4*`` as 4-bit
-   MatMulNBits. Without calibration data the QDQ nodes record why, nothing is raised.
+   MatMulNBits. Without calibration data the QDQ nodes record why, nothing is raised. With an
+   explicit ``precision`` nothing is quantized (as in torch): every node says so.
 2. ``"none"``: nothing.
 3. ``"int8_dynamic"``: every MatMul with a constant weight. Gemm: ONNX Runtime's dynamic
    quantizer has no Gemm. Conv: never (ORT's ConvInteger measured 2.2-2.5x slower than fp32).
@@ -27,6 +28,10 @@ Modes (``ctx.options.quantize``), numbered as the code refers to them:
    formats in :mod:`graphopt.decisions.quantization`). Requires ``ctx.calibration``.
 6. ``"int4"``: MatMul with a constant 2-D weight and ``K >= INT4_BLOCK_SIZE`` (one full block
    of 32): 4-bit symmetric weights, fp activations, any target (CPU and CUDA EPs run it).
+
+Which method, where it pays and the 8-bit scheme per target are decided in
+:mod:`graphopt.decisions.quantize_choice`; this module checks only that a method can run a node
+(a constant 2-D weight, the dtypes and ops ONNX Runtime's quantizers take) and runs them.
 
 Explicit modes (3-6) are the user's override, like ``pad="always"``: every eligible node is
 quantized and the plan's own decision is quoted in the reason. Every pass takes ``exclude``,
@@ -54,7 +59,13 @@ from graphopt.backends.onnx.quantize_ort import (
     ort_int4,
     ort_static_qdq,
 )
-from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
+from graphopt.decisions.quantize_choice import (
+    auto_choice,
+    auto_quantize_blocked,
+    int8_scheme,
+    method_blocked,
+    method_description,
+)
 from graphopt.errors import GraphoptError
 
 __all__ = ["INT4_BLOCK_SIZE", "QUANTIZE_PASSES", "QuantizePass", "quantize", "quantize_auto",
@@ -68,7 +79,6 @@ _GEMMS = ("Conv", "MatMul", "Gemm")
 _FLOAT = {onnx.TensorProto.FLOAT}
 _FLOAT_OR_HALF = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
 _FORMAT = {"int8_dynamic": "int8", "int8_static": "int8", "fp8": "fp8_e4m3", "int4": "int4"}
-_NO_FP8 = "has no FP8 tensor cores (FP8 needs Ada, Hopper or Blackwell: cc 8.9+)"
 
 
 @dataclass(frozen=True)
@@ -84,22 +94,11 @@ def _weights(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in model.graph.initializer if t.name not in overridable}
 
 
-def _method(mode: str, ctx: OnnxContext) -> str:
-    cpu, vnni = not ctx.target.is_gpu, int8_pays_on_cpu(ctx.target)[0]
-    return {"int8_dynamic": "dynamic INT8 (int8 per-channel weights, uint8 activations per call"
-                            + (", reduce_range: no VNNI" if cpu and not vnni else "") + ")",
-            "int8_static": ("static QDQ U8S8 (per-channel int8 weights, calibrated uint8 "
-                            "activations" + (", reduce_range: no VNNI" if not vnni else "") + ")"
-                            if cpu else "static QDQ S8S8 symmetric (TensorRT convention)"),
-            "fp8": "static QDQ float8e4m3fn (per tensor, calibrated)",
-            "int4": f"4-bit weight-only MatMulNBits (symmetric, blocks of {INT4_BLOCK_SIZE})"
-            }[mode]
-
-
 def _blocked(mode: str, node: onnx.NodeProto, w: onnx.TensorProto | None,
              ctx: OnnxContext) -> str | None:
-    """Legality of ``mode`` for ``node`` (cases 3-6); the reason when it may not run."""
-    op, t = node.op_type, ctx.target
+    """Can ``mode`` run ``node`` here (cases 3-6); the reason when it may not. Legality is
+    checked here, whether it should (profitability, numerics) by :func:`method_blocked`."""
+    op = node.op_type
     if w is None:
         return "the weight is not a constant initializer"
     if op == "MatMul" and len(w.dims) != 2:
@@ -112,43 +111,15 @@ def _blocked(mode: str, node: onnx.NodeProto, w: onnx.TensorProto | None,
         return None if w.data_type in _FLOAT_OR_HALF else "the weight is not fp32/fp16"
     if w.data_type not in _FLOAT:
         return "onnxruntime's INT8/FP8 quantizers take fp32 weights (quantize before fp16)"
-    if mode == "int8_dynamic" and op == "Conv":
-        return f"never dynamic INT8 convs: {CONV_INT8_MEASURED}"
     if mode == "int8_dynamic" and op == "Gemm":
         return "onnxruntime's dynamic quantizer has no Gemm (IntegerOps: MatMul, Conv)"
-    if mode == "int8_static" and op == "Conv" and not t.is_gpu and not int8_pays_on_cpu(t)[0]:
-        return f"no QLinearConv on a CPU without VNNI: {int8_pays_on_cpu(t)[1]}"
-    if mode == "fp8" and not (t.is_gpu and t.has("fp8")):
-        return f"{t.display_name} {_NO_FP8}"
-    return None
+    return method_blocked(mode, op, ctx.target)
 
 
-def _auto_mode(node: onnx.NodeProto, fmt: str, plan_why: str, ctx: OnnxContext
-               ) -> tuple[str | None, str]:
-    """Case 1: the ORT method for a node the plan put at ``fmt``; (None, why) if none."""
-    t, cal, plan = ctx.target, bool(ctx.calibration), f"plan: {fmt} ({plan_why})"
-    if fmt == "int8" and not t.is_gpu:
-        pays, why = int8_pays_on_cpu(t)
-        if not pays:
-            return None, why
-        if node.op_type == "Conv":
-            return None, f"convs stay fp32 on CPUs: {CONV_INT8_MEASURED}"
-        return ("int8_static" if cal else "int8_dynamic"), plan
-    if fmt == "int8":
-        return ("int8_static", plan) if cal else (
-            None, "INT8 on a GPU runs as static QDQ (TensorRT explicit quantization): pass "
-                  "calibration data")
-    if fmt in ("fp8_e4m3", "fp8"):
-        return ("fp8", plan) if cal else (
-            None, "FP8 QDQ needs activation scales: pass calibration data")
-    if fmt in ("nvfp4", "int4", "fp4") or fmt.startswith(("q4", "q3", "q2")):
-        return "int4", f"{plan}; ONNX Runtime runs 4-bit weights as MatMulNBits"
-    return None, f"the plan keeps {fmt}: {plan_why}"
-
-
-def _select(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset[str]
-            ) -> tuple[dict[str, _Pick], dict[str, tuple[str, str]]]:
-    """(picked nodes, {node: (format, why not)}) over every Conv/MatMul/Gemm."""
+def _select(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset[str],
+            off: str | None = None) -> tuple[dict[str, _Pick], dict[str, tuple[str, str]]]:
+    """(picked nodes, {node: (format, why not)}) over every Conv/MatMul/Gemm; ``off``: why
+    case 1 quantizes nothing (:func:`auto_quantize_blocked`)."""
     weights = _weights(model)
     picks: dict[str, _Pick] = {}
     skipped: dict[str, tuple[str, str]] = {}
@@ -160,7 +131,8 @@ def _select(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozen
         fmt = str(prec.fields.get("format", "fp32")) if prec is not None else "fp32"
         plan_why = prec.reason if prec is not None else "the node is not in the plan"
         if mode == "auto":
-            m, why = _auto_mode(node, fmt, plan_why, ctx)
+            m, why = (None, off) if off is not None else auto_choice(
+                node.op_type, fmt, plan_why, ctx.target, bool(ctx.calibration))
             if m is None:
                 skipped[node.name] = (fmt, why)
                 continue
@@ -191,7 +163,6 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
     by_mode: dict[str, list[str]] = {}
     for name, p in picks.items():
         by_mode.setdefault(p.mode, []).append(name)
-    cpu_no_vnni = not ctx.target.is_gpu and not int8_pays_on_cpu(ctx.target)[0]
     ops = {n.name: n.op_type for n in model.graph.node}
     for mode in ("int4", "fp8", "int8_static", "int8_dynamic"):
         nodes = by_mode.get(mode)
@@ -200,14 +171,16 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
         try:
             if mode == "int4":
                 out = ort_int4(out, nodes)
-            elif mode == "int8_dynamic":
-                out = ort_dynamic_int8(out, nodes, reduce_range=cpu_no_vnni)
+                continue
+            scheme = int8_scheme(ctx.target, mode)
+            if mode == "int8_dynamic":
+                out = ort_dynamic_int8(out, nodes, reduce_range=scheme.reduce_range)
             else:
                 assert ctx.calibration
                 out = ort_static_qdq(out, nodes, sorted({ops[n] for n in nodes}),
                                      ctx.calibration, "fp8" if mode == "fp8" else "int8",
-                                     symmetric=mode == "fp8" or ctx.target.is_gpu,
-                                     reduce_range=mode == "int8_static" and cpu_no_vnni)
+                                     symmetric=scheme.symmetric,
+                                     reduce_range=scheme.reduce_range)
         except Exception as exc:  # ORT's quantizers raise many types: report, do not crash
             logger.warning("quantize %s failed: %s", mode, exc)
             failed.update({n: f"onnxruntime.quantization failed: {type(exc).__name__}: "
@@ -217,7 +190,8 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
 
 def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset[str]
          ) -> onnx.ModelProto | None:
-    picks, skipped = _select(model, ctx, mode, exclude)
+    off = auto_quantize_blocked(ctx.options) if mode == "auto" else None
+    picks, skipped = _select(model, ctx, mode, exclude, off)
     out, failed = _apply(model, ctx, picks) if picks else (model, {})
     left = _still_float(out) if picks else set()
     done: dict[str, list[str]] = {}
@@ -228,8 +202,8 @@ def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset
             skipped[name] = (_FORMAT[p.mode], why)
             continue
         done.setdefault(p.mode, []).append(name)
-        ctx.decide(name, "quantize", f"{_method(p.mode, ctx)}: {p.why}", format=_FORMAT[p.mode],
-                   method=p.mode)
+        method = method_description(p.mode, ctx.target, INT4_BLOCK_SIZE)
+        ctx.decide(name, "quantize", f"{method}: {p.why}", format=_FORMAT[p.mode], method=p.mode)
     for name, (fmt, why) in skipped.items():
         ctx.decide(name, "quantize", f"not applied: {why}", applied=False, format=fmt)
     before_ops = {m.op_type for m in model.graph.node}
@@ -241,6 +215,8 @@ def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset
             if n.op_type not in before_ops).items()))}
     if "fp8" in done:
         note["ort_cpu_graph_optimization_level"] = FP8_CPU_GRAPH_OPTIMIZATION
+    if off is not None:
+        note["reason"] = off
     ctx.notes["quantize"] = note
     logger.info("quantize (%s): %s; %d nodes not applied", mode,
                 {m: len(n) for m, n in done.items()} or "nothing", len(skipped))

@@ -54,11 +54,6 @@ class RewriteContext:
     def plan_node(self, node: fx.Node | str) -> PlanNode | None:
         return self._by_name.get(node if isinstance(node, str) else node.name)
 
-    def est_time_s(self, node: fx.Node | str) -> float:
-        name = node if isinstance(node, str) else node.name
-        plan_node = self._by_name.get(name)
-        return 0.0 if plan_node is None else plan_node.cost.est_time_s
-
     def decide(self, node: fx.Node | str, kind: str, reason: str, *, applied: bool = True,
                **fields: Any) -> Decision:
         name = node if isinstance(node, str) else node.name

@@ -9,7 +9,8 @@ Legality: ``aten.linear`` with a constant 2-D fp32 weight, on a target that is *
 CPU (the kernel runs here, so the decision can be checked). Profitability: the planner's per-node
 precision decision (cost model: INT8 only on VNNI/AMX CPUs, only for Linear, only where it
 saves >= 10% after quantizing activations). Convolutions are never quantized dynamically: ONNX
-Runtime's dynamic INT8 convs measured 2.2-2.5x slower on this project's CPUs.
+Runtime's dynamic INT8 convs measured 2.2-2.5x slower on this project's CPUs. An explicit
+``precision`` turns ``quantize="auto"`` off, as on ONNX (:func:`auto_quantize_blocked`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import fx
 
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import get_tensor, is_aten
+from graphopt.decisions.quantize_choice import auto_quantize_blocked
 from graphopt.hardware import is_this_machine
 
 __all__ = ["dynamic_int8", "pack_int8_weight"]
@@ -57,10 +59,9 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     mode = ctx.options.quantize
     if mode == "none":
         return False
-    if mode == "auto" and ctx.options.precision != "auto":
-        # an explicit precision is a numerics contract: INT8 only when asked for by name
-        ctx.notes["quantize"] = {"applied": 0, "reason": f"precision={ctx.options.precision} "
-                                 "was requested explicitly; pass quantize='int8' to add INT8"}
+    off = auto_quantize_blocked(ctx.options)
+    if off is not None:  # an explicit precision: INT8 only when asked for by name
+        ctx.notes["quantize"] = {"applied": 0, "reason": off}
         return False
     changed = False
     for node in list(gm.graph.nodes):

@@ -1,0 +1,123 @@
+"""The quantize decisions of both backends: which method a node gets, where a method does not pay
+or loses accuracy, and the INT8 scheme per target.
+
+Why a module of its own (issue 20, item 3): ``decisions/`` answers "should we" from the plan and
+the target; a backend answers only "can I apply this here" and makes the edits.
+``backends/onnx/quantize.py`` and ``backends/torch/quantize.py`` ask this module which nodes to
+quantize and how, and keep only the legality checks (a constant 2-D weight, the dtypes ONNX
+Runtime's quantizers take, a kernel that exists).
+
+1. :func:`auto_quantize_blocked`: an explicit ``precision`` is a numerics contract, so
+   ``quantize="auto"`` adds no quantization on either backend (INT8 only when asked for by name).
+2. :func:`auto_choice`: ``quantize="auto"``, one node the plan put at ``fmt``: INT8 on a CPU
+   only where :func:`int8_pays_on_cpu` (VNNI/AMX) and never for convs, static QDQ when
+   calibration data is given, else dynamic; INT8 on a GPU as static S8S8 QDQ (calibration
+   needed); FP8 as QDQ (calibration needed); 4-bit formats as weight-only MatMulNBits.
+3. :func:`method_blocked`: where a method is never worth it or cannot keep its numerics, even
+   when requested by name: dynamic INT8 convs (measured slower), static INT8 convs on a CPU
+   without VNNI (no QLinearConv there), FP8 without FP8 tensor cores.
+4. :func:`int8_scheme` / :func:`method_description`: U8S8 with ``reduce_range`` on a CPU
+   without VNNI (its int16 intermediate saturates), S8S8 symmetric on GPUs (TensorRT's
+   convention) and for FP8; the words the reports use for each method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
+from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.options import Options
+
+__all__ = ["Int8Scheme", "auto_choice", "auto_quantize_blocked", "int8_scheme",
+           "method_blocked", "method_description"]
+
+_NO_FP8 = "has no FP8 tensor cores (FP8 needs Ada, Hopper or Blackwell: cc 8.9+)"
+_FOUR_BIT = ("nvfp4", "int4", "fp4")
+
+
+def auto_quantize_blocked(options: Options) -> str | None:
+    """Case 1: why ``quantize="auto"`` quantizes nothing under these options, else None.
+
+    An explicit precision is a numerics contract: lower formats only when asked for by name.
+    """
+    if options.quantize == "auto" and options.precision != "auto":
+        return (f"precision={options.precision} was requested explicitly; pass quantize='int8' "
+                "to add INT8")
+    return None
+
+
+def auto_choice(op_type: str, fmt: str, plan_why: str, target: HardwareProfile,
+                has_calibration: bool) -> tuple[str | None, str]:
+    """Case 2: the ONNX Runtime method ("int8_static", "int8_dynamic", "fp8", "int4") for a
+    ``op_type`` node (Conv, MatMul, Gemm) the plan put at ``fmt`` for ``plan_why``; (None, why)
+    where none runs it."""
+    plan = f"plan: {fmt} ({plan_why})"
+    if fmt == "int8" and not target.is_gpu:
+        pays, why = int8_pays_on_cpu(target)
+        if not pays:
+            return None, why
+        if op_type == "Conv":
+            return None, f"convs stay fp32 on CPUs: {CONV_INT8_MEASURED}"
+        return ("int8_static" if has_calibration else "int8_dynamic"), plan
+    if fmt == "int8":
+        return ("int8_static", plan) if has_calibration else (
+            None, "INT8 on a GPU runs as static QDQ (TensorRT explicit quantization): pass "
+                  "calibration data")
+    if fmt in ("fp8_e4m3", "fp8"):
+        return ("fp8", plan) if has_calibration else (
+            None, "FP8 QDQ needs activation scales: pass calibration data")
+    if fmt in _FOUR_BIT or fmt.startswith(("q4", "q3", "q2")):
+        return "int4", f"{plan}; ONNX Runtime runs 4-bit weights as MatMulNBits"
+    return None, f"the plan keeps {fmt}: {plan_why}"
+
+
+def method_blocked(mode: str, op_type: str, target: HardwareProfile) -> str | None:
+    """Case 3: why ``mode`` should not run a ``op_type`` node on ``target`` (profitability or
+    numerics, whoever asked), else None."""
+    if mode == "int8_dynamic" and op_type == "Conv":
+        return f"never dynamic INT8 convs: {CONV_INT8_MEASURED}"
+    if mode == "int8_static" and op_type == "Conv" and not target.is_gpu:
+        pays, why = int8_pays_on_cpu(target)
+        if not pays:
+            return f"no QLinearConv on a CPU without VNNI: {why}"
+    if mode == "fp8" and not (target.is_gpu and target.has("fp8")):
+        return f"{target.display_name} {_NO_FP8}"
+    return None
+
+
+@dataclass(frozen=True)
+class Int8Scheme:
+    """How a QDQ/dynamic quantizer maps values to 8 bits on a target (case 4).
+
+    ``reduce_range``: 7-bit values, on CPUs without VNNI where AVX2's U8S8 int16 pairs saturate.
+    ``symmetric``: signed activations with zero point 0 (S8S8): GPUs (TensorRT) and FP8.
+    """
+
+    reduce_range: bool
+    symmetric: bool
+
+
+def int8_scheme(target: HardwareProfile, mode: str) -> Int8Scheme:
+    """Case 4: the scheme of ``mode`` ("int8_dynamic", "int8_static", "fp8") on ``target``."""
+    if mode not in ("int8_dynamic", "int8_static", "fp8"):
+        raise ValueError(f"no 8-bit scheme for quantize mode {mode!r}")
+    if mode == "fp8":
+        return Int8Scheme(reduce_range=False, symmetric=True)
+    no_vnni = not target.is_gpu and not int8_pays_on_cpu(target)[0]
+    return Int8Scheme(reduce_range=no_vnni, symmetric=mode == "int8_static" and target.is_gpu)
+
+
+def method_description(mode: str, target: HardwareProfile, int4_block: int) -> str:
+    """Case 4: the words a report uses for ``mode`` on ``target`` (``int4_block``: the weights
+    per 4-bit block the backend's kernel uses)."""
+    if mode == "int4":
+        return f"4-bit weight-only MatMulNBits (symmetric, blocks of {int4_block})"
+    if mode == "fp8":
+        return "static QDQ float8e4m3fn (per tensor, calibrated)"
+    reduced = ", reduce_range: no VNNI" if int8_scheme(target, mode).reduce_range else ""
+    if mode == "int8_dynamic":
+        return f"dynamic INT8 (int8 per-channel weights, uint8 activations per call{reduced})"
+    if target.is_gpu:
+        return "static QDQ S8S8 symmetric (TensorRT convention)"
+    return f"static QDQ U8S8 (per-channel int8 weights, calibrated uint8 activations{reduced})"
