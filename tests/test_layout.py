@@ -13,7 +13,7 @@ from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import get_tensor, is_aten
 from graphopt.backends.torch.layout import channels_last
 from graphopt.backends.torch.layout_regions import is_entry_conversion, is_exit_conversion
-from graphopt.backends.torch.pipeline import optimize_torch, prepare
+from graphopt.backends.torch.pipeline import decide_run, optimize_torch, prepare
 from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.ir.options import Options
@@ -73,7 +73,7 @@ def _prepared(model: nn.Module, x: torch.Tensor, target: str = "cpu", layout: st
               dtype: str = "fp32") -> tuple[fx.GraphModule, RewriteContext]:
     torch.manual_seed(0)
     gm, ctx = prepare(model.eval(), (x,), target, Options(layout=layout))  # type: ignore[arg-type]
-    ctx.compute_dtype = dtype
+    decide_run(ctx, dtype)  # the run's decisions (compute dtype, then layout) at ``dtype``
     return gm, ctx
 
 

@@ -146,20 +146,19 @@ def test_onnx_says_where_the_session_option_overrides_a_conv(tmp_path: Path) -> 
     assert "one option per session" in up.fields["backend"]
 
 
-def test_torch_pass_applies_whatever_the_plan_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_pass_applies_whatever_the_plan_decides() -> None:
     """The fx pass decides nothing itself: a plan that says channels_last (here: as if forced)
     is applied even where the pass's own options say auto and fp32 would not pay."""
     import graphopt.backends.torch.layout as torch_layout
-    from graphopt.backends.torch.pipeline import prepare
+    from graphopt.backends.torch.pipeline import decide_run, prepare
     from graphopt.ir.options import Options
 
     torch.manual_seed(0)
     model, x = ConvNet().eval(), torch.randn(2, 3, 32, 32)
     gm, ctx = prepare(model, (x,), "h100", Options(layout="auto"))
-    ctx.compute_dtype = "fp32"
+    decide_run(ctx, "fp32")
     assert not torch_layout.channels_last(gm, ctx)  # auto: fp32 does not pay on h100
-    forced = decide_layout(ctx.plan, ctx.target, "fp32", "channels_last")
-    monkeypatch.setattr(torch_layout, "decide_layout", lambda *a, **k: forced)
+    ctx.layout = decide_layout(ctx.plan, ctx.target, "fp32", "channels_last")
     assert torch_layout.channels_last(gm, ctx)
     assert ctx.notes["layout"]["decision"]["nhwc"]
     assert all("forced by layout=channels_last" in ctx.decisions[c]["layout"].reason

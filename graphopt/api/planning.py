@@ -6,12 +6,16 @@ from dataclasses import replace
 from typing import Any
 
 from graphopt.decisions.planner import build_plan
+from graphopt.decisions.precision_format import choose_precision, onnx_precision
+from graphopt.decisions.rewrites import HostFacts, with_rewrites
 from graphopt.files.inputs import input_files
 from graphopt.frontends import load_graph
 from graphopt.hardware.registry import DEFAULT_TARGET, TargetSpec, resolve_targets
+from graphopt.ir.graph import Graph
+from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, PlanSet
 
-__all__ = ["plan", "with_partition"]
+__all__ = ["dry_run", "plan", "with_partition"]
 
 
 def plan(model: Any, example_inputs: Any = None, target: TargetSpec = DEFAULT_TARGET, *,
@@ -42,9 +46,35 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = DEFAULT_TA
     graph = load_graph(model, example_inputs, dynamic_shapes)
     inputs = tuple(str(f) for f in input_files(model))  # plan.save never overwrites them
     module = model if hasattr(model, "named_modules") else None  # the emitter's module paths
-    plans = tuple(replace(with_partition(build_plan(graph, p), devices, strategy, source=graph,
-                                         module=module), inputs=inputs) for p in profiles)
+    plans = tuple(replace(with_partition(dry_run(build_plan(graph, p), graph), devices,
+                                         strategy, source=graph, module=module), inputs=inputs)
+                  for p in profiles)
     return plans[0] if len(plans) == 1 else PlanSet(plans)
+
+
+def dry_run(plan_: Plan, graph: Graph, options: Options | None = None) -> Plan:
+    """``plan_`` with the padding and layout decisions ``optimize`` would make with ``options``
+    (:func:`graphopt.decisions.rewrites.with_rewrites`), asked of the backend that would run
+    the model: its compute dtype, its legality and constants, this machine's oneDNN."""
+    opts = options or Options()
+    if graph.source == "onnx":
+        from graphopt.backends.onnx.padding import padding_view as onnx_view
+        from graphopt.backends.onnx.session import record_layout
+
+        dtype = onnx_precision(plan_.target, opts.precision)[0]
+        return with_rewrites(plan_, graph, opts, dtype,
+                             lambda ctx: onnx_view(graph.source_model, ctx),
+                             record_layout=record_layout)
+    import torch
+    from torch import fx
+
+    from graphopt.backends.torch.padding import padding_view as torch_view
+
+    source = graph.source_model
+    exported = isinstance(source, (torch.export.ExportedProgram, fx.GraphModule))
+    return with_rewrites(plan_, graph, opts, choose_precision(plan_.target, opts.precision)[0],
+                         lambda ctx: torch_view(source, ctx) if exported else None,
+                         host=HostFacts(onednn=torch.backends.mkldnn.is_available()))
 
 
 def with_partition(plan_: Plan, devices: str | None, strategy: str = "heft", *,

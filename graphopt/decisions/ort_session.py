@@ -6,9 +6,9 @@ Layout is a runtime decision on ONNX: ONNX Conv is NCHW by definition, and ONNX 
 CUDA EP runs NHWC kernels (transposing once at region boundaries) when its provider option
 ``prefer_nhwc`` is "1"; its CPU EP converts convs to its own blocked NCHWc layout at
 ``ORT_ENABLE_ALL`` whatever graphopt does. So the layout "pass" rewrites nothing: the session
-follows the plan's layout decision (:func:`graphopt.decisions.layout.decide_layout`, the one the
-torch backend applies too) as provider options, and each conv's ``"layout"`` decision says where
-ORT differs from it (a ``backend`` field, recorded by the backend):
+follows the run's layout decision (:func:`graphopt.decisions.rewrites.decide_run_layout`,
+the one the torch backend applies too) as provider options, and each conv's ``"layout"``
+decision says where ORT differs from it (a ``backend`` field, recorded by the backend):
 
 1. CPU target: no NHWC option; ORT's NCHWc transformer decides. Convs the plan would run
    channels_last are marked not applied, with that reason.
@@ -33,12 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphopt.decisions.layout import LayoutPlan, decide_layout
+from graphopt.decisions.layout import LayoutPlan
 from graphopt.decisions.runtime import tf32_allowed
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
-from graphopt.ir.plan import Plan
 
 __all__ = ["CONFIG_SUFFIX", "CPU_EP", "LEVELS", "SessionConfig", "decide_ort_session"]
 
@@ -119,12 +118,11 @@ CPU_EP = "ORT's CPU EP picks its own blocked (NCHWc) conv layout; the graph stay
 
 
 
-def decide_ort_session(plan: Plan, target: HardwareProfile, options: Options,
-                       compute_dtype: str, quantize_level: str | None = None
-                       ) -> tuple[SessionConfig, LayoutPlan]:
-    """The session config for ``target`` and the plan's layout decision it follows (layout:
-    cases 1-3 of the module doc). ``quantize_level``: the graph optimization level the
-    quantize pass asks for on the CPU EP (FP8 QDQ loads only below ORT_ENABLE_ALL)."""
+def decide_ort_session(target: HardwareProfile, options: Options, compute_dtype: str,
+                       layout: LayoutPlan, quantize_level: str | None = None) -> SessionConfig:
+    """The session config for ``target``, following the run's layout decision (layout: cases
+    1-3 of the module doc). ``quantize_level``: the graph optimization level the quantize pass
+    asks for on the CPU EP (FP8 QDQ loads only below ORT_ENABLE_ALL)."""
     t, opts = target, options
     reasons: dict[str, str] = {}
     level = "ORT_ENABLE_ALL"
@@ -133,13 +131,11 @@ def decide_ort_session(plan: Plan, target: HardwareProfile, options: Options,
         reasons["graph_optimization_level"] = f"{level}: the quantize pass asks for it"
     else:
         reasons["graph_optimization_level"] = "ORT_ENABLE_ALL: every fusion and layout transform"
-    layout = decide_layout(plan, t, compute_dtype, opts.layout)
     if not t.is_gpu:
         reasons["layout"] = f"case 1: CPU target, {CPU_EP} (the plan: {layout.reason})"
         reasons["intra_op_num_threads"] = (f"ORT's default: one per physical core of "
                                            f"{t.display_name} ({t.cores})")
-        return SessionConfig(t.name, (("CPUExecutionProvider", {}),), level, None,
-                             reasons), layout
+        return SessionConfig(t.name, (("CPUExecutionProvider", {}),), level, None, reasons)
     cuda: dict[str, str] = {}
     if layout.nhwc:
         cuda["prefer_nhwc"] = "1"
@@ -156,4 +152,4 @@ def decide_ort_session(plan: Plan, target: HardwareProfile, options: Options,
         cuda["cudnn_conv_algo_search"] = "EXHAUSTIVE"
         reasons["cudnn_conv_algo_search"] = "static-shape conv net: cuDNN autotunes once"
     return SessionConfig(t.name, (("CUDAExecutionProvider", cuda), ("CPUExecutionProvider", {})),
-                         level, None, reasons), layout
+                         level, None, reasons)

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from graphopt.decisions.layout import LayoutPlan
+from graphopt.decisions.rewrites import decide_run_layout
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
@@ -42,9 +44,14 @@ class OnnxContext:
     #: symbolic dim -> size at the plan's opt point (empty without a shape range): a pass
     #: that converts a model itself sizes its graph with these
     dim_values: dict[str, int] = field(default_factory=dict)
+    #: the run's layout decision, made once with the run's compute dtype when the context is
+    #: made (``decisions.rewrites.decide_run_layout``); the session pass follows it
+    layout: LayoutPlan | None = None
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.plan.nodes}
+        if self.layout is None:
+            self.layout = decide_run_layout(self.plan, self.options, self.compute_dtype)
 
     def plan_node(self, name: str) -> NodePlan | None:
         return self._by_name.get(name)

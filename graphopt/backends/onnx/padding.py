@@ -24,12 +24,13 @@ from graphopt.decisions.padding import plan_padding
 from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
 from graphopt.decisions.padding_sites import SMALL_VALUE
 from graphopt.decisions.padding_steps import CarryStep, ContextBackend, GemmStep
+from graphopt.decisions.rewrites import DryRunContext, PaddingView
 from graphopt.frontends.onnx_attrs import ConstValue, const_array
 from graphopt.frontends.onnx_frontend import graph_from_proto
 from graphopt.ir.graph import Node
 from graphopt.ir.shape_range import bind
 
-__all__ = ["pad_channels"]
+__all__ = ["pad_channels", "padding_view"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,3 +173,11 @@ def pad_channels(model: onnx.ModelProto, ctx: OnnxContext) -> onnx.ModelProto | 
     logger.info("padding: %d nodes padded, %d carried, %d slices, %d per-call pads",
                 len(plan.padded), plan.carried, len(plan.slices), len(plan.pads))
     return out
+
+
+def padding_view(model: onnx.ModelProto, ctx: DryRunContext) -> PaddingView:
+    """What :func:`pad_channels` tells the padding decision, for ``model`` as the frontend
+    loaded it (``graphopt.plan``'s dry run: node names are the plan's)."""
+    values = _Values(model)
+    return PaddingView(_Backend(ctx, {n.name: n for n in model.graph.node}, values),
+                       values.small)

@@ -25,10 +25,11 @@ from graphopt.decisions.ort_session import (
     SessionConfig,
     decide_ort_session,
 )
+from graphopt.decisions.rewrites import DryRunContext
 from graphopt.errors import GraphoptError
 from graphopt.files.read import read_small_file
 
-__all__ = ["config_path", "decide_session", "ort_session", "render_config"]
+__all__ = ["config_path", "decide_session", "ort_session", "record_layout", "render_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,10 @@ logger = logging.getLogger(__name__)
 _CONFIG_MAX_BYTES = 1 << 20
 
 
-def _record(ctx: OnnxContext, layout: LayoutPlan, nhwc: bool | None) -> None:
-    """Each conv's plan decision, applied where ORT runs it so (``nhwc``: the session's
-    prefer_nhwc; None on the CPU EP, which runs neither)."""
+def record_layout(ctx: OnnxContext | DryRunContext, layout: LayoutPlan) -> None:
+    """Each conv's layout decision, applied where ORT runs it so: on a GPU as the session's
+    ``prefer_nhwc`` (``layout.nhwc``) runs it, on the CPU EP neither (it picks its own)."""
+    nhwc = layout.nhwc if ctx.target.is_gpu else None
     for name, d in layout.convs.items():
         fields = d.fields()
         if nhwc is None:
@@ -56,10 +58,12 @@ def decide_session(model: onnx.ModelProto, ctx: OnnxContext) -> SessionConfig:
     """The plan's session decision (:func:`decide_ort_session`) for this run, with each
     conv's layout decision recorded as ORT will run it."""
     q = ctx.notes.get("quantize") or {}
-    config, layout = decide_ort_session(ctx.plan, ctx.target, ctx.options, ctx.compute_dtype,
-                                        q.get("ort_cpu_graph_optimization_level"))
+    layout = ctx.layout
+    assert layout is not None  # decided when the context was made
+    config = decide_ort_session(ctx.target, ctx.options, ctx.compute_dtype, layout,
+                                q.get("ort_cpu_graph_optimization_level"))
     ctx.notes["layout"] = {"decision": {"nhwc": layout.nhwc, "reason": layout.reason}}
-    _record(ctx, layout, layout.nhwc if ctx.target.is_gpu else None)
+    record_layout(ctx, layout)
     return config
 
 

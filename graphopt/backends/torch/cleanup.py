@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 _CONVS = ("conv1d", "conv2d", "conv3d", "linear")
 _BATCHNORMS = ("batch_norm", "_native_batch_norm_legit_no_training")
+_DROPOUTS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+#: the ATen ops this pass folds or removes: a graph without them it leaves as it is
+CLEANED_OPS = frozenset(_BATCHNORMS + _DROPOUTS)
 
 
 def _bn_params(gm: fx.GraphModule, bn: fx.Node):
@@ -100,7 +103,7 @@ def fold_batchnorm_and_drop_dropout(gm: fx.GraphModule, ctx: RewriteContext) -> 
     for node in list(gm.graph.nodes):
         if is_aten(node, *_BATCHNORMS):
             changed |= _fold_one(gm, ctx, node)
-        elif is_aten(node, "dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"):
+        elif is_aten(node, *_DROPOUTS):
             train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)
             if train:
                 ctx.decide(node, "drop", "kept: dropout in training mode", applied=False)

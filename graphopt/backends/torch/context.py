@@ -10,6 +10,7 @@ import torch
 from torch import fx
 
 from graphopt.analysis.record import NodeAnalysis
+from graphopt.decisions.layout import LayoutPlan
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, Plan
@@ -42,6 +43,9 @@ class RewriteContext:
     #: (point, dim sizes, inputs) at the range's min and max: every check runs there too
     range_points: list[tuple[str, dict[str, int], tuple[Any, ...]]] = field(
         default_factory=list)
+    #: the run's layout decision (``decisions.rewrites.decide_run_layout``), made once before
+    #: any pass at ``compute_dtype`` (``pipeline.decide_run``); the layout pass applies it
+    layout: LayoutPlan | None = None
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.plan.nodes}

@@ -1,8 +1,10 @@
 """Run conv regions in channels_last (NHWC) as the plan's layout decision says.
 
 The decision (cases 1-5: keep, legality, known slow cases, profitability per region, forced) is
-made once on the plan by :func:`graphopt.decisions.layout.decide_layout`, the same one the ONNX
-backend applies; this pass only finds the fx regions
+made once per run on the plan, before any pass
+(:func:`graphopt.decisions.rewrites.decide_run_layout`, the call the ONNX backend and
+``graphopt.plan``'s dry run make too), and handed over as ``ctx.layout``; this pass only finds
+the fx regions
 (:mod:`~graphopt.backends.torch.layout_regions`) and edits them.
 
 Identity: memory format changes strides, never values. Every op of a region
@@ -50,7 +52,6 @@ from graphopt.decisions.layout import (
     LayoutEstimate,
     LayoutPlan,
     cpu_class,
-    decide_layout,
 )
 
 __all__ = ["can_apply", "channels_last"]
@@ -157,9 +158,10 @@ def _estimate(decided: LayoutPlan, layouts: list[ConvLayout]) -> LayoutEstimate:
 
 def channels_last(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     """The layout pass: read the plan's decision, find the fx regions, convert the chosen ones."""
-    mode = ctx.options.layout
-    decided = decide_layout(ctx.plan, ctx.target, ctx.compute_dtype, mode,
-                            onednn=torch.backends.mkldnn.is_available())
+    mode, decided = ctx.options.layout, ctx.layout
+    if decided is None:
+        raise RuntimeError("the run's layout is decided before any pass "
+                           "(backends.torch.pipeline.decide_run); this context has none")
     convs = {n: conv_info(n) for n in gm.graph.nodes if aten_name(n) in _CONV_NAMES}
     seen = {c.name for c in convs}
     for name, d in decided.convs.items():  # plan convs this pass has no edit for (conv1d)

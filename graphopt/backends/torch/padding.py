@@ -11,12 +11,15 @@ it padded gets the real channels back, so the applied graph computes what the or
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 import torch
 from torch import fx
 
+from graphopt.backends.torch.cleanup import CLEANED_OPS, fold_batchnorm_and_drop_dropout
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import aten_name, get_tensor, new_param
 from graphopt.backends.torch.padding_edits import PadState, pad_per_call, refresh_meta, slice_real
@@ -25,11 +28,12 @@ from graphopt.decisions.padding import plan_padding
 from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
 from graphopt.decisions.padding_sites import SMALL_VALUE
 from graphopt.decisions.padding_steps import AttentionStep, CarryStep, ContextBackend, GemmStep
+from graphopt.decisions.rewrites import DryRunContext, PaddingView
 from graphopt.frontends.torch_frontend import graph_from_graph_module
 from graphopt.ir.graph import Node
 from graphopt.ir.shape_range import bind
 
-__all__ = ["pad_channels"]
+__all__ = ["pad_channels", "padding_view"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +46,10 @@ _ARGS = {**{op: (0, 1, 2) for op in ("linear", "conv1d", "conv2d", "conv3d",
 
 @dataclass
 class _Backend(ContextBackend):
-    """What the padding decision asks of the torch backend (decisions land on ``ctx``)."""
+    """What the padding decision asks of the torch backend (decisions land on ``ctx``);
+    ``tensor`` gives the real tensor behind a parameter or constant node."""
 
-    gm: fx.GraphModule
+    tensor: Callable[[fx.Node | None], torch.Tensor | None]
 
     def cannot_edit(self, node: Node) -> str | None:
         fx_node = self.nodes.get(node.name)
@@ -61,7 +66,7 @@ class _Backend(ContextBackend):
         return None
 
     def value(self, tensor: str) -> np.ndarray | None:
-        t = get_tensor(self.gm, self.nodes.get(tensor))
+        t = self.tensor(self.nodes.get(tensor))
         if t is None or t.numel() > SMALL_VALUE or t.is_complex():
             return None
         return t.detach().to(torch.float64).numpy()
@@ -179,7 +184,7 @@ def _restore_real(ap: _Apply) -> None:
 def pad_channels(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     """Pad GEMM-like channels to tensor-core multiples where the plan says it pays."""
     nodes = {n.name: n for n in gm.graph.nodes}
-    backend = _Backend(ctx, nodes, gm)
+    backend = _Backend(ctx, nodes, partial(get_tensor, gm))
     graph = graph_from_graph_module(gm)
     if ctx.shape_range:  # decided at the range's opt point, like the plan
         graph = bind(graph, ctx.shape_range.values("opt"))
@@ -202,3 +207,33 @@ def pad_channels(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     logger.info("padding: %d nodes padded, %d carried, %d slices, %d per-call pads",
                 len(plan.padded), plan.carried, len(plan.slices), len(plan.pads))
     return ap.st.changed
+
+
+def padding_view(source: torch.export.ExportedProgram | fx.GraphModule,
+                 ctx: DryRunContext) -> PaddingView:
+    """What :func:`pad_channels` tells the padding decision, for the traced model before any
+    pass (``graphopt.plan``'s dry run): the same legality and constants, and, where the
+    cleanup pass that runs first changes the graph (BatchNorm, dropout), the graph it leaves
+    (its fold/drop decisions land on ``ctx`` too). An exported program's parameters are
+    placeholders: its state dict holds them."""
+    if isinstance(source, torch.export.ExportedProgram) and any(
+            aten_name(n) in CLEANED_OPS for n in source.graph_module.graph.nodes):
+        gm = source.module()  # a new module over the same tensors: folding only adds params
+        fold_batchnorm_and_drop_dropout(gm, ctx)  # type: ignore[arg-type]
+        backend = _Backend(ctx, {n.name: n for n in gm.graph.nodes}, partial(get_tensor, gm))
+        return PaddingView(backend, backend.value, graph_from_graph_module(gm))
+    if isinstance(source, torch.export.ExportedProgram):
+        sig, gm = source.graph_signature, source.graph_module
+        owner = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+                 **sig.inputs_to_lifted_tensor_constants}
+        state = {**source.state_dict, **source.constants}
+
+        def tensor(node: fx.Node | None) -> torch.Tensor | None:
+            if node is None or node.op != "placeholder" or node.name not in owner:
+                return None
+            t = state.get(owner[node.name])
+            return t if isinstance(t, torch.Tensor) else None
+    else:
+        gm, tensor = source, partial(get_tensor, source)
+    backend = _Backend(ctx, {n.name: n for n in gm.graph.nodes}, tensor)
+    return PaddingView(backend, backend.value)

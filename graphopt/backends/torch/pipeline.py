@@ -30,6 +30,8 @@ from graphopt.backends.torch.quantize import dynamic_int8
 from graphopt.backends.torch.result import TorchResult
 from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.planner import build_plan
+from graphopt.decisions.precision_format import choose_precision
+from graphopt.decisions.rewrites import HostFacts, decide_run_layout
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.frontends.range_inputs import range_points
@@ -39,7 +41,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 from graphopt.ir.plan import mark_reverted
 
-__all__ = ["default_passes", "optimize_torch", "prepare"]
+__all__ = ["decide_run", "default_passes", "optimize_torch", "prepare"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +91,22 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
                          example_inputs=args, shape_range=graph.shape_range)
     ctx.input_names = list(ep.graph_signature.user_inputs)
     ctx.range_points = range_points(args, ctx.input_names, graph.shape_range)
+    decide_run(ctx)
     return gm, ctx
+
+
+def decide_run(ctx: RewriteContext, compute_dtype: str | None = None) -> None:
+    """The decisions made once per run, before any pass: the compute dtype (the user's
+    precision on the target, or ``compute_dtype`` given), then the layout at that dtype, with
+    this machine's oneDNN as the host fact."""
+    if compute_dtype is None:
+        ctx.compute_dtype, why = choose_precision(ctx.target, ctx.options.precision)
+        ctx.notes["precision_choice"] = {"requested": ctx.options.precision,
+                                         "chosen": ctx.compute_dtype, "reason": why}
+    else:
+        ctx.compute_dtype = compute_dtype
+    ctx.layout = decide_run_layout(ctx.plan, ctx.options, ctx.compute_dtype,
+                                   HostFacts(onednn=torch.backends.mkldnn.is_available()))
 
 
 def default_passes() -> list[Pass]:
@@ -157,11 +174,6 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     the model itself: never slower on the target it was optimized for.
     """
     gm, ctx = prepare(model, example_inputs, target, options, dynamic_shapes)
-    from graphopt.decisions.precision_format import choose_precision
-
-    ctx.compute_dtype, why = choose_precision(ctx.target, ctx.options.precision)
-    ctx.notes["precision_choice"] = {"requested": ctx.options.precision,
-                                     "chosen": ctx.compute_dtype, "reason": why}
     reference = run_isolated(model, ctx.example_inputs)
     references = [(ctx.example_inputs, reference)] + [
         (args, run_isolated(model, args)) for _, _, args in ctx.range_points]
