@@ -41,6 +41,54 @@ def test_torch_plan_shows_what_optimize_applies(name: str, target: str) -> None:
     assert _rewrites(planned) == _rewrites(done.plan)
 
 
+class _Cleanup(nn.Module):
+    """Every case of the cleanup pass: a BatchNorm after a conv (folds), after a conv whose
+    output has another reader (kept), after a relu (kept), BatchNorm1d after a linear behind
+    an eval dropout (dropout dropped, then folds), a conv without bias (gains one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn_a = nn.Conv2d(3, 37, 3, padding=1), nn.BatchNorm2d(37)
+        self.b, self.bn_b = nn.Conv2d(37, 37, 3, padding=1, bias=False), nn.BatchNorm2d(37)
+        self.bn_c = nn.BatchNorm2d(37)
+        self.fc, self.drop, self.bn_d = nn.Linear(37, 61), nn.Dropout(0.2), nn.BatchNorm1d(61)
+        for bn in (self.bn_a, self.bn_b, self.bn_c, self.bn_d):  # not the identity
+            nn.init.uniform_(bn.weight, 0.5, 1.5)
+            nn.init.uniform_(bn.running_mean, -0.2, 0.2)
+            nn.init.uniform_(bn.running_var, 0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = F.relu(self.bn_a(self.a(x)))
+        b = self.b(a)
+        y = self.bn_c(F.relu(self.bn_b(b) + b))
+        return self.bn_d(self.drop(self.fc(y.mean((2, 3)))))
+
+
+@pytest.mark.parametrize("target", ["h100", "xeon-8380"])
+def test_plan_shows_the_cleanup_and_the_padding_after_it(target: str) -> None:
+    torch.manual_seed(0)
+    model, x = _Cleanup().eval(), torch.randn(2, 3, 12, 12)
+    planned = graphopt.plan(model, (x,), target=target)
+    done = graphopt.optimize(model, (x,), target=target, measure=False)
+    assert _rewrites(planned) == _rewrites(done.plan)
+    folds = {n: d[0] for (n, k), d in _rewrites(planned).items() if k == "fold"}
+    assert folds == {"batch_norm": True, "conv2d": True, "batch_norm_1": False,
+                     "batch_norm_2": False, "batch_norm_3": True, "linear": True}
+    assert _rewrites(planned)[("dropout", "drop")][0]
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", ["resnet", "mobilenet_v2"])
+def test_plan_of_a_batchnorm_cnn_shows_what_optimize_applies(name: str) -> None:
+    from tests import arch_zoo
+
+    model, inputs = arch_zoo.build(name)
+    planned = graphopt.plan(model, inputs, target="h100")
+    done = graphopt.optimize(model, inputs, target="h100", measure=False)
+    assert any(k == "fold" for _, k in _rewrites(planned))
+    assert _rewrites(planned) == _rewrites(done.plan)
+
+
 @pytest.mark.parametrize("target", ["h100", "xeon-8380"])
 def test_onnx_plan_shows_what_optimize_applies(tmp_path: Path, target: str) -> None:
     """ONNX records layout as ORT runs it (one prefer_nhwc per session on GPUs, none on the CPU

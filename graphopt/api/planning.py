@@ -66,14 +66,11 @@ def dry_run(plan_: Plan, graph: Graph, options: Options | None = None) -> Plan:
                              lambda ctx: onnx_view(graph.source_model, ctx),
                              record_layout=record_layout)
     import torch
-    from torch import fx
 
     from graphopt.backends.torch.padding import padding_view as torch_view
 
-    source = graph.source_model
-    exported = isinstance(source, (torch.export.ExportedProgram, fx.GraphModule))
     return with_rewrites(plan_, graph, opts, choose_precision(plan_.target, opts.precision)[0],
-                         lambda ctx: torch_view(source, ctx) if exported else None,
+                         lambda ctx: torch_view(graph, ctx),
                          host=HostFacts(onednn=torch.backends.mkldnn.is_available()))
 
 

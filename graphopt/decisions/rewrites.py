@@ -107,7 +107,7 @@ def _padding(plan: Plan, graph: Graph, options: Options, ctx: DryRunContext,
         return {"mode": "never", "reason": "pad='never'"}
     if v is None:
         return {"mode": options.pad, "reason": "no backend can rewrite this model's graph "
-                "(it was traced by make_fx, not captured by torch.export)"}
+                "(it was traced by make_fx, not captured by torch.export: optimize refuses it)"}
     at = v.graph or graph
     if graph.shape_range:  # decided at the range's opt point, like the plan
         at = bind(at, graph.shape_range.values("opt"))

@@ -16,6 +16,7 @@ BN in training mode.
 from __future__ import annotations
 
 import logging
+from typing import Any, Protocol
 
 import torch
 from torch import fx
@@ -23,15 +24,35 @@ from torch import fx
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import get_tensor, is_aten, new_param
 
-__all__ = ["fold_batchnorm_and_drop_dropout"]
+__all__ = ["CLEANED_OPS", "fold_batchnorm_and_drop_dropout", "record_fold"]
 
 logger = logging.getLogger(__name__)
+
+
+class _Decides(Protocol):
+    def decide(self, node: Any, kind: str, reason: str, *, applied: bool = True,
+               **fields: Any) -> Any: ...
 
 _CONVS = ("conv1d", "conv2d", "conv3d", "linear")
 _BATCHNORMS = ("batch_norm", "_native_batch_norm_legit_no_training")
 _DROPOUTS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+#: the reasons this pass records, shared with its IR view (:mod:`.cleanup_view`)
+NOT_AFTER_GEMM = "kept: the BatchNorm does not follow a conv or linear"
+TRAINING_DROPOUT = "kept: dropout in training mode"
+DROPPED = "removed: dropout is the identity in eval mode"
 #: the ATen ops this pass folds or removes: a graph without them it leaves as it is
 CLEANED_OPS = frozenset(_BATCHNORMS + _DROPOUTS)
+
+
+def other_readers(src: str) -> str:
+    return f"kept: {src}'s output has other readers that need it un-normalized"
+
+
+def record_fold(ctx: _Decides, bn: str, src: str) -> None:
+    """The decisions of one folded BatchNorm, on it and on the op that absorbs it."""
+    ctx.decide(bn, "fold", f"folded into {src}: eval BatchNorm is affine "
+               "(W' = W*g/s, b' = (b-mu)*g/s + beta)", into=src)
+    ctx.decide(src, "fold", f"absorbed BatchNorm {bn}", absorbed=bn)
 
 
 def _bn_params(gm: fx.GraphModule, bn: fx.Node):
@@ -58,12 +79,10 @@ def _bn_params(gm: fx.GraphModule, bn: fx.Node):
 def _fold_one(gm: fx.GraphModule, ctx: RewriteContext, bn: fx.Node) -> bool:
     src = bn.args[0]
     if not isinstance(src, fx.Node) or not is_aten(src, *_CONVS):
-        ctx.decide(bn, "fold", "kept: the BatchNorm does not follow a conv or linear",
-                   applied=False)
+        ctx.decide(bn, "fold", NOT_AFTER_GEMM, applied=False)
         return False
     if len(src.users) != 1:
-        ctx.decide(bn, "fold", f"kept: {src.name}'s output has other readers that need it "
-                   "un-normalized", applied=False)
+        ctx.decide(bn, "fold", other_readers(src.name), applied=False)
         return False
     params = _bn_params(gm, bn)
     if isinstance(params, str):
@@ -90,9 +109,7 @@ def _fold_one(gm: fx.GraphModule, ctx: RewriteContext, bn: fx.Node) -> bool:
     src.args = tuple(args)
     bn.replace_all_uses_with(src)
     gm.graph.erase_node(bn)
-    ctx.decide(bn.name, "fold", f"folded into {src.name}: eval BatchNorm is affine "
-               "(W' = W*g/s, b' = (b-mu)*g/s + beta)", into=src.name)
-    ctx.decide(src, "fold", f"absorbed BatchNorm {bn.name}", absorbed=bn.name)
+    record_fold(ctx, bn.name, src.name)
     logger.debug("folded %s into %s", bn.name, src.name)
     return True
 
@@ -106,11 +123,11 @@ def fold_batchnorm_and_drop_dropout(gm: fx.GraphModule, ctx: RewriteContext) -> 
         elif is_aten(node, *_DROPOUTS):
             train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)
             if train:
-                ctx.decide(node, "drop", "kept: dropout in training mode", applied=False)
+                ctx.decide(node, "drop", TRAINING_DROPOUT, applied=False)
                 continue
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
-            ctx.decide(node.name, "drop", "removed: dropout is the identity in eval mode")
+            ctx.decide(node.name, "drop", DROPPED)
             changed = True
     if changed:
         gm.graph.eliminate_dead_code()

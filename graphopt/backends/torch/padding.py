@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import fx
 
-from graphopt.backends.torch.cleanup import CLEANED_OPS, fold_batchnorm_and_drop_dropout
+from graphopt.backends.torch.cleanup_view import cleaned_graph
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import aten_name, get_tensor, new_param
 from graphopt.backends.torch.padding_edits import PadState, pad_per_call, refresh_meta, slice_real
@@ -30,7 +30,7 @@ from graphopt.decisions.padding_sites import SMALL_VALUE
 from graphopt.decisions.padding_steps import AttentionStep, CarryStep, ContextBackend, GemmStep
 from graphopt.decisions.rewrites import DryRunContext, PaddingView
 from graphopt.frontends.torch_frontend import graph_from_graph_module
-from graphopt.ir.graph import Node
+from graphopt.ir.graph import Graph, Node
 from graphopt.ir.shape_range import bind
 
 __all__ = ["pad_channels", "padding_view"]
@@ -209,31 +209,26 @@ def pad_channels(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     return ap.st.changed
 
 
-def padding_view(source: torch.export.ExportedProgram | fx.GraphModule,
-                 ctx: DryRunContext) -> PaddingView:
-    """What :func:`pad_channels` tells the padding decision, for the traced model before any
-    pass (``graphopt.plan``'s dry run): the same legality and constants, and, where the
-    cleanup pass that runs first changes the graph (BatchNorm, dropout), the graph it leaves
-    (its fold/drop decisions land on ``ctx`` too). An exported program's parameters are
-    placeholders: its state dict holds them."""
-    if isinstance(source, torch.export.ExportedProgram) and any(
-            aten_name(n) in CLEANED_OPS for n in source.graph_module.graph.nodes):
-        gm = source.module()  # a new module over the same tensors: folding only adds params
-        fold_batchnorm_and_drop_dropout(gm, ctx)  # type: ignore[arg-type]
-        backend = _Backend(ctx, {n.name: n for n in gm.graph.nodes}, partial(get_tensor, gm))
-        return PaddingView(backend, backend.value, graph_from_graph_module(gm))
-    if isinstance(source, torch.export.ExportedProgram):
-        sig, gm = source.graph_signature, source.graph_module
-        owner = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
-                 **sig.inputs_to_lifted_tensor_constants}
-        state = {**source.state_dict, **source.constants}
+def padding_view(graph: Graph, ctx: DryRunContext) -> PaddingView | None:
+    """What :func:`pad_channels` tells the padding decision about the traced model ``graph``
+    before any pass (``graphopt.plan``'s dry run): the same legality and constants, over the
+    graph the cleanup pass that runs first leaves (:mod:`.cleanup_view`: BatchNorm folded,
+    dropout gone; its decisions land on ``ctx`` too). None when the model was traced by make_fx
+    only (``optimize`` refuses it). An exported program's parameters are placeholders: its
+    state dict holds them."""
+    ep = graph.source_model
+    if not isinstance(ep, torch.export.ExportedProgram):
+        return None
+    sig = ep.graph_signature
+    owner = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+             **sig.inputs_to_lifted_tensor_constants}
+    state = {**ep.state_dict, **ep.constants}
 
-        def tensor(node: fx.Node | None) -> torch.Tensor | None:
-            if node is None or node.op != "placeholder" or node.name not in owner:
-                return None
-            t = state.get(owner[node.name])
-            return t if isinstance(t, torch.Tensor) else None
-    else:
-        gm, tensor = source, partial(get_tensor, source)
-    backend = _Backend(ctx, {n.name: n for n in gm.graph.nodes}, tensor)
-    return PaddingView(backend, backend.value)
+    def tensor(node: fx.Node | None) -> torch.Tensor | None:
+        if node is None or node.op != "placeholder" or node.name not in owner:
+            return None
+        t = state.get(owner[node.name])
+        return t if isinstance(t, torch.Tensor) else None
+
+    backend = _Backend(ctx, {n.name: n for n in ep.graph_module.graph.nodes}, tensor)
+    return PaddingView(backend, backend.value, cleaned_graph(graph, ctx))
