@@ -181,7 +181,9 @@ def optimize(model: Any, example_inputs: Any = None,
     :meth:`Optimized.export_onnx` writes the result.
     """
     from graphopt.ir.options import Options
+    from graphopt.measure.host_cache import host_target
 
+    target = host_target(target)  # "cpu": this host, calibrated and cached
     options = Options(precision=precision, pad=pad, layout=layout, quantize=quantize,
                       tolerance=tolerance, measure=measure)
     if _is_onnx(model):

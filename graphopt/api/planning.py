@@ -14,6 +14,7 @@ from graphopt.hardware.registry import DEFAULT_TARGET, TargetSpec, resolve_targe
 from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, PlanSet
+from graphopt.measure.host_cache import host_target
 
 __all__ = ["dry_run", "plan", "with_partition"]
 
@@ -42,7 +43,7 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = DEFAULT_TA
             example inputs are the opt point. For ONNX, symbolic dim name -> opt size or
             ``(min, opt, max)``. Each node then records its dims and cost at min, opt and max.
     """
-    profiles = resolve_targets(target)
+    profiles = resolve_targets(host_target(target))  # "cpu": this host, calibrated and cached
     graph = load_graph(model, example_inputs, dynamic_shapes)
     inputs = tuple(str(f) for f in input_files(model))  # plan.save never overwrites them
     module = model if hasattr(model, "named_modules") else None  # the emitter's module paths

@@ -1,10 +1,30 @@
-"""Options several subcommands share: the reports, shape ranges and devices."""
+"""Options several subcommands share: the reports, shape ranges, devices and the host's
+calibration."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-__all__ = ["add_devices", "add_dynamic", "add_reports", "fmt_time"]
+__all__ = ["add_devices", "add_dynamic", "add_no_calibrate", "add_reports", "cli_target",
+           "fmt_time"]
+
+
+def add_no_calibrate(p: argparse.ArgumentParser) -> None:
+    """``--no-calibrate``, beside every ``--target``: plan ``cpu`` uncalibrated."""
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="with --target cpu, use the uncalibrated host profile instead of "
+                        "this CPU's cached calibration (made on first use, about 10 s; "
+                        "GRAPHOPT_NO_CALIBRATE=1 does the same)")
+
+
+def cli_target(args: argparse.Namespace, threads: int | None = None) -> Any:
+    """``--target`` with ``cpu``/``host`` resolved to this CPU's cached calibration
+    (``measure.host_cache.host_target``), unless ``--no-calibrate``."""
+    from graphopt.measure.host_cache import host_target
+
+    return host_target(args.target, threads=threads,
+                       calibrate=False if args.no_calibrate else None)
 
 
 def add_reports(p: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphopt.cli.args import add_no_calibrate, cli_target
 from graphopt.errors import GraphoptError
 from graphopt.hardware.registry import DEFAULT_TARGET
 
@@ -29,7 +30,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             raise GraphoptError(f"{args.kind} dim {item!r} is not an integer",
                                 f"give sizes in order ({' '.join(order)}) or as name=value"
                                 ) from None
-    e = estimate_op(args.kind, dtype=args.dtype, target=args.target, **dims)
+    e = estimate_op(args.kind, dtype=args.dtype, target=cli_target(args), **dims)
     if args.json:
         print(json.dumps(e.to_dict(), indent=1))
         return 0
@@ -53,5 +54,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pc.add_argument("--dtype", default="bf16",
                     help="fp32 | tf32 | bf16 | fp16 | fp8 | int8 (default bf16)")
     pc.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
+    add_no_calibrate(pc)
     pc.add_argument("--json", action="store_true", help="print JSON")
     pc.set_defaults(func=_cmd_cost)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphopt.cli.args import add_no_calibrate, cli_target
 from graphopt.hardware.registry import DEFAULT_TARGET
 
 __all__ = ["add_parser"]
@@ -16,7 +17,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from graphopt.hardware.registry import resolve_targets
     from graphopt.ir.plan import PlanSet
 
-    targets = resolve_targets(args.target)
+    targets = resolve_targets(cli_target(args))
     result = plan(args.model, target=targets)
     plans = result.plans if isinstance(result, PlanSet) else (result,)
     found = [(p, lint(p)) for p in plans]
@@ -36,5 +37,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("lint", help="list tensor-core compliance issues and their fixes")
     pl.add_argument("model", help="an .onnx file, or file.py:function")
     pl.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
+    add_no_calibrate(pl)
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_cmd_lint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from graphopt.cli.args import add_no_calibrate, cli_target
 from graphopt.errors import GraphoptError
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
@@ -31,7 +32,7 @@ def _cmd_llm(args: argparse.Namespace) -> int:
     except ValueError:
         raise GraphoptError(f"--batch {args.batch!r} is not MAX or MIN:MAX",
                             "write e.g. --batch 1:64") from None
-    lp = plan_llm(model, args.target, batch=batch, prompt_len=args.prompt,
+    lp = plan_llm(model, cli_target(args), batch=batch, prompt_len=args.prompt,
                   cache_len=args.cache)
     lp.decode.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
@@ -58,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction,
     pm.add_argument("model", help="file.py:function returning (model, inputs) for a "
                                   "transformers Llama-layout causal LM (meta device is fine)")
     pm.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
+    add_no_calibrate(pm)
     pm.add_argument("--batch", default="1:64", metavar="MIN:MAX",
                     help="the batch range (default 1:64)")
     pm.add_argument("--prompt", type=int, default=512, help="prefill prompt length")

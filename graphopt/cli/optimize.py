@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from graphopt.cli.args import add_devices, add_dynamic, add_reports
+from graphopt.cli.args import add_devices, add_dynamic, add_no_calibrate, add_reports, cli_target
 from graphopt.cli.terminal import terminal_safe
 from graphopt.errors import GraphoptError
 from graphopt.files.inputs import input_files
@@ -27,7 +27,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.frontends.python_spec import is_python_spec, load_python_spec
     from graphopt.hardware.registry import resolve_targets
 
-    targets = resolve_targets(args.target)
+    targets = resolve_targets(cli_target(args))
     if len(targets) > 1:
         raise GraphoptError("optimize writes one model for one target",
                             "give one --target (run optimize once per target)")
@@ -147,6 +147,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "instead saves the torch-optimized module of a file.py:function "
                          "model (graphopt.load reads it)")
     po.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
+    add_no_calibrate(po)
     for option, choices in CHOICES.items():  # graphopt.ir.options: one table for every backend
         po.add_argument(f"--{option}", default="auto", choices=choices)
     po.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from graphopt.cli.args import add_devices, add_dynamic, add_reports, fmt_time
+from graphopt.cli.args import (
+    add_devices,
+    add_dynamic,
+    add_no_calibrate,
+    add_reports,
+    cli_target,
+    fmt_time,
+)
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
 from graphopt.hardware.registry import DEFAULT_TARGET
@@ -22,7 +29,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     outputs = OutputSet(input_files(args.model))
     outputs.claim_each((args.json, args.md, args.html), "report")  # before the work
     dynamic = parse_dynamic(args.dynamic, is_python_spec(args.model))
-    result = plan(args.model, target=args.target, devices=args.devices, strategy=args.strategy,
+    result = plan(args.model, target=cli_target(args), devices=args.devices, strategy=args.strategy,
                   dynamic_shapes=dynamic)
     result.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
@@ -59,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                   "(module, example_inputs)")
     pp.add_argument("--target", default=DEFAULT_TARGET,
                     help="target name, or several separated by commas (see `graphopt targets`)")
+    add_no_calibrate(pp)
     add_dynamic(pp)
     add_devices(pp)
     add_reports(pp)

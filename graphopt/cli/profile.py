@@ -6,6 +6,7 @@ import argparse
 import math
 from collections.abc import Callable
 
+from graphopt.cli.args import add_no_calibrate, cli_target
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
 
@@ -19,8 +20,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     outputs = OutputSet(input_files(args.model))
     outputs.claim_each((args.json, args.md, args.html), "report")  # before the work
-    plan = profile(args.model, target=args.target, runs=args.runs, warmup=args.warmup,
-                   threads=args.threads)
+    plan = profile(args.model, target=cli_target(args, args.threads), runs=args.runs,
+                   warmup=args.warmup, threads=args.threads)
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     pred = plan.summary["prediction"]
@@ -39,8 +40,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"  your module as called: {fmt_seconds(pred['measured_module_s'])}, predicted/"
               f"measured {num('module_ratio', '.3g')}x (the rest is Python around the graph)")
     if not plan.target.calibrated:
-        print("  uncalibrated host numbers: run `graphopt calibrate -o cpu.json` and profile "
-              "with --target cpu.json")
+        print("  uncalibrated host numbers (--no-calibrate, GRAPHOPT_NO_CALIBRATE=1 or "
+              "GRAPHOPT_HOST_ISA): --target cpu otherwise uses this CPU's cached calibration")
     d = plan.to_dict()
     for n, p, m in worst_nodes(d, 5):
         print(f"  {p / m:8.3g}x  {fmt_seconds(p):>10} predicted {fmt_seconds(m):>10} measured  "
@@ -63,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction,
                                                    "measured by graphopt calibrate); on a CUDA "
                                                    "machine gpu (a file.py:function model "
                                                    "built on the GPU)")
+    add_no_calibrate(p)
     p.add_argument("--runs", type=int, default=10, help="profiled runs (median per node)")
     p.add_argument("--warmup", type=int, default=3, help="unprofiled runs first")
     p.add_argument("--threads", type=int, help="intra-op threads while measuring (default: the "

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from graphopt.files.read import read_small_file
 from graphopt.hardware.profile import HardwareProfile, Link
 
 __all__ = ["FORMAT", "MAX_PROFILE_BYTES", "is_profile_path", "load_profile", "profile_from_dict",
-           "save_profile"]
+           "profile_text", "read_profile_file", "save_profile"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +54,21 @@ def is_profile_path(name: str) -> bool:
     return name.strip().lower().endswith(".json")
 
 
+def profile_text(profile: HardwareProfile, extra: Mapping[str, Any] | None = None) -> str:
+    """The file's text: the format tag, the profile's fields, then ``extra`` top-level fields
+    (which :func:`read_profile_file` hands back when asked for by name)."""
+    clash = sorted(set(extra or {}) & _KNOWN)
+    if clash:
+        raise ValueError(f"extra field(s) {clash} would overwrite the profile's own")
+    return json.dumps({"format": FORMAT, **profile.to_dict(), **(extra or {})}, indent=2) + "\n"
+
+
 def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> Path:
     """Write ``profile`` to ``path`` whole (a temporary file renamed over it) or not at all."""
     from graphopt.files.outputs import OutputSet
 
     outputs = OutputSet(())
-    text = json.dumps({"format": FORMAT, **profile.to_dict()}, indent=2) + "\n"
-    target = outputs.write(path, text, "hardware profile")
+    target = outputs.write(path, profile_text(profile), "hardware profile")
     outputs.commit()
     return target
 
@@ -228,14 +237,22 @@ def _parse(p: Path) -> Any:
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """Read a profile file; a missing, unreadable, oversized or malformed file, or a field out
     of range, is a GraphoptError naming the file and the field."""
+    return read_profile_file(path)[0]
+
+
+def read_profile_file(path: str | os.PathLike[str], extra: frozenset[str] = frozenset()
+                      ) -> tuple[HardwareProfile, dict[str, Any]]:
+    """:func:`load_profile`, and the top-level fields named in ``extra`` (absent ones
+    left out; their values unchecked: the caller checks them)."""
     p = Path(path)
     data = _parse(p)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise GraphoptError(f"{str(p)!r} is not a graphopt hardware profile (format "
                             f"{_show(got)}, expected {FORMAT!r})", _FIX)
+    kept = {k: data.pop(k) for k in sorted(extra - _KNOWN) if k in data}
     try:
-        return profile_from_dict(data)
+        return profile_from_dict(data), kept
     except (KeyError, TypeError, ValueError) as e:
         what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
         raise GraphoptError(f"hardware profile {str(p)!r} is malformed: {what}", _FIX) from None

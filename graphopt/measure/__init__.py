@@ -22,13 +22,15 @@ from graphopt.measure.stats import Measured, spearman, with_measurements
 __all__ = ["Measured", "profile", "spearman"]
 
 
-def _measured_on(target: Any) -> tuple[Any, str]:
-    """(profile, device): this machine's CPU, or one of its CUDA GPUs; nothing else can be
-    timed here."""
+def _measured_on(target: Any, threads: int | None) -> tuple[Any, str]:
+    """(profile, device): this machine's CPU (``"cpu"``: its cached calibration with
+    ``threads``, ``measure.host_cache``), or one of its CUDA GPUs; nothing else can be timed
+    here."""
     from graphopt.hardware.detect import detect_gpus, gpu_profile_for
     from graphopt.hardware.registry import is_this_machine, resolve_targets
+    from graphopt.measure.host_cache import host_target
 
-    profiles = resolve_targets(target)
+    profiles = resolve_targets(host_target(target, threads=threads))
     if len(profiles) == 1 and is_this_machine(profiles[0]):
         return profiles[0], "cpu"
     if len(profiles) == 1 and profiles[0].kind == "gpu":
@@ -81,7 +83,7 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
         raise GraphoptError(f"runs={runs!r}, warmup={warmup!r}, threads={threads!r}: need "
                             "runs >= 1, warmup >= 0, threads None or >= 1",
                             "e.g. runs=10, warmup=3, threads=None")
-    host, device = _measured_on(target)
+    host, device = _measured_on(target, threads)
     if _is_onnx(model):
         if device != "cpu":
             raise GraphoptError("profiling an ONNX model measures ONNX Runtime's CPU "

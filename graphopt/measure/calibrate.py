@@ -46,9 +46,13 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.measure.calibrate_ort import ort_fixed_costs
 from graphopt.measure.calibrate_reference import in_graph_factors
 
-__all__ = ["OP_BENCHES", "calibrate", "calibrate_host", "time_call"]
+__all__ = ["CALIBRATION_VERSION", "OP_BENCHES", "calibrate", "calibrate_host", "time_call"]
 
 logger = logging.getLogger(__name__)
+
+#: what a calibration measures and how; a change that moves its numbers bumps it, which
+#: remakes every cached host calibration (``measure.host_cache``)
+CALIBRATION_VERSION = 1
 
 Bench = Callable[[], Callable[[], Any]]
 
@@ -238,6 +242,10 @@ def time_call(fn: Callable[[], Any], *, budget_s: float = 0.02, repeats: int = 5
     return min(samples[1:]) if best else statistics.median(samples[1:])
 
 
+#: seconds per timed loop of a rate: a rate is the best of 5 loops, and loops of 30 ms give
+#: the 100 ms loops' numbers within 5% here (fp32 GEMM, conv, bandwidth) in 40% of the time
+_RATE_BUDGET_S = 0.03
+
 #: outputs kept alive in the mixed stream: a graph's intermediates live until their last
 #: reader, so the allocator does not hand the same hot block back to every op
 _LIVE = 16
@@ -249,7 +257,7 @@ def _fixed_costs(rounds: int, warmup: int = 5) -> dict[str, float]:
     the ATen ops under the call's range."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from graphopt.measure.torch_runs import NODE_RANGE, per_node
+    from graphopt.measure.torch_runs import NODE_RANGE, node_times
 
     builders = _ops()
     calls = [(op, builders[op]()) for op in OP_BENCHES]
@@ -264,7 +272,7 @@ def _fixed_costs(rounds: int, warmup: int = 5) -> dict[str, float]:
             for i, (op, call) in enumerate(calls):
                 with record_function(NODE_RANGE + op):
                     alive[(r + i) % _LIVE] = call()
-    return {op: statistics.median(ts) for op, ts in per_node(prof.events()).items()}
+    return {op: statistics.median(ts) for op, ts in node_times(prof).items()}
 
 
 def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
@@ -284,27 +292,27 @@ def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
         m1 = torch.randn(n, n, generator=g).to(dt)
         m2 = torch.randn(n, n, generator=g).to(dt)
         out[f"matrix:{key}"] = 2 * n**3 / time_call(functools.partial(torch.mm, m1, m2),
-                                                     budget_s=0.1, repeats=5, best=True)
+                                                     budget_s=_RATE_BUDGET_S, repeats=5, best=True)
     if hasattr(torch.ops.quantized, "linear_dynamic"):  # the kernel graphopt's INT8 pass uses
         from graphopt.backends.torch.quantize import pack_int8_weight
 
         x = torch.randn(n, n, generator=g)
         packed = pack_int8_weight(torch.randn(n, n, generator=g), None)
         out["matrix:int8"] = 2 * n**3 / time_call(
-            functools.partial(torch.ops.quantized.linear_dynamic, x, packed), budget_s=0.1,
-            repeats=5, best=True)
+            functools.partial(torch.ops.quantized.linear_dynamic, x, packed),
+            budget_s=_RATE_BUDGET_S, repeats=5, best=True)
     img = torch.randn(1, 64, 56, 56, generator=g)
     kernel = torch.randn(64, 64, 3, 3, generator=g)
     conv_flops = 2 * 64 * 56 * 56 * 64 * 9
     out["conv:fp32"] = conv_flops / time_call(lambda: F.conv2d(img, kernel, padding=1),
-                                              budget_s=0.1, repeats=5, best=True)
+                                              budget_s=_RATE_BUDGET_S, repeats=5, best=True)
     elems = max(64 * 2**20, 8 * (profile.l2_bytes or 0)) // 4  # fp32 elements
     if quick:
         elems //= 2
     a, b = torch.ones(elems), torch.ones(elems)
     dst = torch.empty(elems)
     out["memory"] = 3 * 4 * elems / time_call(lambda: torch.add(a, b, out=dst),
-                                              budget_s=0.1, repeats=5, best=True)
+                                              budget_s=_RATE_BUDGET_S, repeats=5, best=True)
     return out
 
 
