@@ -212,39 +212,71 @@ def test_node_analysis_alone_is_accepted() -> None:
 
 # --- CPU INT8 ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("target", ["xeon-8380", "xeon-8480"])
-def test_int8_on_cpus_with_vnni_or_amx(target: str) -> None:
+@pytest.mark.parametrize(("target", "m", "fmt", "words"), [
+    ("xeon-8380", 4096, "int8", "INT8 (avx512_vnni)"),  # VNNI, fp32 carrier
+    ("epyc-7763", 4096, "int8", "INT8 (avx2_u8s8)"),  # AVX2 only: 2x fp32 on paper pays too
+    ("xeon-8480", 16, "int8", "INT8 (amx_int8)"),  # AMX: int8 halves the weight traffic
+    ("xeon-8480", 4096, "bf16", "eat what the int8 GEMM saves"),  # AMX bf16 is fast already
+])
+def test_int8_on_cpus_by_cost(target: str, m: int, fmt: str, words: str) -> None:
+    """Every int8 path can win; the cost of quantizing the activations (and, against a bf16
+    carrier, casting them) decides per node, and the reason gives both times."""
     cpu = get_target(target)
     assert int8_pays_on_cpu(cpu)[0]
-    d = node_precision(mid_gemm(target, dtype="fp32")[0], cpu)
-    assert d.fields["format"] == "int8" and d.fields["runs_on"] == "torch"
+    d = node_precision(mid_gemm(target, m=m, dtype="fp32")[0], cpu)
+    assert d.fields["format"] == fmt and words in d.reason
+    base = "bf16" if target == "xeon-8480" else "fp32"
+    assert f" vs {base} " in d.reason and "quantizing activations" in d.reason
+    if fmt == "int8":
+        assert d.fields["runs_on"] == "torch" and d.fields["baseline"] == base
+        assert d.fields["speedup"] >= 1 / (1 - 0.10) and d.fields["method"] == "dynamic"
 
 
-@pytest.mark.parametrize("cpu", [get_target("epyc-7763"), AVX2_HOST], ids=["epyc-7763", "avx2"])
-def test_no_int8_without_vnni(cpu) -> None:
-    pays, why = int8_pays_on_cpu(cpu)
-    assert not pays and "VNNI" in why and "2.2-2.5x slower" in why
-    p = build_plan(mlp(4096, 4096, "fp32"), cpu)
+@pytest.mark.parametrize("cpu", [get_target("epyc-7763"), AVX2_HOST, get_target("xeon-8380")],
+                         ids=["epyc-7763", "avx2", "xeon-8380-vnni"])
+def test_tiny_gemms_stay_fp32(cpu) -> None:
+    p = build_plan(mlp(8, 64, "fp32"), cpu)
     d = node_precision(p.node("fc1"), cpu)
     assert d.fields["format"] == "fp32" and not d.applied
+    assert "quantizing the activations and its extra ops" in d.reason
+
+
+def test_no_int8_without_an_int8_path() -> None:
+    """AVX without AVX2 (Sandy Bridge's ISA): no int8 instruction beats fp32."""
+    cpu = build_host_profile(CpuInfo(
+        model="test AVX host", vendor="intel", arch="x86_64", physical_cores=2,
+        logical_cores=2, flags=frozenset({"sse2", "avx"}), clock_hz=2.5e9, clock_source="test"))
+    pays, why = int8_pays_on_cpu(cpu)
+    assert not pays and "no int8 GEMM path" in why
+    d = node_precision(build_plan(mlp(4096, 4096, "fp32"), cpu).node("fc1"), cpu)
+    assert d.fields["format"] == "fp32" and why in d.reason
 
 
 def test_host_answer_follows_its_flags() -> None:
     host = get_target("cpu")
     assert int8_pays_on_cpu(host)[0] == bool(
-        {"avx512_vnni", "avx_vnni", "amx_int8"} & host.capabilities)
+        {"avx2", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp"} & host.capabilities)
     assert not int8_pays_on_cpu(get_target("h100"))[0]
 
 
-def test_no_dynamic_int8_for_cpu_convolutions() -> None:
+def _conv_plan(target: str):
     g = G()
     x = g.input("x", (32, 256, 56, 56))
     w = g.param("w", (256, 256, 3, 3))
     y = g.op("Conv", [x, w], (32, 256, 56, 56), name="conv", pads=[1, 1, 1, 1])
-    p = build_plan(g.build([y]), get_target("xeon-8380"))
+    return build_plan(g.build([y]), get_target(target))
+
+
+@pytest.mark.parametrize("target", ["xeon-8380", "epyc-7763"])
+def test_cpu_convolutions_are_costed_as_static_int8(target: str) -> None:
+    """Convs follow the GEMMs' rule, costed as static QDQ (QLinearConv: measured faster);
+    never dynamic (ConvInteger: measured slower), and torch has no INT8 conv pass."""
+    p = _conv_plan(target)
     assert p.node("conv").analysis.kernel_class is KernelClass.CONV
-    d = node_precision(p.node("conv"), get_target("xeon-8380"))
-    assert d.fields["format"] == "fp32" and "2.2-2.5x slower" in d.reason
+    d = node_precision(p.node("conv"), get_target(target))
+    assert d.fields["format"] == "int8" and d.fields["method"] == "static"
+    assert d.fields["runs_on"] == "onnx" and "(static)" in d.reason
+    assert "QLinearConv" in d.reason and "never dynamic" in d.reason
 
 
 def test_int8_model_level_on_cpus() -> None:

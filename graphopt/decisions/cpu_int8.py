@@ -1,44 +1,118 @@
-"""INT8 on CPUs: when it pays (VNNI / AMX-INT8 only). The plan (``decisions/gemm_precision.py``)
-and the quantize choices (``decisions/quantize_choice.py``) ask this module; the backends
+"""INT8 on CPUs, decided per node by cost: legality (:func:`can_int8_on_cpu`) apart from
+profitability (:func:`should_int8_on_cpu`). The plan (``decisions/gemm_precision.py``) and the
+quantize choices (``decisions/quantize_choice.py``) ask this module; the backends
 (``backends/torch/quantize.py``, ``backends/onnx/quantize.py``) apply what those decide.
 
-Facts this module rests on (the sources are those of :mod:`graphopt.hardware.cpus`):
-  * VNNI ``VPDPBUSD`` does 4 int8 multiply-adds per 32-bit lane in one instruction, 4x the fp32
-    FMA rate; AMX-INT8 tiles do 2048 OPs/cycle/core [INTEL-OPT, INTEL-AMX].
-  * Without VNNI, AVX2 needs ``VPMADDUBSW`` + ``VPMADDWD`` whose int16 intermediate saturates
-    (ONNX Runtime quantization docs: U8S8 on AVX2/AVX-512 without VNNI may saturate, use
-    ``reduce_range``); ~2x fp32 on paper, which quantizing the activations on every call eats.
-  * [MEASURED] on the development host (a Xeon with AVX512-VNNI, 2 shared cores): torch dynamic
-    INT8 ``nn.Linear`` ran 1.4x faster than fp32 at 512x512 (batch 8) and 3-5x at 1024-4096
-    wide; ONNX Runtime dynamic INT8 was no faster than fp32 for small MLP/transformer models and
-    2.2-2.5x SLOWER for CNNs (``ConvInteger``). So INT8 is proposed for Linear/MatMul nodes
-    only, and only when the cost model still sees a gain after the activation-quantization pass.
+1. Legal: a CPU with an int8 GEMM path (``hardware.cpus.INT8_PATHS``: AMX-INT8, AVX512-VNNI,
+   AVX-VNNI, AVX2 u8s8, Arm SDOT) and a GEMM, GEMV or convolution node. No ISA flag rules INT8
+   out beyond having a path at all.
+2. Profitable: the INT8 cost (:mod:`graphopt.cost.cpu_int8_cost`: the int8 GEMM + quantizing
+   the activations per call + casts + extra ops) is at least ``MIN_GAIN`` below the node's
+   cost at its baseline (fp32, or bf16 where the target computes bf16 natively: INT8 competes
+   with the fastest format the node would otherwise run at, and pays the casts a bf16 model
+   needs around fp32-input kernels). Small GEMMs stay at the baseline: the quantization's
+   memory pass and fixed cost eat what the int8 GEMM saves. ``MIN_GAIN`` = 10%: about the
+   uncertainty of the roofline's efficiency factors.
+3. The method: GEMMs are costed as dynamic INT8 (what both backends run without calibration
+   data; static QDQ reads the activations once less, so a node that pays dynamically pays
+   statically too). Convolutions are costed as static QDQ, the only INT8 conv that pays:
+   :data:`CONV_INT8_MEASURED`.
+
+[MEASURED] ``benchmarks/bench_cpu_int8.py`` on a 2-core AMD EPYC (Zen 4: AVX512-VNNI,
+AVX512-BF16), ONNX Runtime 1.31, 1 thread, ResNet-50's convs and bottlenecks at batch 1-8
+(RESULTS.md, "CPU INT8 by cost"): ORT's dynamic ``ConvInteger`` ran 3-6x SLOWER than fp32
+``Conv`` (it has no fused fast path: im2col, then MatMulInteger), static QDQ ``QLinearConv``
+1.6-3.2x FASTER. The issue's measurement on an AVX2-only EPYC (2 threads): ORT
+``quantize_dynamic`` 1.77x (BERT-base) and 1.95x (Llama) faster than fp32, torch FBGEMM
+dynamic 1.74x (BERT): INT8 pays without VNNI where the GEMMs are large.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from graphopt.analysis.kernel_class import KernelClass
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost.cpu_int8_cost import Int8Cost, Method, cpu_int8_cost
+from graphopt.hardware.cpus import int8_path
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["CONV_INT8_MEASURED", "int8_pays_on_cpu"]
+__all__ = ["CONV_INT8_MEASURED", "MIN_GAIN", "Int8Verdict", "can_int8_on_cpu", "cpu_int8_method",
+           "int8_pays_on_cpu", "should_int8_on_cpu"]
 
-_VNNI = ("amx_int8", "avx512_vnni", "avx_vnni")
-#: why convolutions never get dynamic INT8 on CPUs [MEASURED]
-CONV_INT8_MEASURED = ("dynamic INT8 convolutions were measured 2.2-2.5x slower than fp32 "
-                      "(ONNX Runtime ConvInteger)")
+MIN_GAIN = 0.10  # case 2
+#: why convolutions never get dynamic INT8 on CPUs, and static QDQ convs are costed [MEASURED]
+CONV_INT8_MEASURED = ("dynamic INT8 convolutions (ONNX Runtime ConvInteger) measured 3-6x "
+                      "slower than fp32 at ResNet-50 sizes, static QDQ (QLinearConv) 1.6-3.2x "
+                      "faster (benchmarks/bench_cpu_int8.py)")
+_CLASSES = frozenset({KernelClass.GEMM, KernelClass.GEMV, KernelClass.CONV})
 
 
 def int8_pays_on_cpu(target: HardwareProfile) -> tuple[bool, str]:
-    """Whether INT8 GEMMs beat fp32 on a CPU: only with VNNI or AMX-INT8 (module docstring)."""
+    """Whether INT8 GEMMs can beat the target's baseline at all: it has an int8 path whose rate
+    exceeds its fp32 (and native bf16) rate. Which nodes gain is :func:`should_int8_on_cpu`'s."""
     if target.is_gpu:
         return False, (f"{target.display_name} is a GPU: INT8 there runs on int8 tensor cores "
                        "(see node_precision), not on CPU dot-product instructions")
-    have = [f for f in _VNNI if target.has(f)]
-    if have:
-        return True, (f"{target.display_name} has {', '.join(have)}: int8 dot products in one "
-                      "instruction (VNNI: 4x the fp32 FMA rate; AMX-INT8: 2048 OPs/cycle/core)")
-    return False, (f"{target.display_name} has no VNNI/AMX-INT8: AVX2 int8 GEMMs need "
-                   "VPMADDUBSW+VPMADDWD (int16 saturation, ~2x fp32 on paper) and dynamic "
-                   "quantization of the activations eats that; even on a VNNI host ONNX Runtime "
-                   "dynamic INT8 was measured no faster than fp32 for small MLPs/transformers "
-                   "and 2.2-2.5x slower for CNNs")
+    path = int8_path(target.capabilities)
+    if path is None:
+        return False, (f"{target.display_name} has no int8 GEMM path (AMX-INT8, VNNI, AVX2 "
+                       "u8s8 or Arm SDOT): int8 would run no faster than fp32")
+    best = max(target.peak_flops.get(k, 0.0) for k in ("fp32", "bf16"))
+    ratio = target.peak_flops.get("int8", 0.0) / max(best, 1.0)
+    return ratio > 1.0, (f"{target.display_name} runs int8 GEMMs with {path.instructions} at "
+                         f"{ratio:.1f}x its fastest float peak; per node, INT8 is chosen where "
+                         "the cost of quantizing the activations leaves a gain")
 
+
+def can_int8_on_cpu(a: NodeAnalysis, target: HardwareProfile) -> str | None:
+    """Case 1: why INT8 cannot run node ``a`` on CPU ``target``, else None."""
+    if target.is_gpu:
+        return f"{target.display_name} is a GPU"
+    if int8_path(target.capabilities) is None or "int8" not in target.peak_flops:
+        return int8_pays_on_cpu(target)[1]
+    if a.kernel_class not in _CLASSES:
+        return f"{a.kernel_class.value}: no CPU INT8 kernel for it"
+    return None
+
+
+def cpu_int8_method(a: NodeAnalysis) -> Method:
+    """Case 3: the INT8 method a node is costed (and, for convs, run) with."""
+    return "static" if a.kernel_class is KernelClass.CONV else "dynamic"
+
+
+@dataclass(frozen=True)
+class Int8Verdict:
+    """Case 2's answer for one node: INT8's cost against the baseline's, and the reason."""
+
+    pays: bool
+    cost: Int8Cost
+    base: str
+    base_s: float
+    reason: str
+
+    @property
+    def gain(self) -> float:
+        return 1 - self.cost.total_s / self.base_s if self.base_s > 0 else 0.0
+
+
+def should_int8_on_cpu(a: NodeAnalysis, target: HardwareProfile, *, base: str, base_s: float,
+                       weight_bytes: int, weight_bits: float, act_bits: float,
+                       base_bits: float) -> Int8Verdict:
+    """Case 2: INT8 for ``a`` against ``base`` (its baseline format, ``base_s`` seconds there,
+    activations at ``base_bits``); the weights as traced are ``weight_bytes`` at
+    ``weight_bits``, the activations at ``act_bits``. Legality first: :func:`can_int8_on_cpu`."""
+    method = cpu_int8_method(a)
+    cost = cpu_int8_cost(a, target, weight_bytes=weight_bytes, weight_bits=weight_bits,
+                         act_bits=act_bits, carrier_bits=base_bits, method=method)
+    gain = 1 - cost.total_s / base_s if base_s > 0 else 0.0
+    said = f"INT8 ({cost.path}) {cost.describe()} vs {base} {base_s * 1e6:.2f} us"
+    if gain >= MIN_GAIN:
+        return Int8Verdict(True, cost, base, base_s, f"{said}: {gain:.0%} faster")
+    saved = base_s - cost.gemm_s
+    if cost.overhead_s >= saved:
+        why = (f"quantizing the activations and its extra ops ({cost.overhead_s * 1e6:.2f} us) "
+               f"eat what the int8 GEMM saves ({max(saved, 0.0) * 1e6:.2f} us)")
+    else:
+        why = f"{gain:.0%} faster, below the {MIN_GAIN:.0%} margin"
+    return Int8Verdict(False, cost, base, base_s, f"{said}: {why}")

@@ -14,15 +14,21 @@ continues its numbering.
    Hopper / Blackwell (preferred to INT8 at the same width: it keeps a per-value exponent, so it
    needs no outlier calibration), NVFP4 on Blackwell only where weights are at least half the
    node's traffic and FP4 beats FP8 by the margin, INT8 on GPUs with int8 tensor cores and no FP8
-   (Turing, Ampere) and on CPUs where :func:`int8_pays_on_cpu`, for Linear/MatMul only.
-   "Pays" = the roofline time at the low precision (weights at its bpw, activations at the
-   carrier) is at least ``MIN_GAIN`` below the carrier's and the node is not launch-bound.
-   ``MIN_GAIN`` = 10 %: about the uncertainty of the roofline's efficiency factors, below which a
-   predicted gain does not justify the accuracy risk. Quantized GEMMs also need K and N aligned to
-   16 bytes of the low type (tensor-core operand alignment, ``roofline.tc_alignment``).
-8. ``runs_on``: "torch" for fp32/bf16/fp16 and for CPU INT8 on ``Linear`` nodes (the dynamic
-   INT8 pass of ``optimize``, ``backends/torch/quantize.py``); every other format is "plan-only"
-   (graphopt has no torch kernels for FP8, NVFP4 or GPU INT8 here) and the reason says so.
+   (Turing, Ampere). "Pays" = the roofline time at the low precision (weights at its bpw,
+   activations at the carrier) is at least ``MIN_GAIN`` below the carrier's and the node is not
+   launch-bound. ``MIN_GAIN`` = 10 %: about the uncertainty of the roofline's efficiency
+   factors, below which a predicted gain does not justify the accuracy risk. Quantized GEMMs
+   also need K and N aligned to 16 bytes of the low type (tensor-core operand alignment,
+   ``roofline.tc_alignment``).
+8. CPUs: INT8 for GEMM, GEMV and conv nodes where it pays by cost against the carrier
+   (:mod:`graphopt.decisions.cpu_int8`: the int8 GEMM at the CPU's int8-path rate, plus
+   quantizing the activations per call, plus the casts a bf16 carrier needs), whatever the ISA
+   path; the reason gives both times.
+9. ``runs_on``: "torch" for fp32/bf16/fp16 and for CPU INT8 on ``Linear`` nodes (torch's
+   dynamic INT8 pass, ``backends/torch/quantize.py``, and ONNX's); "onnx" for CPU INT8 on
+   other GEMMs and convs (ONNX Runtime's quantizers run them, torch's pass covers nn.Linear
+   only); every other format is "plan-only" (graphopt has no torch kernels for FP8, NVFP4 or
+   GPU INT8 here) and the reason says so.
 """
 
 from __future__ import annotations
@@ -35,8 +41,12 @@ from typing import Any
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
-from graphopt.cost.roofline import alignment_efficiency, efficiency, estimate, tc_alignment
-from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
+from graphopt.cost.roofline import alignment_efficiency, estimate, tc_alignment
+from graphopt.decisions.cpu_int8 import (
+    CONV_INT8_MEASURED,
+    can_int8_on_cpu,
+    should_int8_on_cpu,
+)
 from graphopt.decisions.precision_format import native_format
 from graphopt.decisions.precision_plan import island_reason, node_island
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format
@@ -51,7 +61,6 @@ logger = logging.getLogger(__name__)
 
 MIN_GAIN = 0.10  # case 7
 WEIGHT_HEAVY = 0.5  # case 7: NVFP4 only where weights are >= half the node's bytes
-_CPU_INT8_CLASSES = frozenset({KernelClass.GEMM, KernelClass.GEMV})
 _TORCH_FORMATS = frozenset({"fp32", "bf16", "fp16"})
 _PEAK_DTYPE = {"fp4": "fp4", "fp8": "fp8_e4m3", "int8": "int8"}
 _DTYPE_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp8_e4m3",
@@ -94,22 +103,12 @@ def _cost_at(a: NodeAnalysis, target: HardwareProfile, w_bytes: int, w_scale: fl
     scaled = replace(a, bytes_read=math.ceil(act_read * act_scale + w_bytes * w_scale),
                      bytes_written=math.ceil(a.bytes_written * act_scale), dtype=dtype)
     cost = estimate(scaled, target, dtype)
-    t = cost.est_time_s
-    if dtype == "int8" and not target.is_gpu:  # dynamic quantization: read fp, write int8
-        bw = target.bandwidth_bytes_per_s * efficiency("cpu", "memory")
-        t += act_read * act_scale * 1.25 / bw + target.launch_overhead_s
-    return t, cost.bottleneck
+    return cost.est_time_s, cost.bottleneck
 
 
-def _low_formats(a: NodeAnalysis, target: HardwareProfile) -> tuple[list[QuantFormat], str]:
-    """Native low-precision formats to try, best first, and why others are out (case 7)."""
-    if not target.is_gpu:
-        pays, why = int8_pays_on_cpu(target)
-        if not pays:
-            return [], why
-        if a.kernel_class not in _CPU_INT8_CLASSES:
-            return [], f"{a.kernel_class.value} on CPU: {CONV_INT8_MEASURED}"
-        return [FORMATS["int8"]], why
+def _low_formats(target: HardwareProfile) -> tuple[list[QuantFormat], str]:
+    """A GPU's native low-precision formats to try, best first, and why others are out
+    (case 7)."""
     out = []
     if target.has("fp4"):
         out.append(FORMATS["nvfp4"])
@@ -130,7 +129,7 @@ def _decide(fmt: str, model: QuantFormat, reason: str, runs_on: str = "torch",
 def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
                    model_format: str | None = None, *, is_first: bool = False,
                    is_last: bool = False) -> Decision:
-    """The precision ``node`` should run at on ``target`` (cases 5-8)."""
+    """The precision ``node`` should run at on ``target`` (cases 5-9)."""
     a, w_bytes, w_dtype, op_type = _weights(node)
     model = get_format(model_format or _DTYPE_FORMAT.get(w_dtype or a.dtype or "", "fp32"))
     carrier, carrier_why = carrier_format(target, model.key)
@@ -154,15 +153,18 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
                 "error is not averaged out by other layers")
     if keep:
         return _decide(carrier, model, f"stays {carrier} ({carrier_why}): {keep}")
-    lows, why_not = _low_formats(a, target)
-    lows = [f for f in lows if f.bits_per_weight < model.bits_per_weight]
-    if not lows:
-        return _decide(carrier, model, f"stays {carrier} ({carrier_why}): "
-                       f"{why_not or 'the model is already at or below 8 bits'}")
     w_bits = DTYPE_BITS.get(w_dtype or model.key, int(model.bits_per_weight))
     act_bits = DTYPE_BITS.get(a.dtype or "fp32", 32)
     c_bits = get_format(carrier).bits_per_weight
     t_hi, bound = _cost_at(a, target, w_bytes, c_bits / w_bits, c_bits / act_bits, carrier)
+    if not target.is_gpu:
+        return _cpu_int8(a, target, model, (carrier, carrier_why, c_bits, t_hi),
+                         w_bytes, w_bits, act_bits, op_type)
+    lows, why_not = _low_formats(target)
+    lows = [f for f in lows if f.bits_per_weight < model.bits_per_weight]
+    if not lows:
+        return _decide(carrier, model, f"stays {carrier} ({carrier_why}): "
+                       f"{why_not or 'the model is already at or below 8 bits'}")
     if bound == "latency":
         return _decide(carrier, model, f"stays {carrier}: small GEMM, launch-bound at "
                        f"{t_hi * 1e6:.2f} us; a lower precision cannot speed it up")
@@ -194,16 +196,44 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
         notes.append(f"NVFP4 would beat {other[0].display} by < {MIN_GAIN:.0%}")
         fp4 = None
     f, t_lo, gain = fp4 or other  # type: ignore[misc]
-    runs_on = "torch" if (f.key == "int8" and not target.is_gpu and op_type == "Linear") \
-        else "plan-only"
-    where = ("applied by optimize's dynamic INT8 pass" if runs_on == "torch" else
-             "plan-only: graphopt's torch path has no kernel for it here; deploy with "
-             "TensorRT(-LLM), vLLM or Transformer Engine" if target.is_gpu else
-             "plan-only: the torch INT8 path covers nn.Linear only")
+    where = ("plan-only: graphopt's torch path has no kernel for it here; deploy with "
+             "TensorRT(-LLM), vLLM or Transformer Engine")
     extra = f"; {why_not}" if why_not else ""
     return _decide(f.key, model, f"{f.display}: roofline {t_hi * 1e6:.2f} -> {t_lo * 1e6:.2f} us "
-                   f"({gain:.0%} faster than {carrier}){extra}; {where}", runs_on,
+                   f"({gain:.0%} faster than {carrier}){extra}; {where}", "plan-only",
                    baseline=carrier, speedup=round(t_hi / t_lo, 3))
+
+
+def _cpu_where(a: NodeAnalysis, op_type: str | None) -> tuple[str, str]:
+    """Case 9 on a CPU: (runs_on, which backend applies an INT8 node and how)."""
+    if a.kernel_class is KernelClass.CONV:
+        return "onnx", ("applied on ONNX as static QDQ (QLinearConv) when calibration data is "
+                        "given; torch has no INT8 conv pass; never dynamic: "
+                        f"{CONV_INT8_MEASURED}")
+    if op_type == "Linear":
+        return "torch", ("applied by torch's dynamic INT8 pass (quantized::linear_dynamic) and "
+                         "on ONNX (dynamic INT8, static QDQ with calibration data)")
+    return "onnx", ("applied on ONNX (dynamic INT8, static QDQ with calibration data); torch's "
+                    "INT8 pass covers nn.Linear only")
+
+
+def _cpu_int8(a: NodeAnalysis, target: HardwareProfile, model: QuantFormat,
+              carrier: tuple[str, str, float, float], w_bytes: int, w_bits: float,
+              act_bits: float, op_type: str | None) -> Decision:
+    """Case 8: INT8 where it pays by cost against the carrier ``(format, why, activation bits,
+    seconds)``, else the carrier, with both times in the reason."""
+    fmt, why, c_bits, t_base = carrier
+    illegal = "the model is already at or below 8 bits" if model.bits_per_weight <= 8 \
+        else can_int8_on_cpu(a, target)
+    if illegal is not None:
+        return _decide(fmt, model, f"stays {fmt} ({why}): {illegal}")
+    v = should_int8_on_cpu(a, target, base=fmt, base_s=t_base, weight_bytes=w_bytes,
+                           weight_bits=w_bits, act_bits=act_bits, base_bits=c_bits)
+    if not v.pays:
+        return _decide(fmt, model, f"stays {fmt} ({why}): {v.reason}")
+    runs_on, where = _cpu_where(a, op_type)
+    return _decide("int8", model, f"{v.reason}; {where}", runs_on, baseline=fmt,
+                   speedup=round(t_base / v.cost.total_s, 3), method=v.cost.method)
 
 
 def plan_precisions(plan: Plan, model_format: str | None = None) -> dict[str, Decision]:

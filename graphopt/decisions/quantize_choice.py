@@ -9,23 +9,28 @@ Runtime's quantizers take, a kernel that exists).
 
 1. :func:`auto_quantize_blocked`: an explicit ``precision`` is a numerics contract, so
    ``quantize="auto"`` adds no quantization on either backend (INT8 only when asked for by name).
-2. :func:`auto_choice`: ``quantize="auto"``, one node the plan put at ``fmt``: INT8 on a CPU
-   only where :func:`int8_pays_on_cpu` (VNNI/AMX) and never for convs, static QDQ when
-   calibration data is given, else dynamic; INT8 on a GPU as static S8S8 QDQ (calibration
-   needed); FP8 as QDQ (calibration needed); 4-bit formats as weight-only MatMulNBits.
+2. :func:`auto_choice`: ``quantize="auto"``, one node the plan put at ``fmt``. INT8 on a CPU
+   (the plan chose it by cost, ``decisions/cpu_int8.py``, on every int8 ISA path): GEMMs as
+   static QDQ when calibration data is given, else dynamic (the method the plan costed, and
+   the one torch runs: the same nodes on both backends); convs as static QDQ only (the plan
+   costed them so), so without calibration data they stay float and say why. INT8 on a GPU as
+   static S8S8 QDQ (calibration needed); FP8 as QDQ (calibration needed); 4-bit formats as
+   weight-only MatMulNBits.
 3. :func:`method_blocked`: where a method is never worth it or cannot keep its numerics, even
-   when requested by name: dynamic INT8 convs (measured slower), static INT8 convs on a CPU
-   without VNNI (no QLinearConv there), FP8 without FP8 tensor cores.
-4. :func:`int8_scheme` / :func:`method_description`: U8S8 with ``reduce_range`` on a CPU
-   without VNNI (its int16 intermediate saturates), S8S8 symmetric on GPUs (TensorRT's
-   convention) and for FP8; the words the reports use for each method.
+   when requested by name: dynamic INT8 convs (measured 3-6x slower, ``CONV_INT8_MEASURED``),
+   FP8 without FP8 tensor cores.
+4. :func:`int8_scheme` / :func:`method_description`: U8S8 with ``reduce_range`` on a CPU whose
+   int8 path saturates (AVX2 u8s8: VPMADDUBSW's int16 pair sums) or that has none, S8S8
+   symmetric on GPUs (TensorRT's convention) and for FP8; the words the reports use for each
+   method.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
+from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED
+from graphopt.hardware.cpus import int8_path
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 
@@ -54,12 +59,12 @@ def auto_choice(op_type: str, fmt: str, plan_why: str, target: HardwareProfile,
     where none runs it."""
     plan = f"plan: {fmt} ({plan_why})"
     if fmt == "int8" and not target.is_gpu:
-        pays, why = int8_pays_on_cpu(target)
-        if not pays:
-            return None, why
+        if has_calibration:
+            return "int8_static", plan
         if op_type == "Conv":
-            return None, f"convs stay fp32 on CPUs: {CONV_INT8_MEASURED}"
-        return ("int8_static" if has_calibration else "int8_dynamic"), plan
+            return None, ("INT8 convs run as static QDQ (QLinearConv), which needs activation "
+                          f"scales: pass calibration data; never dynamic: {CONV_INT8_MEASURED}")
+        return "int8_dynamic", plan
     if fmt == "int8":
         return ("int8_static", plan) if has_calibration else (
             None, "INT8 on a GPU runs as static QDQ (TensorRT explicit quantization): pass "
@@ -77,10 +82,6 @@ def method_blocked(mode: str, op_type: str, target: HardwareProfile) -> str | No
     numerics, whoever asked), else None."""
     if mode == "int8_dynamic" and op_type == "Conv":
         return f"never dynamic INT8 convs: {CONV_INT8_MEASURED}"
-    if mode == "int8_static" and op_type == "Conv" and not target.is_gpu:
-        pays, why = int8_pays_on_cpu(target)
-        if not pays:
-            return f"no QLinearConv on a CPU without VNNI: {why}"
     if mode == "fp8" and not (target.is_gpu and target.has("fp8")):
         return f"{target.display_name} {_NO_FP8}"
     return None
@@ -90,7 +91,8 @@ def method_blocked(mode: str, op_type: str, target: HardwareProfile) -> str | No
 class Int8Scheme:
     """How a QDQ/dynamic quantizer maps values to 8 bits on a target (case 4).
 
-    ``reduce_range``: 7-bit values, on CPUs without VNNI where AVX2's U8S8 int16 pairs saturate.
+    ``reduce_range``: 7-bit values, on CPUs whose int8 path sums u8 x s8 pairs in saturating
+    int16 (AVX2 u8s8: VPMADDUBSW) or that have no int8 path.
     ``symmetric``: signed activations with zero point 0 (S8S8): GPUs (TensorRT) and FP8.
     """
 
@@ -104,8 +106,13 @@ def int8_scheme(target: HardwareProfile, mode: str) -> Int8Scheme:
         raise ValueError(f"no 8-bit scheme for quantize mode {mode!r}")
     if mode == "fp8":
         return Int8Scheme(reduce_range=False, symmetric=True)
-    no_vnni = not target.is_gpu and not int8_pays_on_cpu(target)[0]
-    return Int8Scheme(reduce_range=no_vnni, symmetric=mode == "int8_static" and target.is_gpu)
+    return Int8Scheme(reduce_range=_saturates(target),
+                      symmetric=mode == "int8_static" and target.is_gpu)
+
+
+def _saturates(target: HardwareProfile) -> bool:
+    path = None if target.is_gpu else int8_path(target.capabilities)
+    return not target.is_gpu and (path is None or path.saturates)
 
 
 def method_description(mode: str, target: HardwareProfile, int4_block: int) -> str:
@@ -115,7 +122,11 @@ def method_description(mode: str, target: HardwareProfile, int4_block: int) -> s
         return f"4-bit weight-only MatMulNBits (symmetric, blocks of {int4_block})"
     if mode == "fp8":
         return "static QDQ float8e4m3fn (per tensor, calibrated)"
-    reduced = ", reduce_range: no VNNI" if int8_scheme(target, mode).reduce_range else ""
+    reduced = ""
+    if int8_scheme(target, mode).reduce_range:
+        path = int8_path(target.capabilities)
+        reduced = (f", reduce_range: {path.instructions} sums pairs in saturating int16"
+                   if path is not None else ", reduce_range: no int8 dot-product instruction")
     if mode == "int8_dynamic":
         return f"dynamic INT8 (int8 per-channel weights, uint8 activations per call{reduced})"
     if target.is_gpu:

@@ -26,12 +26,33 @@ Sources for the FLOPs/cycle tiers:
               pipes; Zen 4 executes 512-bit AVX-512 (incl. VNNI, BF16) as two 256-bit halves.
   [ARM-V1]    Arm Neoverse V1 Software Optimization Guide: 4 x 128-bit NEON / 2 x 256-bit SVE
               FMA pipes; SDOT (4 int8 MACs per 32-bit lane), BFDOT, FP16 FMLA.
+  [INTEL-INTR] Intel Intrinsics Guide / SDM vol. 2 instruction pages: VPMADDUBSW multiplies
+              unsigned by signed bytes and adds adjacent pairs into SATURATED int16; VPMADDWD
+              multiplies int16 and adds pairs into int32; VPDPBUSD (AVX512-VNNI, AVX-VNNI) does
+              both in one instruction: 4 u8 x s8 products summed into each int32 lane.
+  [ORT-QUANT] ONNX Runtime "Quantize ONNX models" docs, "When to use reduce_range": U8S8 on
+              x86-64 without VNNI uses VPMADDUBSW, whose int16 sums can saturate; 7-bit
+              quantization (reduce_range) avoids it.
+
+INT8 GEMMs run on one of several instruction paths (:data:`INT8_PATHS`, best first); a CPU's
+``peak_flops["int8"]`` is its best path's rate:
+
+    peak["int8"] = cores x clock_hz x int8_ops_per_cycle(path, tier)
+
+AMX-INT8 states its rate absolutely (2048 OPs/cycle/core [INTEL-AMX]); the vector paths as a
+multiple of the tier's fp32 FMA FLOPs per cycle, since they issue on the same ports at the same
+width: VNNI's VPDPBUSD does 4 int8 MACs per 32-bit lane where an FMA does 1 (4x)
+[INTEL-OPT, INTEL-INTR; AMD-SOG: Zen 4 executes it on its two 256-bit pipes]; the AVX2 (and
+AVX-512BW) u8s8 sequence VPMADDUBSW + VPMADDWD needs two multiply uops on the FMA ports for
+the same 4 MACs (2x) [INTEL-OPT, AMD-SOG, INTEL-INTR], with int16 saturation handled by
+``reduce_range`` [ORT-QUANT]; Arm's SDOT is VNNI's equal (4x) [ARM-V1].
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from graphopt.hardware.profile import HardwareProfile, Link
 
@@ -40,8 +61,12 @@ __all__ = [
     "CPU_PROFILES",
     "DTYPE_FLAGS",
     "FLOPS_PER_CYCLE",
+    "INT8_PATHS",
+    "Int8Path",
     "cpu_profile",
     "cpu_profiles",
+    "int8_ops_per_cycle",
+    "int8_path",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,30 +74,81 @@ logger = logging.getLogger(__name__)
 GIB = 2**30
 MIB = 2**20
 
-# Per-core FLOPs (OPs for int8) per cycle, by ISA tier. A dtype missing from a tier has no
-# native arithmetic there (x86 before SPR only converts fp16 via F16C; it computes in fp32).
+# Per-core FLOPs per cycle, by ISA tier. A dtype missing from a tier has no native arithmetic
+# there (x86 before SPR only converts fp16 via F16C; it computes in fp32). int8 is not a tier's:
+# it follows the CPU's int8 path (INT8_PATHS below).
 FLOPS_PER_CYCLE: dict[str, dict[str, int]] = {
     # SSE2 only: one 128-bit add + one 128-bit mul port [INTEL-OPT].
     "sse2": {"fp64": 4, "fp32": 8},
     # AVX without FMA (Sandy/Ivy Bridge): 256-bit add + 256-bit mul [INTEL-OPT].
     "avx": {"fp64": 8, "fp32": 16},
-    # 2 x 256-bit FMA (Haswell..Alder Lake P-core, Zen 2/3). int8 via VPMADDUBSW+VPMADDWD:
-    # ~32 MACs per cycle on the two FMA ports [INTEL-OPT, AMD-SOG].
-    "avx2_fma": {"fp64": 16, "fp32": 32, "int8": 64},
+    # 2 x 256-bit FMA (Haswell..Alder Lake P-core, Zen 2/3) [INTEL-OPT, AMD-SOG].
+    "avx2_fma": {"fp64": 16, "fp32": 32},
     # 2 x 512-bit FMA without VNNI (Skylake-SP Gold 6xxx/Platinum) [INTEL-OPT].
-    "avx512": {"fp64": 32, "fp32": 64, "int8": 128},
-    # 2 x 512-bit FMA + VNNI (Cascade Lake, Ice Lake-SP): VPDPBUSD 64 MACs x 2 ports [INTEL-OPT].
-    "avx512_vnni": {"fp64": 32, "fp32": 64, "int8": 256},
+    "avx512": {"fp64": 32, "fp32": 64},
+    # 2 x 512-bit FMA + VNNI (Cascade Lake, Ice Lake-SP) [INTEL-OPT].
+    "avx512_vnni": {"fp64": 32, "fp32": 64},
     # Sapphire Rapids: AVX-512 + AVX512-FP16 (2x FP32 lanes) + AMX tiles [INTEL-AMX].
-    "amx": {"fp64": 32, "fp32": 64, "fp16": 128, "bf16": 1024, "int8": 2048},
-    # Zen 4: AVX-512 on 256-bit datapaths; VDPBF16PS and VPDPBUSD on two 256-bit pipes [AMD-SOG].
-    "zen4": {"fp64": 16, "fp32": 32, "bf16": 64, "int8": 128},
+    "amx": {"fp64": 32, "fp32": 64, "fp16": 128, "bf16": 1024},
+    # Zen 4: AVX-512 on 256-bit datapaths; VDPBF16PS on two 256-bit pipes [AMD-SOG].
+    "zen4": {"fp64": 16, "fp32": 32, "bf16": 64},
     # Arm 2 x 128-bit FMA (Neoverse N1/N2, Cortex-A7x): the conservative Arm default.
-    "neon": {"fp64": 8, "fp32": 16, "fp16": 32, "int8": 64},
-    # Neoverse V1/V2: 4 x 128-bit pipes; FP16 FMLA 2x FP32, BFDOT 2x FP32, SDOT 4x [ARM-V1].
+    "neon": {"fp64": 8, "fp32": 16, "fp16": 32},
+    # Neoverse V1/V2: 4 x 128-bit pipes; FP16 FMLA 2x FP32, BFDOT 2x FP32 [ARM-V1].
     # BFDOT issuing on all four pipes is an assumption, not checked against the SWOG tables.
-    "neoverse_v1": {"fp64": 16, "fp32": 32, "fp16": 64, "bf16": 64, "int8": 128},
+    "neoverse_v1": {"fp64": 16, "fp32": 32, "fp16": 64, "bf16": 64},
 }
+
+
+@dataclass(frozen=True)
+class Int8Path:
+    """One way a CPU multiplies int8 matrices (module docstring, "INT8 GEMMs").
+
+    ``ops_per_cycle`` (per core; one MAC = 2 OPs) is absolute where set, else
+    ``fp32_multiple`` x the tier's fp32 FLOPs per cycle. ``saturates``: its int16 intermediate
+    can overflow for full-range u8 x s8 (quantize activations to 7 bits: ``reduce_range``).
+    """
+
+    name: str
+    flags: frozenset[str]  # any one of them enables the path
+    instructions: str
+    fp32_multiple: float = 0.0
+    ops_per_cycle: int = 0
+    saturates: bool = False
+    source: str = ""
+
+
+#: int8 GEMM paths, best first; a CPU takes the first whose flags it has
+INT8_PATHS: tuple[Int8Path, ...] = (
+    Int8Path("amx_int8", frozenset({"amx_int8"}), "AMX TDPBUSD tiles", ops_per_cycle=2048,
+             source="[INTEL-AMX] 2048 INT8 OPs/cycle/core; [INTEL-OPT] Intel AMX chapter"),
+    Int8Path("avx512_vnni", frozenset({"avx512_vnni"}), "AVX512-VNNI VPDPBUSD",
+             fp32_multiple=4.0,
+             source="[INTEL-OPT, INTEL-INTR] 4 u8 x s8 MACs per 32-bit lane in one "
+                    "instruction, on the FMA ports; [AMD-SOG] Zen 4: on two 256-bit pipes"),
+    Int8Path("avx_vnni", frozenset({"avx_vnni"}), "AVX-VNNI VPDPBUSD (256-bit)",
+             fp32_multiple=4.0,
+             source="[INTEL-OPT, INTEL-INTR] VNNI at 256 bits (Alder Lake and later cores "
+                    "without AVX-512)"),
+    Int8Path("avx2_u8s8", frozenset({"avx2"}), "AVX2 VPMADDUBSW + VPMADDWD (u8s8)",
+             fp32_multiple=2.0, saturates=True,
+             source="[INTEL-OPT, AMD-SOG, INTEL-INTR] two multiply uops on the FMA ports per "
+                    "4 MACs per 32-bit lane: 2x the fp32 FMA rate on paper (the AVX-512BW "
+                    "form on Skylake-SP likewise); [ORT-QUANT] int16 saturation: reduce_range"),
+    Int8Path("arm_sdot", frozenset({"asimddp"}), "Arm SDOT/UDOT", fp32_multiple=4.0,
+             source="[ARM-V1] SDOT: 4 int8 MACs per 32-bit lane"),
+)
+
+
+def int8_path(capabilities: frozenset[str]) -> Int8Path | None:
+    """The best int8 GEMM path a CPU with these ISA flags has, or None (no int8 arithmetic
+    faster than fp32: SSE/AVX without AVX2, Arm without the dot product)."""
+    return next((p for p in INT8_PATHS if p.flags & capabilities), None)
+
+
+def int8_ops_per_cycle(path: Int8Path, tier: str) -> float:
+    """Per-core int8 OPs per cycle of ``path`` on a core of ISA ``tier``."""
+    return float(path.ops_per_cycle or path.fp32_multiple * FLOPS_PER_CYCLE[tier]["fp32"])
 
 # Narrow float dtypes a tier lists only count where the CPU has the flag for them (e.g. Arm
 # cores without FP16 arithmetic, x86 without AVX512-FP16 compute fp16 in fp32 after F16C).
@@ -105,6 +181,9 @@ def cpu_profile(
     rates: Mapping[str, int] = FLOPS_PER_CYCLE[tier]
     peak = {dtype: float(cores * clock_hz * per_cycle) for dtype, per_cycle in rates.items()
             if dtype not in DTYPE_FLAGS or DTYPE_FLAGS[dtype] & capabilities}
+    path = int8_path(capabilities)
+    if path is not None:
+        peak["int8"] = float(cores * clock_hz * int8_ops_per_cycle(path, tier))
     vector = {k: v for k, v in peak.items() if k in ("fp64", "fp32", "fp16")}
     if tier == "amx" and "avx512_bf16" in capabilities:
         vector["bf16"] = float(cores * clock_hz * 128)  # AVX512_BF16 VDPBF16PS, not AMX

@@ -9,19 +9,24 @@ block) and rescales. The error is bounded by half a quantization step per operan
 Modes (``ctx.options.quantize``), numbered as the code refers to them:
 
 1. ``"auto"``: each Conv/MatMul/Gemm follows its plan decision (``precision.format``):
-   ``int8`` on a CPU only where :func:`int8_pays_on_cpu` (VNNI/AMX) and never for convs, as
-   static QDQ when calibration data is given, else dynamic (MatMul only); ``int8`` on a GPU
+   ``int8`` on a CPU where the plan's cost says so (``decisions/cpu_int8.py``, any int8 ISA
+   path), as static QDQ when calibration data is given, else dynamic (MatMul and Gemm: the
+   same nodes torch's pass quantizes; convs only static, so without calibration data they
+   stay float and say why); ``int8`` on a GPU
    (Turing/Ampere INT8 tensor cores) as static S8S8 QDQ, which needs calibration data;
    ``fp8_e4m3`` as FP8 QDQ, which needs calibration data; ``nvfp4``/``q4*`` as 4-bit
    MatMulNBits. Without calibration data the QDQ nodes record why, nothing is raised. With an
    explicit ``precision`` nothing is quantized (as in torch): every node says so.
 2. ``"none"``: nothing.
-3. ``"int8_dynamic"``: every MatMul with a constant weight. Gemm: ONNX Runtime's dynamic
-   quantizer has no Gemm. Conv: never (ORT's ConvInteger measured 2.2-2.5x slower than fp32).
+3. ``"int8_dynamic"``: every MatMul and Gemm with a constant weight. ONNX Runtime's dynamic
+   quantizer has no Gemm, so a Gemm (``alpha`` 1, ``A`` not transposed, ``beta`` 1 or no C)
+   is first written as the MatMul + Add it computes (``B`` transposed once if ``transB``),
+   the MatMul keeping the Gemm's name: exact in fp32, and torch's Linear and its exported Gemm
+   get the same INT8. Conv: never (ORT's ConvInteger measured 3-6x slower than fp32).
 4. ``"int8_static"``: Conv/MatMul/Gemm, QDQ: on CPUs U8S8 (activations uint8, weights int8 per
-   channel; ``reduce_range`` without VNNI, where U8S8 saturates), and no convs without VNNI
-   (no QLinearConv there); on GPUs S8S8 symmetric (TensorRT's convention). Requires
-   ``ctx.calibration``: without it a :class:`GraphoptError` names the fix.
+   channel; ``reduce_range`` where the int8 path saturates int16: AVX2 u8s8); on GPUs S8S8
+   symmetric (TensorRT's convention). Requires ``ctx.calibration``: without it a
+   :class:`GraphoptError` names the fix.
 5. ``"fp8"``: Conv/MatMul/Gemm as float8e4m3fn QDQ (per tensor), on GPUs with FP8 tensor cores
    (Ada, Hopper, Blackwell) only. Elsewhere every node records "not applied" and the model is
    unchanged: not an error, a plan for another machine must not crash (as for requested
@@ -49,7 +54,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.quantize_ort import (
@@ -112,8 +119,61 @@ def _blocked(mode: str, node: onnx.NodeProto, w: onnx.TensorProto | None,
     if w.data_type not in _FLOAT:
         return "onnxruntime's INT8/FP8 quantizers take fp32 weights (quantize before fp16)"
     if mode == "int8_dynamic" and op == "Gemm":
-        return "onnxruntime's dynamic quantizer has no Gemm (IntegerOps: MatMul, Conv)"
+        why = _gemm_not_matmul(node, w)
+        if why is not None:
+            return f"onnxruntime's dynamic quantizer has no Gemm, and {why}"
     return method_blocked(mode, op, ctx.target)
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, object]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _gemm_not_matmul(node: onnx.NodeProto, w: onnx.TensorProto) -> str | None:
+    """Why Gemm ``node`` is not a MatMul + Add (case 3), else None."""
+    at = _attrs(node)
+    if at.get("transA", 0) or at.get("alpha", 1.0) != 1.0:
+        return "this Gemm scales or transposes A (not a MatMul + Add)"
+    if len(node.input) > 2 and node.input[2] and at.get("beta", 1.0) != 1.0:
+        return "this Gemm scales C (not a MatMul + Add)"
+    return None if len(w.dims) == 2 else "its weight is not a 2-D matrix"
+
+
+def _gemms_as_matmuls(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """Case 3: Gemm -> MatMul (same name) + Add, ``B`` transposed once if ``transB``."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {t.name: t for t in out.graph.initializer}
+    nodes: list[onnx.NodeProto] = []
+    replaced: set[str] = set()
+    for node in out.graph.node:
+        if node.name not in names or node.op_type != "Gemm":
+            nodes.append(node)
+            continue
+        b = node.input[1]
+        if _attrs(node).get("transB", 0):
+            t = numpy_helper.from_array(np.ascontiguousarray(
+                numpy_helper.to_array(inits[b]).T), f"{b}__graphopt_t_{node.name}")
+            out.graph.initializer.append(t)
+            replaced.add(b)
+            b = t.name
+        bias = len(node.input) > 2 and bool(node.input[2])
+        mm = node.output[0] + "__graphopt_mm" if bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], b], [mm], name=node.name))
+        if bias:
+            nodes.append(helper.make_node("Add", [mm, node.input[2]], [node.output[0]],
+                                          name=f"{node.name}__graphopt_bias"))
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                    for n in out.graph.node for a in n.attribute)
+    used = {i for n in out.graph.node for i in n.input} | {o.name for o in out.graph.output}
+    dropped = set() if subgraphs else replaced - used  # the fp32 B only its Gemm read
+    if dropped:
+        kept = [t for t in out.graph.initializer if t.name not in dropped]
+        del out.graph.initializer[:]
+        out.graph.initializer.extend(kept)
+    return out
 
 
 def _select(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset[str],
@@ -174,6 +234,8 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
                 continue
             scheme = int8_scheme(ctx.target, mode)
             if mode == "int8_dynamic":
+                gemms = {n for n in nodes if ops[n] == "Gemm"}
+                out = _gemms_as_matmuls(out, gemms) if gemms else out
                 out = ort_dynamic_int8(out, nodes, reduce_range=scheme.reduce_range)
             else:
                 assert ctx.calibration

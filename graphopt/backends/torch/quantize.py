@@ -1,15 +1,20 @@
-"""Dynamic INT8 for Linear layers on CPUs where it pays (VNNI / AMX-INT8).
+"""Dynamic INT8 for the Linear layers the plan puts at INT8 on the host CPU.
 
 Identity (approximate, hence verified against the int8 tolerance): ``x @ W.T + b`` with ``W``
 quantized per output channel, ``W ~= s_c * q_c`` (``q`` int8, symmetric, ``s_c = max|W_c|/127``)
 and ``x`` quantized per call to uint8 by its own range, computed by oneDNN/FBGEMM's
 ``quantized::linear_dynamic`` with int32 accumulation and a float result.
 
-Legality: ``aten.linear`` with a constant 2-D fp32 weight, on a target that is *this* machine's
-CPU (the kernel runs here, so the decision can be checked). Profitability: the planner's per-node
-precision decision (cost model: INT8 only on VNNI/AMX CPUs, only for Linear, only where it
-saves >= 10% after quantizing activations). Convolutions are never quantized dynamically: ONNX
-Runtime's dynamic INT8 convs measured 2.2-2.5x slower on this project's CPUs. An explicit
+Legality: ``aten.linear`` with a constant 2-D float weight, on a target that is *this* machine's
+CPU (the kernel runs here, so the decision can be checked). The kernel takes and gives fp32: in
+a bf16/fp16 model (the precision pass ran first) the input is widened and the output narrowed
+back around it, and where the input is itself a cast of an fp32 value (the precision pass's
+boundary after an fp32 island) the kernel reads that value instead (no round trip through
+bf16). The weight is quantized from its float value (from bf16 in a bf16 model).
+
+Profitability is the plan's: each Linear's precision decision (``decisions/cpu_int8.py``: the
+int8 GEMM plus quantizing the activations, costed against the carrier, fp32 or bf16, with the
+casts), applied where its format is ``int8`` and ``runs_on`` is ``torch``. An explicit
 ``precision`` turns ``quantize="auto"`` off, as on ONNX (:func:`auto_quantize_blocked`).
 """
 
@@ -22,7 +27,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch.context import RewriteContext
-from graphopt.backends.torch.fx_utils import get_tensor, is_aten
+from graphopt.backends.torch.fx_utils import get_tensor, is_aten, val
 from graphopt.decisions.quantize_choice import auto_quantize_blocked
 from graphopt.hardware import is_this_machine
 
@@ -40,18 +45,69 @@ def pack_int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> object:
         return torch.ops.quantized.linear_prepack(q, bias)
 
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_CAST_TAG = "graphopt_int8_cast"  # node.meta key on the casts this pass inserts
+
+
 def can_quantize(gm: fx.GraphModule, node: fx.Node, ctx: RewriteContext) -> str | None:
     """None if ``node`` may run as dynamic INT8 here, else the reason it may not."""
     if not is_this_machine(ctx.target):
         return "INT8 is applied only for the host CPU target (the kernel must run here)"
-    if ctx.compute_dtype != "fp32":
-        return f"the model runs in {ctx.compute_dtype}; dynamic INT8 takes fp32 activations"
     w = get_tensor(gm, node.args[1] if len(node.args) > 1 else None)
-    if w is None or w.dim() != 2 or w.dtype != torch.float32:
-        return "the weight is not a constant fp32 matrix"
+    if w is None or w.dim() != 2 or w.dtype not in _FLOATS:
+        return "the weight is not a constant float matrix"
+    x = val(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+    if x is None or x.dtype not in _FLOATS:
+        return "the input is not a float tensor"
     if not hasattr(torch.ops.quantized, "linear_dynamic"):
         return "this torch build has no quantized::linear_dynamic kernel"
     return None
+
+
+def _cast(gm: fx.GraphModule, src: fx.Node, dtype: torch.dtype) -> fx.Node:
+    node = gm.graph.call_function(torch.ops.aten._to_copy.default, (src,), {"dtype": dtype})
+    v = val(src)
+    node.meta.update({_CAST_TAG: True, **({"val": v.to(dtype)} if v is not None else {})})
+    return node
+
+
+def _fp32_input(gm: fx.GraphModule, x: fx.Node) -> fx.Node:
+    """``x`` as fp32: itself, the fp32 value it is a cast of, or a new widening cast."""
+    v = val(x)
+    if v is None or v.dtype == torch.float32:
+        return x
+    if x.op == "call_function" and x.target is torch.ops.aten._to_copy.default \
+            and isinstance(x.args[0], fx.Node) and set(x.kwargs) <= {"dtype"}:
+        src = val(x.args[0])
+        if src is not None and src.dtype == torch.float32:
+            return x.args[0]
+    return _cast(gm, x, torch.float32)
+
+
+def _replace(gm: fx.GraphModule, node: fx.Node, packed: object) -> None:
+    """``node`` (aten.linear) -> linear_dynamic on fp32, cast back to ``node``'s dtype."""
+    attr = f"_graphopt_int8_{node.name}"
+    setattr(gm, attr, packed)
+    out = val(node)
+    with gm.graph.inserting_before(node), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # fx warns on non-tensor attributes
+        x = _fp32_input(gm, node.args[0])
+        weights = gm.graph.get_attr(attr)
+        new = gm.graph.call_function(torch.ops.quantized.linear_dynamic.default,
+                                     (x, weights, True))
+        new.meta = dict(node.meta)
+        if out is not None and out.dtype != torch.float32:
+            new.meta["val"] = out.to(torch.float32)
+            result = _cast(gm, new, out.dtype)
+        else:
+            result = new
+    node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)
+    if result is not new:  # a consumer that widens the result again reads the fp32 directly
+        for user in list(result.users):
+            if user.target is torch.ops.aten._to_copy.default and set(user.kwargs) <= {"dtype"} \
+                    and user.kwargs.get("dtype") is torch.float32:
+                user.replace_all_uses_with(new)
 
 
 def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
@@ -80,18 +136,12 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
         w = get_tensor(gm, node.args[1])
         b = get_tensor(gm, node.args[2]) if len(node.args) > 2 and node.args[2] is not None \
             else None
-        attr = f"_graphopt_int8_{node.name}"
-        setattr(gm, attr, pack_int8_weight(w, b))
-        with gm.graph.inserting_before(node), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # fx warns on non-tensor attributes
-            packed = gm.graph.get_attr(attr)
-            new = gm.graph.call_function(torch.ops.quantized.linear_dynamic.default,
-                                         (node.args[0], packed, True))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        ctx.decide(node.name, "quantize", "dynamic INT8 (per-channel weights, per-call "
-                   "activation range): " + (precision.reason if precision else "forced"),
+        name, low = node.name, val(node.args[0])
+        _replace(gm, node, pack_int8_weight(w.float(), None if b is None else b.float()))
+        around = "" if low is None or low.dtype == torch.float32 else \
+            f" (fp32 kernel in a {ctx.compute_dtype} model: cast around it)"
+        ctx.decide(name, "quantize", "dynamic INT8 (per-channel weights, per-call activation "
+                   f"range){around}: " + (precision.reason if precision else "forced"),
                    format="int8")
         changed = True
     if changed:
