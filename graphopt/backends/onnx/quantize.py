@@ -19,10 +19,12 @@ Modes (``ctx.options.quantize``), numbered as the code refers to them:
    explicit ``precision`` nothing is quantized (as in torch): every node says so.
 2. ``"none"``: nothing.
 3. ``"int8_dynamic"``: every MatMul and Gemm with a constant weight. ONNX Runtime's dynamic
-   quantizer has no Gemm, so a Gemm (``alpha`` 1, ``A`` not transposed, ``beta`` 1 or no C)
-   is first written as the MatMul + Add it computes (``B`` transposed once if ``transB``),
-   the MatMul keeping the Gemm's name: exact in fp32, and torch's Linear and its exported Gemm
-   get the same INT8. Conv: never (ORT's ConvInteger measured 3-6x slower than fp32).
+   quantizer has no Gemm: it first rewrites every Gemm as ``<name>_MatMul`` + Add, so a Gemm
+   picked by its name would be missed. graphopt writes each picked Gemm (``alpha`` 1, ``A``
+   not transposed, ``beta`` 1 or no C) as the MatMul + Add it computes first (``B``
+   transposed once if ``transB``), the MatMul keeping the Gemm's name: exact in fp32, and
+   torch's Linear and its exported Gemm get the same INT8. Conv: never (ORT's ConvInteger
+   measured 3-6x slower than fp32).
 4. ``"int8_static"``: Conv/MatMul/Gemm, QDQ: on CPUs U8S8 (activations uint8, weights int8 per
    channel; ``reduce_range`` where the int8 path saturates int16: AVX2 u8s8); on GPUs S8S8
    symmetric (TensorRT's convention). Requires ``ctx.calibration``: without it a
