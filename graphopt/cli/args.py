@@ -18,13 +18,15 @@ def add_no_calibrate(p: argparse.ArgumentParser) -> None:
                         "GRAPHOPT_NO_CALIBRATE=1 does the same)")
 
 
-def cli_target(args: argparse.Namespace, threads: int | None = None) -> Any:
-    """``--target`` with ``cpu``/``host`` resolved to this CPU's cached calibration
-    (``measure.host_cache.host_target``), unless ``--no-calibrate``."""
+def cli_target(args: argparse.Namespace, threads: int | None = None) -> list[Any]:
+    """``--target`` as profiles, ``cpu``/``host`` as this CPU's cached calibration
+    (``measure.host_cache.host_target``) unless ``--no-calibrate``: resolved here, once, so
+    the API the command calls takes them as given."""
+    from graphopt.hardware.registry import resolve_targets
     from graphopt.measure.host_cache import host_target
 
-    return host_target(args.target, threads=threads,
-                       calibrate=False if args.no_calibrate else None)
+    return resolve_targets(host_target(args.target, threads=threads,
+                                       calibrate=False if args.no_calibrate else None))
 
 
 def add_reports(p: argparse.ArgumentParser) -> None:

@@ -14,10 +14,9 @@ __all__ = ["add_parser"]
 def _cmd_lint(args: argparse.Namespace) -> int:
     from graphopt.api.planning import plan
     from graphopt.decisions.lint import lint
-    from graphopt.hardware.registry import resolve_targets
     from graphopt.ir.plan import PlanSet
 
-    targets = resolve_targets(cli_target(args))
+    targets = cli_target(args)
     result = plan(args.model, target=targets)
     plans = result.plans if isinstance(result, PlanSet) else (result,)
     found = [(p, lint(p)) for p in plans]

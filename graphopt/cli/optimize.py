@@ -25,9 +25,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.backends.onnx.save import claim_onnx, stage_onnx
     from graphopt.cli.dynamic_spec import parse_dynamic
     from graphopt.frontends.python_spec import is_python_spec, load_python_spec
-    from graphopt.hardware.registry import resolve_targets
 
-    targets = resolve_targets(cli_target(args))
+    targets = cli_target(args)
     if len(targets) > 1:
         raise GraphoptError("optimize writes one model for one target",
                             "give one --target (run optimize once per target)")
