@@ -308,3 +308,22 @@ def test_fast_node_times_equal_torchs_event_tree():
     assert fast.keys() == slow.keys() == {"linear", "view"}
     for name in fast:
         assert fast[name] == pytest.approx(slow[name], rel=1e-9, abs=1e-12)
+
+
+def test_a_calibration_made_on_a_busy_cpu_is_remade_when_it_is_idle(calls, monkeypatch,
+                                                                    caplog):
+    monkeypatch.setattr(host_cache, "_busy", lambda: 5.0)
+    assert _plan().target.calibrated and len(calls) == 1
+    assert "the CPU was busy while calibrating (load 5.0" in caplog.text
+    made = json.loads(_path().read_text())["host_cache_made"]
+    assert made["busy_load"] == 5.0
+    _plan()  # still busy: the marked file is used
+    monkeypatch.setattr(host_cache, "_busy", lambda: None)
+    _plan()  # idle, but made moments ago: used
+    assert len(calls) == 1
+    monkeypatch.setattr(host_cache.time, "time", lambda: made["time"] + 3600)
+    _plan()  # idle and made an hour ago: remade, unmarked
+    assert len(calls) == 2
+    assert json.loads(_path().read_text())["host_cache_made"]["busy_load"] is None
+    _plan()
+    assert len(calls) == 2

@@ -18,7 +18,10 @@ line on stderr) and read on every later one. The rules:
    count, and the Python, torch and ONNX Runtime versions.
 4. **Trust.** The file is read with the bounded, validated profile reader; one that is
    missing, unreadable, damaged, of another format, another key or not a calibration of this
-   CPU is remade, never used.
+   CPU is remade, never used. A calibration made while the CPU was busy (a load average above
+   the CPU count, the test ``profile``'s own note uses: threads then wait for descheduled
+   peers, and every number is of the neighbours) is used and cached but marked, and remade on
+   a later use, at least ``_BUSY_RETRY_S`` after, that finds the CPU idle.
 5. **Writes** go to a temp file in the same folder, fsynced, then renamed over the target, so
    a reader sees the old file or the new one, never part of one. The calibration runs under an
    exclusive lock (``host-<hash>.lock``, ``flock``): a second process waits, then reads what
@@ -60,6 +63,9 @@ logger = logging.getLogger(__name__)
 #: set to 1 (or true/yes/on) to plan "cpu" with the uncalibrated host
 NO_CALIBRATE_ENV = "GRAPHOPT_NO_CALIBRATE"
 _KEY_FIELD = "host_cache"
+_MADE_FIELD = "host_cache_made"  # when, and the load average if the CPU was busy
+#: a calibration made on a busy CPU is remade after this long, when the CPU is idle
+_BUSY_RETRY_S = 600.0
 #: how long a process waits for another one's calibration before making its own
 _LOCK_WAIT_S = 120.0
 
@@ -189,18 +195,40 @@ def _read(path: Path, key: dict[str, Any]) -> HardwareProfile | None:
     if not path.exists():
         return None
     try:
-        profile, extra = read_profile_file(path, frozenset({_KEY_FIELD}))
+        profile, extra = read_profile_file(path, frozenset({_KEY_FIELD, _MADE_FIELD}))
     except GraphoptError as e:
         logger.info("host calibration cache: remaking %s: %s", path, e.problem)
         return None
     problem = ("it was made for another key" if extra.get(_KEY_FIELD) != key else
                "it is not a calibration of this CPU" if not (
-                   profile.calibrated and is_this_machine(profile)) else None)
+                   profile.calibrated and is_this_machine(profile)) else
+               _stale(extra.get(_MADE_FIELD)))
     if problem:
         logger.info("host calibration cache: remaking %s: %s", path, problem)
         return None
     logger.debug("host calibration cache: %s", path)
     return profile
+
+
+def _busy() -> float | None:
+    """The 1-minute load average if it is above the CPU count (the CPU is busy), else None."""
+    try:
+        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:  # not on every platform
+        return None
+    return load if load > cpus else None
+
+
+def _stale(made: Any) -> str | None:
+    """Why a cached calibration made while the CPU was busy is remade now, or None."""
+    if not isinstance(made, dict) or not isinstance(made.get("busy_load"), (int, float)):
+        return None
+    when = made.get("time")
+    age = time.time() - when if isinstance(when, (int, float)) else _BUSY_RETRY_S
+    if age < _BUSY_RETRY_S or _busy() is not None:
+        return None
+    return (f"it was made while the CPU was busy (load {made['busy_load']:.1f}) and the CPU "
+            "is idle now")
 
 
 def _measure(threads: int) -> HardwareProfile:
@@ -218,7 +246,7 @@ def _make(path: Path, key: dict[str, Any]) -> HardwareProfile | None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
     logger.info("%s", line)
-    started = time.perf_counter()
+    started, busy = time.perf_counter(), _busy()
     try:
         profile = _measure(key["threads"])
     except Exception as e:  # noqa: BLE001 - the plan goes on without the measurements
@@ -227,8 +255,14 @@ def _make(path: Path, key: dict[str, Any]) -> HardwareProfile | None:
         _unsaved[path] = None
         return None
     logger.info("host calibration: %.1f s", time.perf_counter() - started)
+    busy = max(busy or 0.0, _busy() or 0.0) or None
+    if busy:
+        logger.warning("the CPU was busy while calibrating (load %.1f on %d CPUs): its numbers "
+                       "include waits for other jobs; they are cached until a later run finds "
+                       "the CPU idle", busy, os.cpu_count() or 1)
+    made = {"time": round(time.time()), "busy_load": busy}
     try:
-        _write_atomic(path, profile_text(profile, {_KEY_FIELD: key}))
+        _write_atomic(path, profile_text(profile, {_KEY_FIELD: key, _MADE_FIELD: made}))
     except OSError as e:
         logger.warning("cannot cache the host calibration in %s (%s): it is used for this "
                        "run only; set XDG_CACHE_HOME to a writable folder", path.parent,
