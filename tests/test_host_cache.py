@@ -327,3 +327,33 @@ def test_a_calibration_made_on_a_busy_cpu_is_remade_when_it_is_idle(calls, monke
     assert json.loads(_path().read_text())["host_cache_made"]["busy_load"] is None
     _plan()
     assert len(calls) == 2
+
+
+def test_an_onnx_plan_reads_the_cache_without_importing_torch(calls, tmp_path):
+    """The key is read without torch (versions from package metadata, threads from
+    OMP_NUM_THREADS or the cores), so a cached host keeps ONNX planning torch-free."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((16, 16), np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])],
+                              [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "m.onnx")
+    assert host_cache.cached_host_profile(1).calibrated and calls == [1]
+    child = ("import sys, graphopt\n"
+             f"p = graphopt.plan({str(tmp_path / 'm.onnx')!r}, target='cpu')\n"
+             "print(p.target.calibrated, 'torch' in sys.modules)\n")
+    root = str(Path(graphopt.__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root,
+                                                      "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["True", "False"]
+    assert "calibrating" not in done.stderr  # read from the cache, not made again

@@ -210,16 +210,7 @@ def _rotating(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
 
 
 #: the op types calibration times (``_ops`` builds them; torch is imported only then)
-OP_BENCHES = ("Reshape", "Reshape:copy", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice",
-              "Flatten", "Identity", "Dropout", "Split", "Cast", "Add", "Sub", "Mul", "Div", "Pow",
-              "Neg", "Abs", "Rsqrt", "Sqrt", "Exp", "Log", "Erf", "Sin", "Cos", "Tanh", "Sigmoid",
-              "Relu", "Gelu", "Silu", "Clip", "Equal", "Less", "LessOrEqual", "Greater",
-              "GreaterOrEqual", "And", "Not", "Where", "Min", "Max", "ReduceMean", "ReduceSum",
-              "ReduceMax", "CumSum", "Softmax", "LogSoftmax", "LayerNormalization",
-              "RMSNormalization", "BatchNormalization", "GroupNormalization", "MaxPool",
-              "AveragePool", "GlobalAveragePool", "TopK", "Linear", "Gemm", "MatMul", "Conv",
-              "Conv:1x1", "Conv:depthwise", "Attention", "Concat", "Gather", "GatherElements",
-              "Pad", "Range", "ConstantOfShape", "Copy", "Tile")
+OP_BENCHES = tuple(_BENCHES)
 #: op types that are views (no kernel): their in-model factor is fitted apart
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice",
                       "Flatten", "Split"})
