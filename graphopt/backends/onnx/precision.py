@@ -17,10 +17,12 @@ appends its Casts out of order, and onnxconverter-common clamps weights to 1e4 b
 sorts the graph in O(n^2). Here dtypes propagate like autocast, so an island stays fp32 until a
 GEMM wants fp16 again.
 
-Cases, per node in topological order:
+Cases, per node in topological order; which role a float node takes is the rule table both
+backends share (``decisions.precision_roles``), on facts this pass reads from the ONNX graph:
 
 1. GEMM-like nodes of the plan run fp16 where this pass can rewrite them (``LOW_OPS``; a node
-   without a plan node by its op), unless a constant they read does not fit fp16.
+   without a plan node by its op), unless a constant they read does not fit fp16 (a finite
+   value beyond 65504; inf and NaN convert exactly).
 2. fp32 islands are the plan's decision (``decisions.precision_plan``: softmax, norms,
    exp/log/pow/sqrt, sums, trig by canonical op, squares ``Mul(x, x)``, norm patterns,
    norm/softmax kernel classes); a node without a plan node (added by an earlier pass) by its
@@ -51,25 +53,22 @@ from onnx import numpy_helper
 
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.ort_runner import tensor_types, topological
-from graphopt.decisions.precision_islands import SIGNIFICAND_BITS
-from graphopt.decisions.precision_plan import (
-    LOW_KINDS,
-    island_reason,
-    kept_fp32,
-    node_decision,
-    node_island,
+from graphopt.decisions.precision_plan import LOW_KINDS, kept_fp32, node_island
+from graphopt.decisions.precision_roles import (
+    Backend,
+    Const,
+    NodeFacts,
+    OpTables,
+    Role,
+    assign_role,
 )
 from graphopt.ir.order import unique_name
 
-__all__ = ["FOLLOW_OPS", "LOW_OPS", "MEAN_OPS", "reduce_precision"]
+__all__ = ["FOLLOW_OPS", "LOW_OPS", "MEAN_OPS", "TABLES", "reduce_precision"]
 
 logger = logging.getLogger(__name__)
 
 _T = onnx.TensorProto
-_FP16_MAX = 65504.0  # IEEE binary16 largest finite value
-#: a fp16 running sum stalls past 2^11 terms (fp16 has the most significand bits of the two
-#: formats in precision_islands.SIGNIFICAND_BITS: 11; bf16 8)
-_FP16_BITS = max(SIGNIFICAND_BITS.values())
 
 LOW_OPS = {"MatMul": "GEMM", "Gemm": "GEMM", "Einsum": "GEMM", "Conv": "conv",
            "ConvTranspose": "conv"}
@@ -82,7 +81,10 @@ FOLLOW_OPS = frozenset({
     "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Pad", "MaxPool",
     "GlobalMaxPool", "ReduceMax", "ReduceMin", "DepthToSpace", "SpaceToDepth", "Resize",
     "Trilu", "ScatterND", "ScatterElements", "ThresholdedRelu", "Shrink",
+    "TopK",  # order statistics are exact in any format (torch's topk/sort follow too)
 })
+#: the tables as the shared role rules read them (``decisions.precision_roles``)
+TABLES = OpTables(LOW_OPS, MEAN_OPS, FOLLOW_OPS)
 _ANY_INPUT = frozenset({"Cast", "CastLike", "Shape", "Size"})
 _NAMES = {_T.FLOAT16: "fp16", _T.FLOAT: "fp32"}
 
@@ -177,46 +179,33 @@ class _Rewriter:
         return unique_name(base, self.names)
 
     def role(self, node: onnx.NodeProto, bound: tuple[frozenset[int], frozenset[int]] | None
-             ) -> tuple[str, str]:
-        """(role, reason): low | island | wide | keep | any."""
-        op, name = node.op_type, node.name
-        plan = self.ctx.plan_node(name)
+             ) -> tuple[Role, str]:
+        """(role, reason): ``any`` for casts and shape queries, else the shared rule table
+        (``decisions.precision_roles``) on the node's facts."""
         if node.op_type in _ANY_INPUT and node.domain in ("", "ai.onnx"):
-            return "any", "casts and shape queries read any dtype"
-        if not any(self.orig(o) == _T.FLOAT for o in node.output if o):
-            return "keep", "no fp32 result (integer/bool/other): inputs at their original dtypes"
-        if name in self.blocked:
-            return "wide", "kept fp32 by the accuracy guard (most sensitive node)"
-        if node.domain not in ("", "ai.onnx") or bound is None:
-            return "wide", f"{node.domain or 'ai.onnx'}::{op} has no ONNX schema: numerics unknown"
-        fp32_in = [i for i in bound[0] if i < len(node.input) and node.input[i]
+            return Role.ANY, "casts and shape queries read any dtype"
+        return assign_role(self.facts(node, bound), self.ctx.compute_dtype, Backend.ONNX)
+
+    def facts(self, node: onnx.NodeProto, bound: tuple[frozenset[int], frozenset[int]] | None
+              ) -> NodeFacts:
+        """Cases 1-5 of the module doc, as facts: the fp32 inputs in the slots that change
+        dtype split into activations (with their dtype so far) and constants."""
+        op, excluded = node.op_type, None
+        if node.name in self.blocked:
+            excluded = "kept fp32 by the accuracy guard (most sensitive node)"
+        elif node.domain not in ("", "ai.onnx") or bound is None:
+            excluded = f"{node.domain or 'ai.onnx'}::{op} has no ONNX schema: numerics unknown"
+        fp32_in = [node.input[i] for i in sorted(bound[0] if bound else ())
+                   if i < len(node.input) and node.input[i]
                    and self.orig(node.input[i]) == _T.FLOAT]
-        for i in fp32_in:
-            t = node.input[i]
-            if self.weak(t) and self.weak_max(t) > _FP16_MAX:
-                return "wide", f"constant {t} (max |v| {self.weak_max(t):.3g}) does not fit fp16"
-        decided = node_decision(plan, "fp16") if plan is not None else None
-        if decided is not None and decided.fields["island"]:  # case 2: the plan's decision
-            return "island", decided.reason
-        if plan is None and (why := island_reason(op, None, node.input)) is not None:
-            return "island", f"fp32 island: {why}"  # a node a pass added: its op is canonical
-        if op in LOW_OPS and (decided is not None or plan is None):
-            return "low", (decided.reason if decided is not None
-                           else f"{LOW_OPS[op]} in fp16 with fp32 accumulation")
-        if decided is not None:  # GEMM-like on the plan, no fp16 edit here
-            return "island", (f"kept fp32: can't apply here: {op} has no fp16 rewrite in this "
-                              f"pass (the plan: {decided.reason})")
-        if op in MEAN_OPS:
-            count = self._reduced(node)
-            if count is None or count > 2 ** _FP16_BITS:
-                return "island", (f"mean over {count or 'an unknown number of'} elements: an fp16 "
-                                  f"running sum stalls past 2^{_FP16_BITS}")
-        elif op not in FOLLOW_OPS:
-            return "island", f"{op}: numerics in fp16 not known to be safe"
-        act = [node.input[i] for i in fp32_in if not self.weak(node.input[i])]
-        if act and all(self.cur.get(t) == _T.FLOAT16 for t in act):
-            return "low", "follows its fp16 inputs"
-        return "wide", "an input is fp32 (widest-input rule)"
+        return NodeFacts(
+            op=op, op_class=TABLES.op_class(op), plan=self.ctx.plan_node(node.name),
+            result="fp32" if any(self.orig(o) == _T.FLOAT for o in node.output if o) else None,
+            excluded=excluded, work=LOW_OPS.get(op, ""), canonical=op, inputs=tuple(node.input),
+            acts=tuple((t, _NAMES.get(self.cur.get(t, _T.UNDEFINED)))
+                       for t in fp32_in if not self.weak(t)),
+            consts=tuple(Const(t, self.weak_max(t)) for t in fp32_in if self.weak(t)),
+            count=self._reduced(node) if op in MEAN_OPS and excluded is None else None)
 
     def _reduced(self, node: onnx.NodeProto) -> int | None:
         n_in, n_out = _numel(self.types.get(node.input[0])), _numel(self.types.get(node.output[0]))
@@ -242,11 +231,11 @@ class _Rewriter:
             bound = _bound(node.domain if node.domain != "ai.onnx" else "", node.op_type,
                            self.opset, len(node.input), len(node.output))
             role, why = self.role(node, bound)
-            roles[node.name] = role
-            low = role == "low"
+            roles[node.name] = role.value
+            low = role == Role.LOW
             ins, outs = bound if (low and bound) else (frozenset(), frozenset())
             for i, t in enumerate(node.input):
-                if not t or role == "any":
+                if not t or role == Role.ANY:
                     continue
                 want = _T.FLOAT16 if (i in ins and self.orig(t) == _T.FLOAT) else self.orig(t)
                 if self.weak(t):
@@ -274,7 +263,7 @@ class _Rewriter:
                 self.cur[node.output[0]] = self.cur.get(node.input[1], self.orig(node.input[1]))
             out_nodes.append(node)
             self.ctx.decide(node.name, "precision", why, applied=low,
-                            format="fp16" if low else "fp32", role=role)
+                            format="fp16" if low else "fp32", role=role.value)
         self._convert_weak(weak_low, weak_fp32_readers)
         return out_nodes, casts, roles
 

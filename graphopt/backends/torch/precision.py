@@ -7,25 +7,23 @@ its inputs (unit roundoff 2^-8 for bf16, 2^-11 for fp16). Ops whose error or ran
 bounded that way stay fp32 (``decisions.precision_plan``), so the model's outputs stay within
 ``tolerance.tolerance_for(compute dtype)``, which the pipeline checks after this pass.
 
-The pass assigns every node a run dtype in graph order (dtype propagation):
+The pass assigns every node a run dtype in graph order (dtype propagation). Which role a float
+node takes is the rule table both backends share (``decisions.precision_roles``: the plan's
+islands and GEMM-like nodes, means over at most 2^p elements, the widest-input rule for
+``FOLLOW_OPS``, unknown ops as islands, constants that must fit the format); this pass gives it
+the node's facts, read from fx:
 
-1. GEMM-like nodes of the plan (``decisions.precision_plan``) run low where this pass has a
-   path for their ATen op (``LOW_OPS``), unless a weight they read does not fit the format.
-   A node with no canonical op on the plan (added by a pass, or unmapped) goes by ``LOW_OPS``.
-2. fp32 islands are the plan's decision (``decisions.precision_plan``: norm patterns, norm
-   kernel classes, softmax/norms/exp/log/pow/rsqrt/sums by canonical op, squares ``x*x``).
-   A node an earlier pass added has no plan node: an allowlisted op that the shared rule can
-   still make an island (``CANONICAL``: a square ``mul``) asks it by canonical op; any other
-   op off the allowlist is kept fp32 by rule 5, which is where an island op would be.
-3. Means/average pools run low only over at most 2^p elements (p significant bits), beyond
-   which a running sum in that format stalls; larger ones are islands.
-4. Benign elementwise and data-movement ops (``FOLLOW_OPS``) run low when all their activation
-   inputs are low, else fp32 (autocast's widest-input rule: a fp32 residual stream stays fp32).
-   Parameters and constants do not vote; they are converted to what their readers need.
-5. Any other float op is an fp32 island: unknown numerics are not risked.
-6. Explicit casts in the model keep their dtype; ops with integer/bool results (argmax,
-   comparisons) and ops the model runs in another float type read their inputs at their
-   original dtypes (thresholds are not rounded to 8-11 bits). Integer tensors are never cast.
+1. its ATen op's class in this pass's tables (``precision_rules``: ``LOW_OPS`` it has a low
+   path for, ``MEAN_OPS``, ``FOLLOW_OPS``), and its plan node (``decisions.precision_plan``);
+   a node an earlier pass added has none, and an allowlisted op the shared island rule can
+   still make an island (``CANONICAL``: a square ``mul``) asks it by canonical op;
+2. the run dtype of each activation input (parameters and constants do not vote), and the
+   largest finite |value| of each parameter it reads;
+3. for means/average pools, how many elements each output averages.
+
+Explicit casts in the model keep their dtype; ops with integer/bool results (argmax,
+comparisons) and ops the model runs in another float type read their inputs at their original
+dtypes (thresholds are not rounded to 8-11 bits). Integer tensors are never cast.
 
 Then parameters read only by low nodes are converted once (``new_param``, never per call; a
 parameter also read in fp32 gets a low copy), ``aten._to_copy`` casts are inserted where a
@@ -48,19 +46,18 @@ from graphopt.backends.torch.fx_utils import aten_name, get_tensor, new_param, v
 from graphopt.backends.torch.precision_rules import (
     CANONICAL,
     CAST_OPS,
-    FOLLOW_OPS,
     LOW_OPS,
     MEAN_OPS,
     SHAPE_QUERIES,
+    TABLES,
     as_dtype,
     explicit_dtype,
     float_dtype,
 )
 from graphopt.decisions.precision_format import choose_precision
-from graphopt.decisions.precision_islands import SIGNIFICAND_BITS
-from graphopt.decisions.precision_plan import island_reason, kept_fp32, node_decision
+from graphopt.decisions.precision_plan import kept_fp32
+from graphopt.decisions.precision_roles import Backend, Const, NodeFacts, Role, assign_role
 from graphopt.hardware.profile import HardwareProfile
-from graphopt.ir.ops import KNOWN_OPS
 
 __all__ = ["reduce_precision"]
 
@@ -102,7 +99,7 @@ def _unit(target: HardwareProfile, fmt: str) -> str:
 
 # ------------------------------------------------------------------------------- assignment
 class _Assigner:
-    """Decides the run dtype, role and reason of every node (rules 1-6 of the module doc).
+    """Decides the run dtype, role (``precision_roles.Role``) and reason of every node.
 
     Roles: ``low``; ``island`` (sensitive, fp32); ``wide`` (fp32 for another reason);
     ``keep`` (inputs restored to their original dtypes); ``fixed`` (explicit casts);
@@ -115,7 +112,7 @@ class _Assigner:
         self.dtype: dict[fx.Node, torch.dtype | None] = {}
         self.role: dict[fx.Node, str] = {}
         self.reason: dict[fx.Node, str] = {}
-        self._fits: dict[fx.Node, bool] = {}
+        self._consts: dict[fx.Node, Const] = {}
 
     def run(self) -> _Assigner:
         for node in self.gm.graph.nodes:
@@ -125,93 +122,59 @@ class _Assigner:
 
     def _classify(self, node: fx.Node) -> tuple[str, torch.dtype | None, str]:
         if node.op == "placeholder":
-            return "skip", float_dtype(node.meta.get("val")), ""
+            return Role.SKIP, float_dtype(node.meta.get("val")), ""
         if node.op == "get_attr":
-            return "weak", float_dtype(get_tensor(self.gm, node)), ""
+            return Role.WEAK, float_dtype(get_tensor(self.gm, node)), ""
         if node.op != "call_function":
-            return "skip", None, ""
+            return Role.SKIP, None, ""
         op = aten_name(node) or getattr(node.target, "__name__", str(node.target))
         orig = _orig_dtype(self.gm, node)
         if node.target is operator.getitem:
-            return "item", (self.dtype.get(node.args[0]) if orig is not None else None), ""
+            return Role.ITEM, (self.dtype.get(node.args[0]) if orig is not None else None), ""
         if op == "_assert_tensor_metadata":  # export's check of a traced dtype: updated later
-            return "assert", None, ""
+            return Role.ASSERT, None, ""
         if op in CAST_OPS:  # type_as: the dtype of the other tensor
             other = node.args[1] if len(node.args) > 1 else None
-            return "fixed", self.dtype.get(other) if isinstance(other, fx.Node) else orig, ""
+            return Role.FIXED, self.dtype.get(other) if isinstance(other, fx.Node) else orig, ""
         if node.meta.get(_CAST_TAG) or explicit_dtype(node):
-            return "fixed", orig, f"kept {_NAME.get(orig, orig)}: the model sets this dtype"
+            return Role.FIXED, orig, f"kept {_NAME.get(orig, orig)}: the model sets this dtype"
         if op in SHAPE_QUERIES or op.startswith("sym_"):
-            return "skip", None, ""
-        if orig != _F32:
-            what = "integer/bool" if orig is None else _NAME.get(orig, str(orig))
-            return "keep", orig, (f"kept: {what} result; reads its inputs at their original "
-                                  "dtype, so comparisons and thresholds are not rounded")
-        return self._fp32_op(node, op)
+            return Role.SKIP, None, ""
+        return self._float_op(node, op, orig)
 
-    def _fp32_op(self, node: fx.Node, op: str) -> tuple[str, torch.dtype | None, str]:
-        plan = self.ctx.plan_node(node)
-        decided = node_decision(plan, self.fmt) if plan is not None else None
-        if decided is not None and decided.fields["island"]:  # rule 2: the plan's decision
-            return "island", _F32, decided.reason
-        if plan is None and op in CANONICAL:  # a node a pass added: the shared rule (rule 2)
-            names = [a.name if isinstance(a, fx.Node) else None for a in node.args]
-            if (why := island_reason(CANONICAL[op], None, names)) is not None:
-                return "island", _F32, f"fp32 island: {why}"
-        unplanned = plan is None or plan.op_type not in KNOWN_OPS  # no canonical op to ask
-        if op in LOW_OPS and (decided is not None or unplanned):
-            return self._lower(node, decided.reason.removeprefix(f"{self.fmt}: ")
-                               if decided is not None else
-                               f"{LOW_OPS[op]} on {_unit(self.ctx.target, self.fmt)}")
-        if decided is not None:  # GEMM-like on the plan, no reduced-precision edit here
-            return "island", _F32, (f"kept fp32: can't apply here: aten.{op} has no "
-                                    f"{self.fmt} path in this pass (the plan: {decided.reason})")
-        if op in MEAN_OPS:
-            n, limit = _reduced_count(node), 2 ** SIGNIFICAND_BITS[_NAME[self.low]]
-            if n is None or n > limit:
-                return "island", _F32, (f"fp32 island: averages {n or 'an unknown number of'} "
-                                       f"elements, more than the {limit} a {self.fmt} sum adds "
-                                       "exactly")
-        elif op not in FOLLOW_OPS:
-            return "island", _F32, (f"fp32 island: aten.{op} is not on the reduced-precision "
-                                   "allowlist, so its numerics are not risked")
-        return self._follow(node)
-
-    def _follow(self, node: fx.Node) -> tuple[str, torch.dtype | None, str]:
+    def _float_op(self, node: fx.Node, op: str, orig: torch.dtype | None
+                  ) -> tuple[str, torch.dtype | None, str]:
+        """A float op's role: the shared rule table (``decisions.precision_roles``) on the
+        facts of the module doc."""
         strong = [i for i in node.all_input_nodes
-                  if self.role.get(i) != "weak" and self.dtype.get(i) is not None]
-        if not strong:
-            return "wide", _F32, "fp32: reads no reduced-precision activation"
-        wide = [i for i in strong if self.dtype[i] != self.low]
-        if len(wide) == len(strong):
-            return "wide", _F32, "fp32: no input is in reduced precision"
-        if wide:
-            return "wide", _F32, (f"fp32: input {wide[0].name} is {_NAME.get(self.dtype[wide[0]])}"
-                                 "; mixed inputs run at the wider type (autocast's rule), so a "
-                                 "fp32 residual stream keeps its precision")
-        return self._lower(node, "follows its inputs (no cast needed)")
+                  if self.role.get(i) != Role.WEAK and self.dtype.get(i) is not None]
+        facts = NodeFacts(
+            op=op, op_class=TABLES.op_class(op), plan=self.ctx.plan_node(node),
+            work=LOW_OPS.get(op, ""), canonical=CANONICAL.get(op),
+            result=None if orig is None else _NAME.get(orig, str(orig)),
+            inputs=tuple(a.name if isinstance(a, fx.Node) else None for a in node.args),
+            acts=tuple((i.name, _NAME.get(self.dtype[i])) for i in strong),
+            consts=tuple(self._const(p) for p in node.all_input_nodes
+                         if self.role.get(p) == Role.WEAK and self.dtype.get(p) is not None),
+            count=_reduced_count(node) if op in MEAN_OPS else None)
+        role, reason = assign_role(facts, self.fmt, Backend.TORCH, _unit(self.ctx.target, self.fmt))
+        return role, {Role.LOW: self.low, Role.KEEP: orig}.get(role, _F32), reason
 
-    def _lower(self, node: fx.Node, why: str) -> tuple[str, torch.dtype | None, str]:
-        """Legality: every parameter the node reads must fit the low format's range."""
-        limit = torch.finfo(self.low).max
-        for p in node.all_input_nodes:
-            if self.role.get(p) != "weak" or self.dtype.get(p) is None:
-                continue
-            if p not in self._fits:
-                t = get_tensor(self.gm, p)
-                self._fits[p] = t is None or t.numel() == 0 or bool(
-                    t.detach().abs().max() <= limit)
-            if not self._fits[p]:
-                return "wide", _F32, (f"fp32: {p.target} holds values beyond {self.fmt}'s range "
-                                     f"({limit:.6g}); converting it would give inf")
-        return "low", self.low, f"{self.fmt}: {why}"
+    def _const(self, p: fx.Node) -> Const:
+        """A parameter's name and largest finite |value| (read once per parameter)."""
+        if p not in self._consts:
+            t = get_tensor(self.gm, p)
+            big = 0.0 if t is None or t.numel() == 0 else float(
+                t.detach().abs().nan_to_num_(0.0, 0.0, 0.0).max())
+            self._consts[p] = Const(str(p.target), big)
+        return self._consts[p]
 
     def need(self, consumer: fx.Node, producer: fx.Node) -> torch.dtype | None:
         """The dtype ``consumer`` must read ``producer`` at; None: whatever it is."""
         role = self.role.get(consumer)
-        if role in ("low", "island", "wide"):
+        if role in (Role.LOW, Role.ISLAND, Role.WIDE):
             return self.dtype[consumer]
-        if role == "keep":
+        if role == Role.KEEP:
             return _orig_dtype(self.gm, producer)
         return None
 
@@ -220,7 +183,7 @@ class _Assigner:
 def _convert_params(gm: fx.GraphModule, asg: _Assigner) -> int:
     """Give each parameter's readers the dtype they run at, converted once, ahead of time."""
     converted = 0
-    for node in [n for n in gm.graph.nodes if asg.role.get(n) == "weak"]:
+    for node in [n for n in gm.graph.nodes if asg.role.get(n) == Role.WEAK]:
         tensor = get_tensor(gm, node)
         if tensor is None or not tensor.is_floating_point():
             continue
@@ -232,7 +195,7 @@ def _convert_params(gm: fx.GraphModule, asg: _Assigner) -> int:
         for dtype, users in groups.items():
             name = f"{node.target}_{_NAME.get(dtype, 'cast')}"
             copy = new_param(gm, name, tensor.detach().to(dtype), node)
-            asg.role[copy], asg.dtype[copy] = "weak", dtype
+            asg.role[copy], asg.dtype[copy] = Role.WEAK, dtype
             for user in users:
                 user.replace_input_with(node, copy)
             converted += 1
@@ -262,7 +225,7 @@ def _insert_casts(gm: fx.GraphModule, asg: _Assigner) -> int:
                 c = graph.call_function(torch.ops.aten._to_copy.default, (src,),
                                         {"dtype": dtype})
             c.meta.update({"val": as_dtype(src.meta.get("val"), dtype), _CAST_TAG: True})
-            asg.role[c], asg.dtype[c] = "fixed", dtype
+            asg.role[c], asg.dtype[c] = Role.FIXED, dtype
             cache[(src, dtype)] = c
             inserted += 1
         return cache[(src, dtype)]
@@ -279,7 +242,7 @@ def _insert_casts(gm: fx.GraphModule, asg: _Assigner) -> int:
         if node.op != "call_function":
             continue
         for src in list(dict.fromkeys(node.all_input_nodes)):
-            if asg.role.get(src) == "weak" or val(src) is None:
+            if asg.role.get(src) == Role.WEAK or val(src) is None:
                 continue  # parameters were converted ahead of time; tuples are read by getitem
             need, have = asg.need(node, src), asg.dtype.get(src)
             if need is not None and have is not None and need != have:
@@ -292,7 +255,7 @@ def _retype(gm: fx.GraphModule, asg: _Assigner) -> int:
     and in export's ``_assert_tensor_metadata`` checks, which would fail on a retyped input."""
     retyped = 0
     for node in gm.graph.nodes:
-        if asg.role.get(node) == "assert" and isinstance(node.args[0], fx.Node):
+        if asg.role.get(node) == Role.ASSERT and isinstance(node.args[0], fx.Node):
             have = asg.dtype.get(node.args[0])
             if have is not None and node.kwargs.get("dtype") not in (None, have):
                 node.kwargs = {**node.kwargs, "dtype": have}
@@ -300,7 +263,7 @@ def _retype(gm: fx.GraphModule, asg: _Assigner) -> int:
             continue
         want = asg.dtype.get(node)
         if node.op != "call_function" or want is None or asg.role.get(node) not in (
-                "low", "item"):
+                Role.LOW, Role.ITEM):
             continue
         if float_dtype(node.meta.get("val")) != want:
             node.meta.setdefault(_ORIG_TAG, _orig_dtype(gm, node))
@@ -315,18 +278,19 @@ def _record(gm: fx.GraphModule, ctx: RewriteContext, asg: _Assigner,
     counts = {"low": 0, "island": 0, "wide": 0, "tf32": 0}
     for node in gm.graph.nodes:
         role, dtype = asg.role.get(node), asg.dtype.get(node)
-        if node.meta.get(_CAST_TAG) or role not in ("low", "island", "wide", "keep", "fixed"):
+        if node.meta.get(_CAST_TAG) or role not in (Role.LOW, Role.ISLAND, Role.WIDE, Role.KEEP,
+                                                    Role.FIXED):
             continue
-        if role == "keep":  # computes at its inputs' original dtype; skip integer-only ops
+        if role == Role.KEEP:  # computes at its inputs' original dtype; skip integer-only ops
             dtype = next((d for i in node.all_input_nodes
                           if (d := _orig_dtype(gm, i)) is not None), None)
         if dtype is None:
             continue
         form, reason = _NAME.get(dtype, str(dtype)), asg.reason[node]
-        if role in ("island", "wide") and tf32_ok and aten_name(node) in LOW_OPS:
-            form, reason, role = "tf32", f"tf32: {reason}; fp32 GEMM on tensor cores", "tf32"
+        if role in (Role.ISLAND, Role.WIDE) and tf32_ok and aten_name(node) in LOW_OPS:
+            form, reason, role = "tf32", f"tf32: {reason}; fp32 GEMM on tensor cores", Role.TF32
         counts[role] = counts.get(role, 0) + 1
-        ctx.decide(node, "precision", reason, applied=role in ("low", "tf32"), format=form)
+        ctx.decide(node, "precision", reason, applied=role in (Role.LOW, Role.TF32), format=form)
     return counts
 
 

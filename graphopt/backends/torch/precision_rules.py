@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphopt.decisions.precision_roles import OpTables
+
 __all__ = [
     "CANONICAL",
     "CAST_OPS",
@@ -26,6 +28,7 @@ __all__ = [
     "LOW_OPS",
     "MEAN_OPS",
     "SHAPE_QUERIES",
+    "TABLES",
     "as_dtype",
     "explicit_dtype",
     "float_dtype",
@@ -62,7 +65,11 @@ FOLLOW_OPS = frozenset({
     "add", "sub", "rsub", "mul", "div", "neg", "abs", "relu", "relu6", "gelu", "silu", "sigmoid",
     "tanh", "hardtanh", "hardswish", "hardsigmoid", "leaky_relu", "elu", "selu", "celu", "mish",
     "clamp", "clamp_min", "clamp_max", "clip", "where", "maximum", "minimum", "masked_fill",
-    "erf", "sign", "dropout", "lerp", "addcmul", "addcdiv", "fill", "zero",
+    "erf", "sign", "dropout", "lerp", "addcmul", "addcdiv", "fill", "zero", "prelu",
+    "_prelu_kernel",
+    # rounding, thresholds and shrinkage: exact on values already in the format (ONNX's Floor,
+    # Ceil, Round, ThresholdedRelu, Shrink follow too: ``precision_roles``' one op table)
+    "floor", "ceil", "round", "trunc", "threshold", "hardshrink", "softshrink",
     # views and data movement
     "view", "reshape", "_unsafe_view", "permute", "transpose", "t", "contiguous", "clone",
     "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten", "slice", "select",
@@ -79,6 +86,9 @@ FOLLOW_OPS = frozenset({
     "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "adaptive_max_pool2d",
     "amax", "amin", "max", "min", "topk", "sort",
 })
+
+#: the tables as the shared role rules read them (``decisions.precision_roles``)
+TABLES = OpTables(LOW_OPS, MEAN_OPS, FOLLOW_OPS)
 
 #: ops whose output dtype is another tensor's. Conversions that name a dtype keep the model's
 #: choice; note that export writes every ``.to(...)`` as ``to.dtype_layout`` with the traced
