@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import graphopt
-from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, MIN_GAIN
+from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, GROUPED_CONV_INT8_MEASURED, MIN_GAIN
 from graphopt.decisions.gemm_precision import node_precision
 from graphopt.decisions.planner import build_plan
 from graphopt.decisions.tolerance import tolerance_for
@@ -248,17 +248,19 @@ def _onnx_mlp(rows: int, d: int) -> onnx.ModelProto:
                  [init(f"w{i}", d, d, scale=1 / np.sqrt(d)) for i in range(3)])
 
 
-def _resnet_stage(c: int = 64, hw: int = 56, batch: int = 4) -> onnx.ModelProto:
-    """Four 3x3 C -> C convs with ReLUs (a ResNet stage's shape)."""
+def _resnet_stage(c: int = 64, hw: int = 56, batch: int = 4, groups: int = 1
+                  ) -> onnx.ModelProto:
+    """Four 3x3 C -> C convs with ReLUs (a ResNet stage's shape; depthwise if groups = C)."""
     from onnx import helper
 
     nodes, cur = [], "x"
     for i in range(4):
         nodes += [helper.make_node("Conv", [cur, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}",
-                                   pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+                                   pads=[1, 1, 1, 1], kernel_shape=[3, 3], group=groups),
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
         cur = f"r{i}"
-    inits = [t for i in range(4) for t in (init(f"w{i}", c, c, 3, 3), init(f"b{i}", c))]
+    inits = [t for i in range(4) for t in (init(f"w{i}", c, c // groups, 3, 3),
+                                           init(f"b{i}", c))]
     return model(nodes, {"x": [batch, c, hw, hw]}, {cur: [batch, c, hw, hw]}, inits)
 
 
@@ -293,3 +295,14 @@ def test_convs_are_int8_by_the_static_cost_and_only_with_calibration(target: str
     out = ort.InferenceSession(opt.onnx_model.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, feed)[0]
     within_int8(ref, out)
+
+
+@pytest.mark.parametrize("target", ["epyc-7763", "xeon-8380", "xeon-8480"])
+def test_depthwise_convs_stay_float(target: str) -> None:
+    """Measured: no int8 depthwise conv beats fp32 (the dot products sum over input channels,
+    which a depthwise conv does not have), so the cost model is not asked."""
+    plan = build_plan(load_onnx(_resnet_stage(c=256, groups=256, batch=8)), get_target(target))
+    for n in plan.nodes:
+        if n.op_type == "Conv" and n.name not in ("conv0", "conv3"):
+            d = n.decisions["precision"]
+            assert d.fields["format"] != "int8" and GROUPED_CONV_INT8_MEASURED in d.reason

@@ -4,8 +4,10 @@ quantize choices (``decisions/quantize_choice.py``) ask this module; the backend
 (``backends/torch/quantize.py``, ``backends/onnx/quantize.py``) apply what those decide.
 
 1. Legal: a CPU with an int8 GEMM path (``hardware.cpus.INT8_PATHS``: AMX-INT8, AVX512-VNNI,
-   AVX-VNNI, AVX2 u8s8, Arm SDOT) and a GEMM, GEMV or convolution node. No ISA flag rules INT8
-   out beyond having a path at all.
+   AVX-VNNI, AVX2 u8s8, Arm SDOT) and a GEMM, GEMV or dense convolution node. No ISA flag
+   rules INT8 out beyond having a path at all. Grouped and depthwise convolutions stay float
+   (:data:`GROUPED_CONV_INT8_MEASURED`): the dot-product instructions sum over input
+   channels, which a depthwise conv does not have, and its QLinearConv measured no faster.
 2. Profitable: the INT8 cost (:mod:`graphopt.cost.cpu_int8_cost`: the int8 GEMM + quantizing
    the activations per call + casts + extra ops) is at least ``MIN_GAIN`` below the node's
    cost at its baseline (fp32, or bf16 where the target computes bf16 natively: INT8 competes
@@ -19,10 +21,18 @@ quantize choices (``decisions/quantize_choice.py``) ask this module; the backend
    :data:`CONV_INT8_MEASURED`.
 
 [MEASURED] ``benchmarks/bench_cpu_int8.py`` on a 2-core AMD EPYC (Zen 4: AVX512-VNNI,
-AVX512-BF16), ONNX Runtime 1.31, 1 thread, ResNet-50's convs and bottlenecks at batch 1-8
-(RESULTS.md, "CPU INT8 by cost"): ORT's dynamic ``ConvInteger`` ran 3-6x SLOWER than fp32
-``Conv`` (it has no fused fast path: im2col, then MatMulInteger), static QDQ ``QLinearConv``
-1.6-3.2x FASTER. The issue's measurement on an AVX2-only EPYC (2 threads): ORT
+AVX512-BF16), ONNX Runtime 1.31 and torch 2.13, 1 thread (the second core was shared with other
+jobs: 2-thread A/A controls drifted 0.7-1.8x), ResNet-50's 3x3 and 1x1 convs and bottlenecks at
+56x56/64 to 7x7/512, batch 1 and 8 (RESULTS.md, "CPU INT8 by cost"): ORT's dynamic
+``ConvInteger`` ran 0.20-0.37x the fp32 ``Conv``'s speed (2.7-5x SLOWER: no fused kernel, the
+input is quantized and unpacked per call), static QDQ ``QLinearConv`` 1.7-4.0x FASTER
+(predicted 3.4-4.0x; the 1x1 convs at 56x56 gain least, 1.7-1.9x). On depthwise convs
+(ConvNeXt's 7x7, MobileNetV2's 3x3) QLinearConv ran 0.65-1.18x and ConvInteger 0.03-0.11x,
+where the cost model, which knows no depthwise int8 kernel, predicted 0.8-2.4x: hence the
+legality rule of case 1. GEMMs there: torch ``linear_dynamic`` and ORT dynamic INT8 3.0-4.8x
+faster than fp32 from 32x512x512 up (predicted 3.4-4.0x), 0.30x (torch) and 0.93x (ORT) at
+8x64x64 (predicted 0.51x: it stays fp32); against torch bf16, INT8 with its casts 1.5-4.6x
+(predicted 1.5-2.0x). The issue's measurement on an AVX2-only EPYC (2 threads): ORT
 ``quantize_dynamic`` 1.77x (BERT-base) and 1.95x (Llama) faster than fp32, torch FBGEMM
 dynamic 1.74x (BERT): INT8 pays without VNNI where the GEMMs are large.
 """
@@ -37,14 +47,19 @@ from graphopt.cost.cpu_int8_cost import Int8Cost, Method, cpu_int8_cost
 from graphopt.hardware.cpus import int8_path
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["CONV_INT8_MEASURED", "MIN_GAIN", "Int8Verdict", "can_int8_on_cpu", "cpu_int8_method",
-           "int8_pays_on_cpu", "should_int8_on_cpu"]
+__all__ = ["CONV_INT8_MEASURED", "GROUPED_CONV_INT8_MEASURED", "MIN_GAIN", "Int8Verdict",
+           "can_int8_on_cpu", "cpu_int8_method", "int8_pays_on_cpu", "should_int8_on_cpu"]
 
 MIN_GAIN = 0.10  # case 2
 #: why convolutions never get dynamic INT8 on CPUs, and static QDQ convs are costed [MEASURED]
-CONV_INT8_MEASURED = ("dynamic INT8 convolutions (ONNX Runtime ConvInteger) measured 3-6x "
-                      "slower than fp32 at ResNet-50 sizes, static QDQ (QLinearConv) 1.6-3.2x "
+CONV_INT8_MEASURED = ("dynamic INT8 convolutions (ONNX Runtime ConvInteger) measured 2.7-5x "
+                      "slower than fp32 at ResNet-50 sizes, static QDQ (QLinearConv) 1.7-4.0x "
                       "faster (benchmarks/bench_cpu_int8.py)")
+#: why grouped and depthwise convolutions stay float on CPUs [MEASURED]
+GROUPED_CONV_INT8_MEASURED = ("a grouped/depthwise conv has few input channels per group for the "
+                              "int8 dot products to sum over; measured: static QLinearConv "
+                              "0.65-1.18x, dynamic ConvInteger 0.03-0.11x the fp32 speed on "
+                              "depthwise convs (benchmarks/bench_cpu_int8.py)")
 _CLASSES = frozenset({KernelClass.GEMM, KernelClass.GEMV, KernelClass.CONV})
 
 
@@ -73,6 +88,8 @@ def can_int8_on_cpu(a: NodeAnalysis, target: HardwareProfile) -> str | None:
         return int8_pays_on_cpu(target)[1]
     if a.kernel_class not in _CLASSES:
         return f"{a.kernel_class.value}: no CPU INT8 kernel for it"
+    if a.kernel_class is KernelClass.CONV and a.dims.get("groups", 1) > 1:
+        return GROUPED_CONV_INT8_MEASURED
     return None
 
 

@@ -17,7 +17,7 @@ Runtime's quantizers take, a kernel that exists).
    static S8S8 QDQ (calibration needed); FP8 as QDQ (calibration needed); 4-bit formats as
    weight-only MatMulNBits.
 3. :func:`method_blocked`: where a method is never worth it or cannot keep its numerics, even
-   when requested by name: dynamic INT8 convs (measured 3-6x slower, ``CONV_INT8_MEASURED``),
+   when requested by name: dynamic INT8 convs (measured 2.7-5x slower, ``CONV_INT8_MEASURED``),
    FP8 without FP8 tensor cores.
 4. :func:`int8_scheme` / :func:`method_description`: U8S8 with ``reduce_range`` on a CPU whose
    int8 path saturates (AVX2 u8s8: VPMADDUBSW's int16 pair sums) or that has none, S8S8

@@ -24,7 +24,7 @@ Modes (``ctx.options.quantize``), numbered as the code refers to them:
    not transposed, ``beta`` 1 or no C) as the MatMul + Add it computes first (``B``
    transposed once if ``transB``), the MatMul keeping the Gemm's name: exact in fp32, and
    torch's Linear and its exported Gemm get the same INT8. Conv: never (ORT's ConvInteger
-   measured 3-6x slower than fp32).
+   measured 2.7-5x slower than fp32).
 4. ``"int8_static"``: Conv/MatMul/Gemm, QDQ: on CPUs U8S8 (activations uint8, weights int8 per
    channel; ``reduce_range`` where the int8 path saturates int16: AVX2 u8s8); on GPUs S8S8
    symmetric (TensorRT's convention). Requires ``ctx.calibration``: without it a
