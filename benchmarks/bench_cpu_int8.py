@@ -1,9 +1,11 @@
 """CPU INT8 against fp32 on this machine, at real sizes (issue 21, item 1).
 
 Two parts, each timed interleaved (ABC rounds, the order rotated every round, same inputs): the
-ratio reported is the median over rounds of fp32 time / INT8 time (paired, so drift from other
-jobs on the machine cancels), with its interquartile range; ``A/A`` is the same statistic for
-fp32 against a second fp32 session, the noise floor of the run.
+ratio reported is fp32's best round / INT8's best round (the least disturbed round of each: on
+a machine shared with other jobs the steadier statistic), with the median of the paired
+per-round ratios in brackets; ``A/A`` is the same for fp32 against a second fp32 session, the
+noise floor of the run. Depthwise convs (ConvNeXt's 7x7, MobileNetV2's 3x3) follow the dense
+ones.
 
 1. ``conv``: ONNX Runtime's two INT8 convolutions against its fp32 ``Conv``, on ResNet-50's
    convolutions (3x3 C->C and 1x1 C->4C at 56x56/64, 28x28/128, 14x14/256, 7x7/512) and on its
