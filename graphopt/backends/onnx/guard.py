@@ -1,101 +1,73 @@
 """The accuracy guard: measure a lossy pass's outputs against the original model in ONNX
-Runtime, and move the most sensitive nodes back to higher precision until within tolerance.
+Runtime, measure each lowered node's share of the error, and keep the most sensitive nodes in
+higher precision until within tolerance (metrics and verdict: :mod:`.numerics`).
 
-Metrics per output, over every sample (calibration data, else seeded sample inputs): max abs,
-max rel (elementwise, denominators floored at 1e-3 of the output's scale), cosine similarity,
-SNR in dB (``10 log10(sum ref^2 / sum (ref - out)^2)``). The verdict is ``verify.Tolerance``'s:
-``max abs <= rel_to_scale * max |ref|`` and ``cosine >= min_cosine``, all values finite.
+Steps; the ONNX Runtime sessions and runs per guard are bounded and none grows with the number
+of nodes beyond ``log2``:
 
-Fallback loop (per-node sensitivity, bisection when it cannot tell):
+1. Run the pass; build the probe (:mod:`.probe`): the candidate with a switch beside each node
+   it lowered, one session. One run per sample with every node lowered is the candidate's
+   check (tensor for tensor the candidate's values); one with every node kept, on the samples
+   outside tolerance (else the first), gives each node's local and cumulative error
+   (:mod:`.sensitivity`).
+2. Within tolerance: done; the nodes keep their measured errors.
+3. Else: one probe run per group of nodes gives each node's contribution to the output error;
+   nodes ranked by it (overflow first); a bisection over the ranking, on the probe, finds how
+   many to keep.
+4. Re-run the pass with those nodes excluded and check the real model in a session of its
+   own, on every sample. Outside tolerance (the probe approximates the re-run), keep half of
+   the rest too and check again, at most ``MAX_CHECKS`` times.
+5. Still outside, or keeping every measured node is not enough: the pass is reverted, and says
+   so. Without a probe (ONNX Runtime cannot load it) the candidate is checked as it is and
+   reverted if outside tolerance.
 
-1. Run the pass with the nodes blocked so far kept at high precision (``exclude``); measure.
-2. Within tolerance: done. Else run the original and the candidate once more with every
-   intermediate float tensor as an output, and score each node the pass lowered: the error it
-   adds, ``err(out) - max err(in)`` with ``err = max|ref - out| / max|ref|``; a node whose output
-   is inf/NaN while its inputs are finite is where fp16 overflowed (score inf).
-3. Block every overflow origin plus the top ``2^round`` scored nodes; if no node scores above
-   zero (renamed tensors: nothing to compare), block the first half of what is still lowered
-   (bisection). Re-run the pass from 1.
-4. Nothing left to block and still beyond tolerance: the pass is reverted, and says so.
-
-A lossy pass is ``pass_(model, ctx, exclude)``: it keeps the nodes named in ``exclude`` at high
-precision and records each node it lowers as an applied decision of its kind (``"precision"``,
-``"quantize"``).
+Each measured node's numbers go on its decision (field ``sensitivity``) and the most sensitive
+ones into the guard's report. A lossy pass is ``pass_(model, ctx, exclude)``: it keeps the
+nodes named in ``exclude`` at high precision and records each node it lowers as an applied
+decision of its kind (``"precision"``, ``"quantize"``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import onnx
-from tqdm import tqdm
 
 from graphopt.backends.onnx.context import OnnxContext
-from graphopt.backends.onnx.ort_runner import (
-    OrtModel,
-    emulate_fp16,
-    float_tensors,
-    tensor_types,
-    with_outputs,
+from graphopt.backends.onnx.numerics import OutputError, compare, run_samples, snr_text, within
+from graphopt.backends.onnx.ort_runner import OrtModel, emulate_fp16
+from graphopt.backends.onnx.probe import HI, LO, Probe, build_probe
+from graphopt.backends.onnx.sensitivity import (
+    Measured,
+    NodeSensitivity,
+    contributions,
+    errors_of,
+    rank,
+    smallest_kept,
 )
 from graphopt.decisions.tolerance import Tolerance
+from graphopt.errors import GraphoptError
 from graphopt.ir.plan import Decision
 
-__all__ = ["GuardReport", "LossyPass", "OutputError", "compare", "guard", "run_samples",
-           "snr_text"]
+__all__ = ["MAX_CHECKS", "MAX_TRIES", "GuardReport", "LossyPass", "OutputError", "compare", "guard",
+           "run_samples", "snr_text"]
 
 logger = logging.getLogger(__name__)
 
 #: a lossy pass: (model, ctx, exclude) -> new model or None
 LossyPass = Callable[[onnx.ModelProto, OnnxContext, frozenset[str]], "onnx.ModelProto | None"]
-#: more rounds than this never help: 2^12 nodes blocked in the last one
-_MAX_ROUNDS = 12
-
-
-def snr_text(snr_db: float) -> str:
-    """"SNR 43.2 dB", or "no error" where the outputs are equal (the SNR is infinite)."""
-    return "no error" if math.isinf(snr_db) and snr_db > 0 else f"SNR {snr_db:.1f} dB"
-
-
-@dataclass(frozen=True)
-class OutputError:
-    """Error of one model output over all samples, and the verdict."""
-
-    name: str
-    max_abs: float
-    max_rel: float
-    cosine: float
-    snr_db: float
-    scale: float
-    finite: bool
-    tolerance: Tolerance
-    #: values that are inf/NaN in the candidate but finite in the reference
-    nonfinite: int = 0
-
-    @property
-    def within(self) -> bool:
-        if not self.finite:
-            return False
-        return (self.max_abs <= self.tolerance.rel_to_scale * max(self.scale, 1e-30)
-                and (self.cosine >= self.tolerance.min_cosine or self.max_abs == 0.0))
-
-    def describe(self) -> str:
-        bad = f"{self.nonfinite} inf/NaN value(s); finite ones: " if self.nonfinite else ""
-        return (f"{self.name}: {bad}max abs {self.max_abs:.3g} (limit "
-                f"{self.tolerance.rel_to_scale * self.scale:.3g}), max rel {self.max_rel:.3g}, "
-                f"cosine {self.cosine:.6f}, {snr_text(self.snr_db)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"output": self.name, "max_abs": self.max_abs, "max_rel": self.max_rel,
-                "cosine": self.cosine, "snr_db": self.snr_db, "scale": self.scale,
-                "finite": self.finite, "nonfinite": self.nonfinite, "within": self.within,
-                "tolerance": self.tolerance.to_dict()}
+#: re-runs of the pass with the probe's pick excluded (the pick, then half of the rest more
+#: each time), and of those, real checks (sessions): a re-run whose lowered nodes the probe
+#: puts outside tolerance is not checked
+MAX_TRIES, MAX_CHECKS = 5, 3
+#: nodes listed in the report's sensitivity section (every node has its numbers on its
+#: decision)
+REPORT_TOP = 25
 
 
 @dataclass
@@ -110,108 +82,97 @@ class GuardReport:
     rounds: int = 0
     reverted: bool = False
     reason: str = ""
+    #: per node, most sensitive first (empty when nothing could be measured)
+    sensitivity: list[NodeSensitivity] = field(default_factory=list)
+    sessions: int = 0
+    runs: int = 0
+    samples_measured: int = 0
+    not_measured: dict[str, str] = field(default_factory=dict)
 
     @property
     def within(self) -> bool:
-        return all(e.within for e in self.final)
+        return within(self.final)
 
     def to_dict(self) -> dict[str, Any]:
+        kept = [s for s in self.sensitivity if s.kept]
         return {"pass": self.pass_name, "tolerance": self.tolerance.to_dict(),
                 "rounds": self.rounds, "reverted": self.reverted, "reason": self.reason,
                 "initial": [e.to_dict() for e in self.initial],
-                "final": [e.to_dict() for e in self.final], "fallbacks": list(self.fallbacks)}
+                "final": [e.to_dict() for e in self.final], "fallbacks": list(self.fallbacks),
+                "sensitivity": {
+                    "nodes": len(self.sensitivity), "kept": len(kept),
+                    "sessions": self.sessions, "runs": self.runs,
+                    "samples": self.samples_measured, "not_measured": len(self.not_measured),
+                    "top": [s.to_dict() for s in self.sensitivity[:REPORT_TOP]]}}
 
 
-def _bar(total: int, desc: str) -> tqdm:
-    # progress on stderr; tqdm hides it when stderr is not a terminal (disable=None)
-    return tqdm(total=total, desc=desc, file=sys.stderr, disable=None, leave=False)
+def _lowered(ctx: OnnxContext, kind: str, order: dict[str, int]) -> list[str]:
+    """The nodes the pass just lowered, in graph order."""
+    names = [n for n, d in ctx.decisions.items() if kind in d and d[kind].applied]
+    return sorted(names, key=lambda n: order.get(n, len(order)))
 
 
-def run_samples(model: onnx.ModelProto | OrtModel, samples: Sequence[dict[str, np.ndarray]],
-                what: str = "the model", outputs: Sequence[str] | None = None
-                ) -> list[list[np.ndarray]]:
-    """Outputs of ``model`` for each sample, with a progress bar; fp16 tensors are rounded
-    explicitly (``ort_runner.emulate_fp16``: ORT's CPU EP would run most of them in fp32)."""
-    sess = model if isinstance(model, OrtModel) else OrtModel(emulate_fp16(model), what=what)
-    with _bar(len(samples), f"running {what}") as bar:
-        result = []
-        for feed in samples:
-            result.append(sess.run(feed, outputs))
-            bar.update()
-    return result
+def _session(model: onnx.ModelProto, what: str, report: GuardReport) -> OrtModel:
+    """A session of the model as written (fp16 emulated, graph optimizations off: numbers of
+    the nodes themselves, as the probe computes them)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    report.sessions += 1
+    return OrtModel(emulate_fp16(model), what=what, options=opts)
 
 
-def compare(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]],
-            names: Sequence[str], tol: Tolerance) -> list[OutputError]:
-    """Per-output metrics over all samples (``reference[sample][output]``)."""
-    errors = []
-    for k, name in enumerate(names):
-        r = np.concatenate([np.asarray(s[k], dtype=np.float64).ravel() for s in reference])
-        c = np.concatenate([np.asarray(s[k], dtype=np.float64).ravel() for s in candidate])
-        if r.shape != c.shape:
-            errors.append(OutputError(name, math.inf, math.inf, 0.0, -math.inf, 0.0, False, tol))
-            continue
-        bad = int(np.count_nonzero(np.isfinite(r) & ~np.isfinite(c)))
-        finite = bad == 0 and bool(np.array_equal(np.isfinite(c), np.isfinite(r)))
-        ok = np.isfinite(r) & np.isfinite(c)
-        r, c = r[ok], c[ok]
-        if r.size == 0:
-            errors.append(OutputError(name, 0.0, 0.0, 1.0, math.inf, 0.0, finite, tol, bad))
-            continue
-        diff = np.abs(r - c)
-        scale = float(np.abs(r).max())
-        rel = float((diff / np.maximum(np.abs(r), max(scale, 1e-30) * 1e-3)).max())
-        norms = float(np.linalg.norm(r) * np.linalg.norm(c))
-        cosine = float(r @ c) / norms if norms > 0 else (1.0 if diff.max() == 0 else 0.0)
-        noise = float((diff ** 2).sum())
-        snr = math.inf if noise == 0 else 10 * math.log10(max(float((r ** 2).sum()), 1e-300)
-                                                           / noise)
-        errors.append(OutputError(name, float(diff.max()), rel, cosine, snr, scale, finite, tol,
-                                  bad))
-    return errors
+def _measure(probe: Probe, samples: Sequence[dict[str, np.ndarray]],
+             reference: list[list[np.ndarray]], names: list[str], tol: Tolerance
+             ) -> tuple[list[OutputError], list[Measured]]:
+    """Step 1: the candidate's errors over every sample (every node lowered) and the samples
+    to measure nodes on: those outside tolerance, else the first."""
+    outs = [o for os_ in probe.switched.values() for o in os_]
+    lo = [LO + o for o in outs]
+    n = len(probe.outputs)
+    got, lowered, bad = [], {}, []
+    for i, feed in enumerate(samples):
+        r = probe.run(feed, (), lo)
+        got.append(r[:n])
+        if not within(compare([reference[i]], [r[:n]], names, tol)):
+            bad.append(i)
+        if i == 0 or bad[-1:] == [i]:
+            lowered[i] = dict(zip(lo, r[n:], strict=True))
+    errors = compare(reference, got, names, tol)
+    pick = bad or [0]
+    every, both = set(probe.switched), [HI + o for o in outs] + lo
+    measured = []
+    for i in pick:
+        r = probe.run(samples[i], every, both)
+        measured.append(Measured(samples[i], reference[i], r[:n],
+                                 dict(zip(both, r[n:], strict=True)), lowered.pop(i)))
+    return errors, measured
 
 
-def _rel_err(r: np.ndarray, c: np.ndarray) -> float:
-    r64, c64 = np.asarray(r, dtype=np.float64), np.asarray(c, dtype=np.float64)
-    if r64.shape != c64.shape or r64.size == 0:
-        return 0.0
-    if not np.all(np.isfinite(c64)) and np.all(np.isfinite(r64)):
-        return math.inf
-    ok = np.isfinite(r64) & np.isfinite(c64)
-    scale = float(np.abs(r64[ok]).max()) if ok.any() else 0.0
-    return float(np.abs(r64[ok] - c64[ok]).max()) / max(scale, 1e-30) if ok.any() else 0.0
+def _sensitivity(probe: Probe, measured: list[Measured], lowered: list[str],
+                 contribute: bool) -> list[NodeSensitivity]:
+    """Each switched node's numbers, most sensitive first (steps 1 and 3)."""
+    errs = errors_of(probe, measured)
+    order = [n for n in lowered if n in errs]
+    local = {n: errs[n][0] for n in order}
+    pinned = {n for n in order if math.isinf(local[n])}
+    share = contributions(probe, measured, [n for n in order if n not in pinned], local,
+                          pinned) if contribute else {}
+    sens = {n: NodeSensitivity(n, *errs[n], contribution=share.get(n)) for n in order}
+    return [replace(sens[n], rank=i + 1) for i, n in enumerate(rank(sens, order))]
 
 
-def sensitivity(original: onnx.ModelProto, candidate: onnx.ModelProto, lowered: Sequence[str],
-                sample: dict[str, np.ndarray]) -> dict[str, float]:
-    """Score of each lowered node: the relative error it adds (inf: it overflowed)."""
-    t_ref, t_cand = tensor_types(original), tensor_types(candidate)
-    names = [t for t in float_tensors(original, t_ref) if t in t_cand]
-    ref = dict(zip(names, OrtModel(with_outputs(original, names, t_ref), what="the original")
-                   .run(sample, names), strict=True))
-    probe = emulate_fp16(with_outputs(candidate, names, t_cand))
-    got = dict(zip(names, OrtModel(probe, what="the candidate").run(sample, names), strict=True))
-    err = {t: _rel_err(ref[t], got[t]) for t in names}
-    by_name = {n.name: n for n in original.graph.node}
-    scores = {}
-    for name in lowered:
-        node = by_name.get(name)
-        if node is None:
-            continue
-        outs = [err[o] for o in node.output if o in err]
-        if not outs:
-            continue
-        e_in = max((err.get(t, 0.0) for t in node.input), default=0.0)
-        e_out = max(outs)
-        scores[name] = (0.0 if math.isinf(e_in) else math.inf) if math.isinf(e_out) else max(
-            e_out - e_in, 0.0)
-    return scores
-
-
-def _lowered(ctx: OnnxContext, kind: str, blocked: set[str]) -> list[str]:
-    return [n for n, d in ctx.decisions.items()
-            if kind in d and d[kind].applied and n not in blocked]
-
+def _kept_sets(sens: list[NodeSensitivity], k: int) -> list[list[str]]:
+    """Step 4's node sets, fewest first: the overflowing nodes and the ``k`` most sensitive
+    others, then half of the rest more each time (at most ``MAX_TRIES``)."""
+    pinned = [s.node for s in sens if s.overflow]
+    ranked = [s.node for s in sens if not s.overflow]
+    sets = [[*pinned, *ranked[:k]]]
+    while k < len(ranked) and len(sets) < MAX_TRIES:
+        k += math.ceil((len(ranked) - k) / 2)
+        sets.append([*pinned, *ranked[:k]])
+    return sets
 
 def guard(pass_name: str, run_pass: LossyPass, model: onnx.ModelProto, ctx: OnnxContext, *,
           kind: str, tolerance: Tolerance, original: onnx.ModelProto,
@@ -225,64 +186,145 @@ def guard(pass_name: str, run_pass: LossyPass, model: onnx.ModelProto, ctx: Onnx
     report = GuardReport(pass_name, tolerance)
     names = [o.name for o in original.graph.output]
     saved = {k: dict(v) for k, v in ctx.decisions.items()}
-    blocked: set[str] = set()
-    order = {n.name: i for i, n in enumerate(model.graph.node)}
-    result: onnx.ModelProto | None = None
-    with _bar(_MAX_ROUNDS, f"guard {pass_name}") as bar:
-        for rnd in range(_MAX_ROUNDS):
-            ctx.decisions = {k: dict(v) for k, v in saved.items()}
-            cand = run_pass(model, ctx, frozenset(blocked))
-            if cand is None:
-                report.reason = "the pass changed nothing" if rnd == 0 else (
-                    "every lowered node was moved back")
-                break
-            errors = compare(reference, run_samples(cand, samples, f"{pass_name} candidate"),
-                             names, tolerance)
-            report.rounds = rnd + 1
-            report.initial = report.initial or errors
-            report.final = errors
-            bar.update()
-            if all(e.within for e in errors):
-                result = cand
-                report.reason = "within tolerance" + (
-                    f" after moving {len(report.fallbacks)} node(s) back" if report.fallbacks
-                    else "")
-                break
-            lowered = sorted(_lowered(ctx, kind, blocked), key=lambda n: order.get(n, 0))
-            if not lowered:
-                report.reason = "still beyond tolerance with nothing left to move back"
-                break
-            if rnd == _MAX_ROUNDS - 1:
-                report.reason = f"still beyond tolerance after {_MAX_ROUNDS} rounds"
-                break
-            scores = sensitivity(original, cand, lowered, samples[0])
-            ranked = sorted((s, n) for n, s in scores.items() if s > 0)[::-1]
-            pick = [n for s, n in ranked if math.isinf(s)]
-            pick += [n for s, n in ranked if not math.isinf(s)][:2 ** rnd]
-            how = "sensitivity"
-            if not pick:
-                pick, how = lowered[:max(1, len(lowered) // 2)], "bisection"
-            worst = "; ".join(e.describe() for e in errors if not e.within)
-            for n in pick:
-                s = scores.get(n)
-                report.fallbacks.append({
-                    "node": n, "round": rnd + 1, "how": how,
-                    "score": None if s is None else (s if math.isfinite(s) else "overflow"),
-                    "reason": ("overflow (inf/NaN) starts here" if s is not None and math.isinf(s)
-                               else f"adds relative error {s:.3g}" if s
-                               else "bisection over the lowered nodes") + f" ({worst})"})
-            blocked |= set(pick)
-            logger.info("guard %s round %d: %s; moving %d node(s) back by %s", pass_name,
-                        rnd + 1, worst, len(pick), how)
+    cand = run_pass(model, ctx, frozenset())
+    if cand is None:
+        report.reason = "the pass changed nothing"
+        ctx.decisions = _reverted(saved, ctx.decisions, kind, report)
+        logger.info("guard %s: %s", pass_name, report.reason)
+        return None, report
+    lowered = _lowered(ctx, kind, {n.name: i for i, n in enumerate(model.graph.node)})
+    try:
+        probe: Probe | None = build_probe(model, cand, lowered)
+        report.sessions += 1
+        report.not_measured = dict(probe.skipped)
+    except GraphoptError as e:
+        probe = None
+        report.reason = f"no per-node sensitivity ({e.problem})"
+    if probe is None or not probe.switched:
+        result = _unmeasured(pass_name, cand, report, reference, samples, names, tolerance)
+    else:
+        result = _measured(pass_name, run_pass, model, ctx, cand, probe, kind, report,
+                           saved, reference, samples, names)
     if result is None:
         ctx.decisions = _reverted(saved, ctx.decisions, kind, report)
-        report.reverted = report.rounds > 0 and report.reason != "the pass changed nothing"
-        if report.reverted:
-            report.reason = f"reverted: {report.reason}"
-            report.final = compare(reference, run_samples(model, samples, "the model"), names,
-                                   tolerance)
-    logger.info("guard %s: %s", pass_name, report.reason)
+        report.reverted = True
+        report.reason = f"reverted: {report.reason}"
+        sess = _session(model, "the model", report)
+        report.final = compare(reference, run_samples(sess, samples, "the model"), names,
+                               tolerance)
+    _annotate(ctx, kind, report.sensitivity)
+    logger.info("guard %s: %s (%d session(s), %d probe run(s))", pass_name, report.reason,
+                report.sessions, report.runs)
     return result, report
+
+
+def _unmeasured(pass_name: str, cand: onnx.ModelProto, report: GuardReport,
+                reference: list[list[np.ndarray]], samples: Sequence[dict[str, np.ndarray]],
+                names: list[str], tol: Tolerance) -> onnx.ModelProto | None:
+    """Step 5 without a probe: the candidate as it is, or nothing."""
+    sess = _session(cand, f"{pass_name} candidate", report)
+    report.initial = report.final = compare(
+        reference, run_samples(sess, samples, f"{pass_name} candidate"), names, tol)
+    report.rounds = 1
+    why = report.reason or "no node could be measured"
+    if report.within:
+        report.reason = f"within tolerance ({why})"
+        return cand
+    report.reason = f"beyond tolerance and {why}: " + "; ".join(
+        e.describe() for e in report.final if not e.within)
+    return None
+
+
+def _measured(pass_name: str, run_pass: LossyPass, model: onnx.ModelProto, ctx: OnnxContext,
+              cand: onnx.ModelProto, probe: Probe, kind: str, report: GuardReport,
+              saved: dict[str, dict[str, Decision]], reference: list[list[np.ndarray]],
+              samples: Sequence[dict[str, np.ndarray]], names: list[str]
+              ) -> onnx.ModelProto | None:
+    """Steps 1-5 with the probe."""
+    tol = report.tolerance
+    order = {n.name: i for i, n in enumerate(model.graph.node)}
+    errors, measured = _measure(probe, samples, reference, names, tol)
+    report.initial = report.final = errors
+    report.rounds, report.samples_measured = 1, len(measured)
+    ok = within(errors)
+    report.sensitivity = _sensitivity(probe, measured, _lowered(ctx, kind, order),
+                                      contribute=not ok)
+    report.runs = probe.runs
+    if ok:
+        report.reason = "within tolerance"
+        return cand
+    worst = "; ".join(e.describe() for e in errors if not e.within)
+    sens = report.sensitivity
+    k = smallest_kept(probe, measured, [s.node for s in sens if not s.overflow],
+                      {s.node for s in sens if s.overflow},
+                      lambda refs, outs: within(compare(refs, outs, names, tol)))
+    del measured  # the lowered nodes' tensors are not needed any more
+    if k is None:
+        report.reason = (f"keeping every measured node in higher precision is not within "
+                         f"tolerance ({worst})")
+        return None
+    checks = 0
+    for keep in _kept_sets(sens, k):
+        ctx.decisions = {key: dict(v) for key, v in saved.items()}
+        cand = run_pass(model, ctx, frozenset(keep))
+        if cand is None:
+            report.reason = "every lowered node was moved back"
+            return None
+        # the probe with exactly the nodes the re-run lowered (it may keep more: a follow op
+        # after a kept GEMM): a re-run the probe puts outside tolerance is not checked
+        really = set(probe.switched) - set(_lowered(ctx, kind, order))
+        outs = [probe.run(f, really) for f in samples]
+        report.runs = probe.runs
+        if not within(compare(reference, outs, names, tol)):
+            continue
+        checks += 1
+        if _checked(pass_name, cand, report, reference, samples, names):
+            _kept(report, keep, worst)
+            report.reason = f"within tolerance after moving {len(keep)} node(s) back"
+            return cand
+        if checks == MAX_CHECKS:
+            break
+    report.reason = (f"still beyond tolerance with the most sensitive nodes kept ({checks} "
+                     f"real check(s)): {'; '.join(e.describe() for e in report.final)}")
+    return None
+
+
+def _checked(pass_name: str, cand: onnx.ModelProto, report: GuardReport,
+             reference: list[list[np.ndarray]], samples: Sequence[dict[str, np.ndarray]],
+             names: list[str]) -> bool:
+    """Step 4's real check: the re-run's model in a session of its own, every sample."""
+    report.rounds += 1
+    sess = _session(cand, f"{pass_name} candidate", report)
+    report.final = compare(reference, run_samples(sess, samples, f"{pass_name} candidate"),
+                           names, report.tolerance)
+    logger.info("guard %s check %d: %s", pass_name, report.rounds - 1,
+                "within tolerance" if report.within else "beyond tolerance")
+    return report.within
+
+
+def _kept(report: GuardReport, keep: list[str], worst: str) -> None:
+    """Mark the kept nodes and list them as fallbacks, most sensitive first."""
+    chosen = set(keep)
+    report.sensitivity = [replace(s, kept=s.node in chosen) for s in report.sensitivity]
+    for s in report.sensitivity:
+        if not s.kept:
+            continue
+        score = "overflow" if s.overflow else s.contribution
+        why = ("overflow (inf/NaN) starts here" if s.overflow else
+               f"adds relative error {s.local:.3g} by itself, estimated {s.contribution or 0:.3g}"
+               " of the output's scale at the output")
+        report.fallbacks.append({"node": s.node, "round": report.rounds, "how": "sensitivity",
+                                 "score": score, "rank": s.rank,
+                                 "reason": f"{why} ({worst})"})
+
+
+def _annotate(ctx: OnnxContext, kind: str, sens: list[NodeSensitivity]) -> None:
+    """Each measured node's numbers on its decision of ``kind``."""
+    for s in sens:
+        d = ctx.decisions.get(s.node, {}).get(kind)
+        if d is not None:
+            numbers = {k: v for k, v in s.to_dict().items() if k != "node"}
+            ctx.decisions[s.node][kind] = replace(d, fields={**d.fields, "sensitivity": numbers})
 
 
 def _reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],
