@@ -44,7 +44,12 @@ from typing import Any
 
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.measure.calibrate_ort import ort_fixed_costs
-from graphopt.measure.calibrate_reference import in_graph_factors
+from graphopt.measure.calibrate_rates import achievable_rates, time_call
+from graphopt.measure.calibrate_reference import (
+    in_graph_factors,
+    measure_blocks,
+    reference_blocks,
+)
 
 __all__ = ["CALIBRATION_VERSION", "OP_BENCHES", "calibrate", "calibrate_host", "time_call"]
 
@@ -52,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 #: what a calibration measures and how; a change that moves its numbers bumps it, which
 #: remakes every cached host calibration (``measure.host_cache``)
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 Bench = Callable[[], Callable[[], Any]]
 
@@ -223,29 +228,11 @@ _BENCH_FLOPS = {"Linear": 2 * 32 * 64 * 64, "Gemm": 2 * 16 * 64 * 64,
 _KERNEL_OPS = ("Add", "Sub", "Mul", "Div", "Neg", "Exp", "Tanh", "Sigmoid", "Relu", "Where")
 
 
-def time_call(fn: Callable[[], Any], *, budget_s: float = 0.02, repeats: int = 5,
-              best: bool = False) -> float:
-    """Seconds per call of ``fn``: the median (``best``: the fastest) of ``repeats`` loops,
-    each sized to about ``budget_s``, after one warm-up loop (allocator caches, lazy kernel
-    set-up). A rate is what the machine can reach: its best loop, since a neighbour's work
-    only ever slows one down."""
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t0, 1e-7)
-    loops = max(1, min(100_000, int(budget_s / once)))
-    samples = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        for _ in range(loops):
-            fn()
-        samples.append((time.perf_counter() - t0) / loops)
-    return min(samples[1:]) if best else statistics.median(samples[1:])
 
-
-#: seconds per timed loop of a rate: a rate is the best of 5 loops, and loops of 30 ms give
-#: the 100 ms loops' numbers within 5% here (fp32 GEMM, conv, bandwidth) in 40% of the time
-_RATE_BUDGET_S = 0.03
+#: the mixed stream and the reference blocks are measured in this many alternating chunks;
+#: each op type keeps its fastest chunk's median (on a shared host a neighbour's burst of a
+#: second or two otherwise lifts every number it overlaps)
+_CHUNKS = 3
 
 #: outputs kept alive in the mixed stream: a graph's intermediates live until their last
 #: reader, so the allocator does not hand the same hot block back to every op
@@ -276,47 +263,6 @@ def _fixed_costs(rounds: int, warmup: int = 5) -> dict[str, float]:
     return {op: statistics.median(ts) for op, ts in node_times(prof).items()}
 
 
-def _rates(profile: HardwareProfile, quick: bool) -> dict[str, float]:
-    """Achievable FLOP/s for GEMM and conv per dtype the CPU runs natively (INT8: the dynamic
-    quantized linear graphopt's INT8 pass emits), and the DRAM bytes/s of an elementwise add
-    on arrays 8x the last-level cache (at least 64 MiB)."""
-    import torch
-    import torch.nn.functional as F
-
-    g = torch.Generator().manual_seed(1)
-    out: dict[str, float] = {}
-    n = 512 if quick else 1024
-    dtypes = {"fp32": torch.float32}
-    if "bf16" in profile.peak_flops:  # native bf16 (AMX, AVX512_BF16): oneDNN runs it
-        dtypes["bf16"] = torch.bfloat16
-    for key, dt in dtypes.items():
-        m1 = torch.randn(n, n, generator=g).to(dt)
-        m2 = torch.randn(n, n, generator=g).to(dt)
-        out[f"matrix:{key}"] = 2 * n**3 / time_call(functools.partial(torch.mm, m1, m2),
-                                                     budget_s=_RATE_BUDGET_S, repeats=5, best=True)
-    if hasattr(torch.ops.quantized, "linear_dynamic"):  # the kernel graphopt's INT8 pass uses
-        from graphopt.backends.torch.quantize import pack_int8_weight
-
-        x = torch.randn(n, n, generator=g)
-        packed = pack_int8_weight(torch.randn(n, n, generator=g), None)
-        out["matrix:int8"] = 2 * n**3 / time_call(
-            functools.partial(torch.ops.quantized.linear_dynamic, x, packed),
-            budget_s=_RATE_BUDGET_S, repeats=5, best=True)
-    img = torch.randn(1, 64, 56, 56, generator=g)
-    kernel = torch.randn(64, 64, 3, 3, generator=g)
-    conv_flops = 2 * 64 * 56 * 56 * 64 * 9
-    out["conv:fp32"] = conv_flops / time_call(lambda: F.conv2d(img, kernel, padding=1),
-                                              budget_s=_RATE_BUDGET_S, repeats=5, best=True)
-    elems = max(64 * 2**20, 8 * (profile.l2_bytes or 0)) // 4  # fp32 elements
-    if quick:
-        elems //= 2
-    a, b = torch.ones(elems), torch.ones(elems)
-    dst = torch.empty(elems)
-    out["memory"] = 3 * 4 * elems / time_call(lambda: torch.add(a, b, out=dst),
-                                              budget_s=_RATE_BUDGET_S, repeats=5, best=True)
-    return out
-
-
 def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
               threads: int | None = None) -> HardwareProfile:
     """The host profile with measured per-op fixed costs, compute rates and bandwidth.
@@ -334,9 +280,15 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
 
     base = base or host_cpu_profile()
     started = time.perf_counter()
-    with intra_op_threads(threads) as used, torch.inference_mode():
-        overhead = _fixed_costs(rounds=40 if quick else 120)
-        rates = _rates(base, quick)
+    with intra_op_threads(threads) as used:
+        blocks, chunks, rounds = reference_blocks(), [], []
+        for _ in range(_CHUNKS):  # spread over the calibration: a burst must cover them all
+            with torch.inference_mode():
+                chunks.append(_fixed_costs(rounds=(40 if quick else 120) // _CHUNKS))
+            rounds.append(measure_blocks(blocks))
+        with torch.inference_mode():
+            rates = achievable_rates(base, quick)
+    overhead = {op: min(c[op] for c in chunks) for op in chunks[0]}
     for op, flops in _BENCH_FLOPS.items():  # the bench call's own work is not fixed cost
         rate = rates["conv:fp32" if op in ("Conv", "Conv:depthwise") else "matrix:fp32"]
         overhead[op] = max(overhead[op] - flops / rate, overhead[op] / 4)
@@ -348,8 +300,7 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
         bandwidth_bytes_per_s=rates["memory"], launch_overhead_s=launch,
         host_link=replace(base.host_link, bandwidth_bytes_per_s=rates["memory"]),
         op_overhead_s=overhead, measured_rates=dict(sorted(rates.items())))
-    with intra_op_threads(threads):
-        kernel, view, how = in_graph_factors(benched)
+    kernel, view, how = in_graph_factors(benched, blocks, rounds)
     ort = ort_fixed_costs(rounds=30 if quick else 60, threads=used)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     logger.info("calibrated %d op types in %.1f s", len(overhead), time.perf_counter() - started)
