@@ -23,6 +23,7 @@ from graphopt.report.format import (
     md_table,
     md_text,
 )
+from graphopt.report.sensitivity import sensitivity_md
 
 __all__ = ["ARTIFACTS", "artifacts_md", "decision_rows", "note_items", "numerics_rows",
            "optimization_facts", "optimization_md"]
@@ -131,7 +132,7 @@ def optimization_md(opt: Mapping[str, Any], h: str, title: str = "Optimization")
         bits += [f"{md_text(k)}: {md_text(v)}" for k, v in texts]
         lines.append(f"- **{md_text(group)}:** " + "; ".join(bits or ["—"]))
     out += [f"{h}# Pass notes", "", *lines, ""] if lines else []
-    return out + _decisions_md(opt, h)
+    return out + sensitivity_md(opt, h) + _decisions_md(opt, h)
 
 
 def _decisions_md(opt: Mapping[str, Any], h: str) -> list[str]:

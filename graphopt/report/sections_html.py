@@ -35,6 +35,7 @@ from graphopt.report.optimization import (
 from graphopt.report.partition_html import partition_panel
 from graphopt.report.partition_md import partition_facts
 from graphopt.report.sections_md import deployment_rows, memory_facts, quant_facts, settings_of
+from graphopt.report.sensitivity import sensitivity_html
 from graphopt.report.tp_html import tp_panel
 
 __all__ = ["bar", "cards", "comparison", "deployment", "issues", "share", "target_name"]
@@ -243,7 +244,7 @@ def _optimization(opt: Mapping[str, Any], title: str = "Optimization") -> str:
                                                   "cosine", "within"], "rrrrr", nums, "numerics")
                if nums else "")
             + (f'<h4>Pass notes</h4><table class="notes-t"><tbody>{"".join(groups)}</tbody>'
-               f"</table>" if groups else "")
+               f"</table>" if groups else "") + sensitivity_html(opt)
             + ("<h4>Decisions on its nodes</h4>" + table(
                 ["node", *REWRITE_KINDS], "", decided, "decided")
                if decided else "") + "</div>")

@@ -1,0 +1,70 @@
+"""The accuracy guard's per-node sensitivity in a report: per guarded pass, how it was measured
+(runs, sessions, samples) and its most sensitive nodes with their numbers (the ONNX backend's
+``guard[*].sensitivity``, :mod:`graphopt.backends.onnx.sensitivity`). Every measured node also
+carries its numbers on its decision (``sensitivity``). Shared by the Markdown and HTML reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from graphopt.report.format import fmt_count, fmt_err, md_code, md_table, md_text
+from graphopt.report.html_text import esc, table
+
+__all__ = ["HEADER", "sensitivity_html", "sensitivity_md", "sensitivity_sections"]
+
+HEADER = ("rank", "node", "local error", "cumulative error", "contribution", "kept")
+_ALIGN = "rlrrrl"
+_TITLE = "Per-node sensitivity (accuracy guard)"
+_NOTE = ("local: the relative error the node adds from exact inputs; cumulative: its output's "
+         "relative error with every node lowered; contribution: its estimated share of the "
+         "output error (max abs / output scale)")
+
+
+def _num(value: Any) -> str:
+    return "overflow" if value == "overflow" else fmt_err(value)
+
+
+def sensitivity_sections(opt: Mapping[str, Any]) -> list[tuple[str, str, list[list[str]]]]:
+    """(pass, summary, rows of ``HEADER``) per guarded pass that measured nodes."""
+    out = []
+    for g in opt.get("guard") or []:
+        sens = g.get("sensitivity") if isinstance(g, Mapping) else None
+        if not isinstance(sens, Mapping) or not sens.get("nodes"):
+            continue
+        skipped = sens.get("not_measured") or 0
+        summary = (f"{fmt_count(sens.get('nodes'))} node(s) measured in "
+                   f"{fmt_count(sens.get('runs'))} run(s) of {fmt_count(sens.get('sessions'))} "
+                   f"ONNX Runtime session(s) on {fmt_count(sens.get('samples'))} sample(s); "
+                   f"{fmt_count(sens.get('kept'))} kept in higher precision"
+                   + (f"; {fmt_count(skipped)} not measured" if skipped else ""))
+        rows = [[str(n.get("rank", "")), str(n.get("node", "?")), _num(n.get("local")),
+                 _num(n.get("cumulative")), _num(n.get("contribution")),
+                 "yes" if n.get("kept") else "no"]
+                for n in sens.get("top") or [] if isinstance(n, Mapping)]
+        out.append((str(g.get("pass", "?")), summary, rows))
+    return out
+
+
+def sensitivity_md(opt: Mapping[str, Any], h: str) -> list[str]:
+    sections = sensitivity_sections(opt)
+    if not sections:
+        return []
+    out = [f"{h}# {_TITLE}", "", f"_{md_text(_NOTE)}_", ""]
+    for name, summary, rows in sections:
+        out += [f"**{md_text(name)}:** {md_text(summary)}", ""]
+        out += md_table(list(HEADER), [[r[0], md_code(r[1]), *r[2:]] for r in rows], _ALIGN)
+    return out
+
+
+def sensitivity_html(opt: Mapping[str, Any]) -> str:
+    parts = []
+    for name, summary, rows in sensitivity_sections(opt):
+        trs = ["<tr>" + "".join(f'<td class="{"mono" if i == 1 else "num"}">{esc(c)}</td>'
+                                for i, c in enumerate(r)) + "</tr>" for r in rows]
+        parts.append(f'<div class="faint"><b class="mono">{esc(name)}</b>: {esc(summary)}</div>'
+                     + table(list(HEADER), _ALIGN, trs, "sensitivity"))
+    if not parts:
+        return ""
+    return f'<h4>{esc(_TITLE)}</h4><div class="faint">{esc(_NOTE)}</div>' + "".join(parts)
