@@ -6,13 +6,18 @@ runs that first use for real, in a fresh cache folder (a temporary ``XDG_CACHE_H
 
 1. the first profile makes the cache (timed; the one line on stderr is printed as it goes);
 2. every architecture of ``tests/arch_zoo.py`` (18 transformers models, tiny configs) is
-   profiled twice, with the cache and uncalibrated (``host_calibration(False)``, what
-   ``--no-calibrate`` gives), and the whole-model ratio predicted/measured
-   (``summary.prediction.model_ratio``) of each is printed;
+   profiled with the cache and uncalibrated (``host_calibration(False)``, what
+   ``--no-calibrate`` gives), ``--repeat`` times each, interleaved. ``profile``'s whole-model
+   time is the best of its runs; here it is the best of all ``repeat x runs`` runs, spread
+   over three moments, since on a host shared with other jobs the ten runs of one profile
+   (a few ms) can all land in a neighbour's burst. The model ratio predicted/measured
+   (``summary.prediction.model_ratio``) with that time is printed, and the range of the
+   single profiles' ratios beside it (the plan's estimate is the same every time);
 3. the done-when of the issue: every model's ratio with the cache in [0.67, 1.5]; and that
    the cache was made once (one file, the calibration not run again).
 
-Run: ``python benchmarks/bench_host_cache.py [--threads 1] [--runs 10] [--models llama,bert]``.
+Run: ``python benchmarks/bench_host_cache.py [--threads 1] [--runs 10] [--repeat 3]
+[--models llama,bert]``.
 On a machine shared with other jobs use ``--threads 1`` (the cache is keyed by the thread
 count, so it is made for 1 thread): with more threads an op waits for a descheduled peer.
 """
@@ -40,11 +45,17 @@ from tests.arch_zoo import ARCHS, build  # noqa: E402
 RATIO_RANGE = (0.67, 1.5)
 
 
+def _best(predictions: list[dict]) -> dict:
+    """The prediction summary of the repeat with the fastest whole-model time."""
+    return min(predictions, key=lambda d: d["measured_model_s"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: "
                                                               "torch's)")
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=3, help="profiles per model and target")
     ap.add_argument("--models", help="comma-separated zoo names (default: all 18)")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
@@ -64,22 +75,28 @@ def main() -> int:
     rows: dict[str, tuple[float, float]] = {}
     first = None
     print("| model | nodes | measured | uncalibrated pred/meas | cached calibration pred/meas "
-          "| Spearman uncal. / cached |")
+          "(range) | Spearman uncal. / cached |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in names:
         module, inputs = build(name)
-        t0 = time.perf_counter()
-        got = graphopt.profile(module, inputs, runs=args.runs, warmup=3, threads=threads)
-        if first is None:
-            first = time.perf_counter() - t0
-        with host_cache.host_calibration(False):
-            raw = graphopt.profile(module, inputs, runs=args.runs, warmup=3, threads=threads)
-        assert got.target.calibrated and not raw.target.calibrated
-        p, r = got.summary["prediction"], raw.summary["prediction"]
+        cached, plain = [], []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            got = graphopt.profile(module, inputs, runs=args.runs, warmup=3, threads=threads)
+            if first is None:
+                first = time.perf_counter() - t0
+            with host_cache.host_calibration(False):
+                raw = graphopt.profile(module, inputs, runs=args.runs, warmup=3,
+                                       threads=threads)
+            assert got.target.calibrated and not raw.target.calibrated
+            cached.append(got.summary["prediction"])
+            plain.append(raw.summary["prediction"])
+        p, r = _best(cached), _best(plain)
+        after = [c["model_ratio"] for c in cached]
         rows[name] = (r["model_ratio"], p["model_ratio"])
         print(f"| {name} | {p['nodes_measured']} | {p['measured_model_s'] * 1e3:.2f} ms | "
-              f"{r['model_ratio']:.2f} | {p['model_ratio']:.2f} | {r['spearman']:.3f} / "
-              f"{p['spearman']:.3f} |", flush=True)
+              f"{r['model_ratio']:.2f} | {p['model_ratio']:.2f} ({min(after):.2f}-"
+              f"{max(after):.2f}) | {r['spearman']:.3f} / {p['spearman']:.3f} |", flush=True)
     files = sorted(Path(folder, "graphopt").glob("host-*.json"))
     low, high = RATIO_RANGE
     before = [b for b, _ in rows.values()]
