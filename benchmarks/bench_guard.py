@@ -1,0 +1,118 @@
+"""The ONNX accuracy guard on the 6,000-node residual MLP for h100 (issue 21, item 2): this tree
+against a baseline revision, in one run.
+
+``graphopt.optimize(<onnx_blocks(1500)>, target="h100", measure=False)``: the fp16 pass goes
+out of tolerance on this model (1,500 residual blocks: an error anywhere in the first ~1,000
+is amplified at the output), so the guard has to find what to keep in fp32. Measured for each
+tree in fresh Python processes, rounds interleaved (baseline, current, baseline, ...) so load
+on a shared machine hits both alike; the best time of each is kept. Per tree: seconds, ONNX
+Runtime sessions built (counted at ``onnxruntime.InferenceSession``), whether the result is
+within tolerance, how many nodes end in fp16 and how many were moved back.
+
+Run: ``python benchmarks/bench_guard.py [--baseline 1978149] [--rounds 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_WORKER = r"""
+import json, sys, time, warnings
+warnings.simplefilter("ignore")
+sys.path[:0] = [{tree!r}, {tree!r} + "/benchmarks"]
+import onnxruntime as ort
+import graphopt
+from bench_planning import onnx_blocks
+
+count = {{"sessions": 0}}
+class Counting(ort.InferenceSession):
+    def __init__(self, *a, **k):
+        count["sessions"] += 1
+        super().__init__(*a, **k)
+ort.InferenceSession = Counting
+big = onnx_blocks(1500)
+big.ir_version = 10  # onnx writes its newest IR version; ONNX Runtime reads up to 13
+t = time.perf_counter()
+opt = graphopt.optimize(big, target="h100", measure=False)
+seconds = time.perf_counter() - t
+info = opt.info
+fp16 = sum(1 for n in opt.plan.nodes if "precision" in n.decisions
+           and n.decisions["precision"].applied)
+print("RESULT " + json.dumps({{
+    "seconds": seconds, "sessions": count["sessions"],
+    "within": all(n["within"] for n in info["numerics"]),
+    "max_abs": info["numerics"][0]["max_abs"], "limit": 0.01 * info["numerics"][0]["scale"],
+    "applied": info["passes_applied"], "fp16_nodes": fp16,
+    "moved_back": len(info["fallbacks"])}}))
+"""
+
+
+def _run(tree: Path) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, "-c", _WORKER.format(tree=str(tree))], cwd=tree,
+                          capture_output=True, text=True, check=False)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"worker failed in {tree}:\n{proc.stderr[-3000:]}")
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", default="1978149",
+                    help="revision to compare with (default: the tree before the probe)")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    import os
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                          capture_output=True, check=True).stdout.strip()
+    print(f"machine: {_cpu()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
+          f"baseline {args.baseline}, current {head} (working tree)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline"
+        base.mkdir()
+        archive = Path(tmp) / "baseline.tar"
+        subprocess.run(["git", "archive", "-o", str(archive), args.baseline], cwd=ROOT,
+                       check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(base, filter="data")
+        best: dict[str, dict[str, object]] = {}
+        for r in range(args.rounds):
+            for label, tree in (("baseline", base), ("current", ROOT)):
+                got = _run(tree)
+                if label not in best or got["seconds"] < best[label]["seconds"]:  # type: ignore[operator]
+                    best[label] = got
+                print(f"round {r + 1}: {label} {got['seconds']:.1f} s", flush=True)
+    print("\n| tree | optimize (best) | ORT sessions | within tolerance | max abs (limit) "
+          "| nodes in fp16 | moved back |")
+    print("|---|---:|---:|---|---:|---:|---:|")
+    for label, name in (("baseline", args.baseline), ("current", head)):
+        b = best[label]
+        print(f"| {label} {name} | {b['seconds']:.1f} s | {b['sessions']} | "
+              f"{'yes' if b['within'] else 'no'} ({', '.join(b['applied']) or 'nothing'} "  # type: ignore[arg-type]
+              f"applied) | {b['max_abs']:.3g} ({b['limit']:.3g}) | {b['fp16_nodes']} | "
+              f"{b['moved_back']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
