@@ -275,7 +275,10 @@ def _measured(pass_name: str, run_pass: LossyPass, model: onnx.ModelProto, ctx: 
         really = set(probe.switched) - set(_lowered(ctx, kind, order))
         outs = [probe.run(f, really) for f in samples]
         report.runs = probe.runs
-        if not within(compare(reference, outs, names, tol)):
+        fits = within(compare(reference, outs, names, tol))
+        logger.info("guard %s: %d node(s) kept, the re-run keeps %d: %s on the probe", pass_name,
+                    len(keep), len(really), "within tolerance" if fits else "beyond tolerance")
+        if not fits:
             continue
         checks += 1
         if _checked(pass_name, cand, report, reference, samples, names):
