@@ -27,8 +27,11 @@ Cases:
 
 fp16 is measured as :func:`ort_runner.emulate_fp16` rounds it: both models are emulated before
 they are joined, so every tensor between nodes is fp32 (or the integer type it was) and the
-two sides of a switch share a dtype. The session runs with graph optimizations off (as
-``qdq_loss_debug`` does): the rounding casts stay and no fusion crosses a switch.
+two sides of a switch share a dtype; a node ``model`` already held in fp16 (quantize after
+precision) is copied with the rounding casts emulation put after it. ``keep_n`` is a scalar
+bool input of its own. The session runs with graph optimizations off (as ``qdq_loss_debug``
+does): the rounding casts stay and no fusion crosses a switch. Cases 1 and 2 hold bit for bit
+(``tests/test_guard_sensitivity.py``).
 """
 
 from __future__ import annotations

@@ -19,15 +19,14 @@ measured samples, inf where ``x`` is inf/NaN and ``hi`` is finite):
   amplified downstream (a deep or chaotic stretch) gets the group's larger share. With at most
   ``GROUPS`` nodes every node is its own group: the contribution is measured, not shared.
 
-Runs per guard: one with every node lowered (the candidate, on every sample), one with every
-node kept (per sample measured), one per group, and a bisection over the ranking (at most
-``log2(N) + 1``, stopped at a resolution of ``N / RESOLUTION`` nodes). Nodes whose lowered
-output is inf/NaN from finite inputs (fp16 overflow, a scale of zero) are kept first.
+Runs per measured sample: one with every node kept, one per group (at most ``GROUPS``), and a
+bisection over the ranking that stops at a resolution of ``N / RESOLUTION`` nodes (at most
+``log2(RESOLUTION) + 2``). Nodes whose lowered output is inf/NaN from finite inputs (fp16
+overflow, a scale of zero) are kept first, and are not part of the groups or the bisection.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,19 +35,19 @@ from typing import Any
 import numpy as np
 
 from graphopt.backends.onnx.probe import HI, LO, Probe
-from graphopt.decisions.tolerance import Tolerance
 
 __all__ = ["GROUPS", "RESOLUTION", "Measured", "NodeSensitivity", "contributions", "errors_of",
-           "output_error", "rank", "smallest_kept", "tightened"]
+           "output_error", "rank", "smallest_kept"]
 
-logger = logging.getLogger(__name__)
-
-#: at most this many group runs: 16 groups rank a 1,500-layer residual MLP's fp16 error as well
-#: as 32 do (one sample, measured while writing this module); each run costs a full forward
+#: at most this many group runs per measured sample, each a full forward run. On a numpy model
+#: of the 1,500-block residual MLP (one sample, fp16 rounding as emulated), ranking by 4, 8, 16
+#: or 32 groups and bisecting kept 700-1,000 blocks for the output to be within tolerance
+#: (local error alone: 1,312; cumulative error: 1,489): beyond a few groups it is noise
 GROUPS = 8
-#: the bisection stops within N / RESOLUTION nodes of the boundary (keeps at most that many
-#: nodes more than needed; saves the last log2(RESOLUTION') runs on a large model)
+#: the bisection stops within N / RESOLUTION nodes of the boundary: it keeps at most that many
+#: nodes more than needed and saves the last runs on a large model
 RESOLUTION = 64
+
 
 @dataclass
 class Measured:
@@ -176,7 +175,3 @@ def smallest_kept(probe: Probe, measured: Sequence[Measured], ranked: Sequence[s
             lo = mid
     return hi
 
-
-def tightened(tol: Tolerance, margin: float) -> Tolerance:
-    """``tol`` with ``margin`` (0-1) of its error budget."""
-    return Tolerance(tol.rel_to_scale * margin, 1.0 - (1.0 - tol.min_cosine) * margin)
