@@ -63,8 +63,10 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
             returning ``(module, inputs)``, an ``.onnx`` path or an ``onnx.ModelProto``.
         example_inputs: the inputs to run (torch only; ONNX inputs are generated at the
             plan's sizes).
-        target: ``"cpu"`` (or ``"host"``, or its profile); on a CUDA machine ``"gpu"`` /
-            ``"cuda:N"`` measures that device's kernels (model and inputs already on it).
+        target: ``"cpu"`` (or ``"host"``: planned with this host's cached calibration for
+            ``threads``, made on first use, ``measure.host_cache``), or a profile of it (used
+            as is); on a CUDA machine ``"gpu"`` / ``"cuda:N"`` measures that device's kernels
+            (model and inputs already on it).
         runs: profiled runs; each node's ``measured_s`` is its median over them.
         warmup: unprofiled runs first (caches, prepacked weights, thread pools).
         threads: intra-op threads while measuring (None: the runtime's default). On a host
