@@ -6,8 +6,9 @@ baseline, ...) so load on a shared machine hits both alike; the best time of eac
 1. planning a ~6k fx-node torch graph and its ONNX twin (what ``bench_planning.py`` times:
    frontend + analysis + cost + report JSON; tracing excluded), best of 7;
 2. ``graphopt.optimize(<6,000-node ONNX model>, target=T, measure=False)`` for T = cpu (best
-   of 5) and h100 (once a round: its fp16 accuracy guard builds ~37 ORT sessions, ~2 min)
-   on the residual MLP of ``bench_planning.onnx_blocks`` (1,500 blocks).
+   of 5) and h100 (once a round: its fp16 accuracy guard built ~37 ORT sessions, ~2 min,
+   until issue 21's probe: 4 sessions in all now, ``bench_guard.py``) on the residual MLP of
+   ``bench_planning.onnx_blocks`` (1,500 blocks).
 
 Prints current / baseline per measurement (< 1: faster now). The baseline tree comes from
 ``git archive``; its own ``benchmarks/bench_planning.py`` builds the models.

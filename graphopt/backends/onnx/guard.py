@@ -49,6 +49,7 @@ import onnx
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.numerics import OutputError, compare, run_samples, snr_text, within
 from graphopt.backends.onnx.ort_runner import OrtModel, emulate_fp16
+from graphopt.backends.onnx.precision import FOLLOW_OPS
 from graphopt.backends.onnx.probe import HI, LO, Probe, build_probe
 from graphopt.backends.onnx.sensitivity import (
     Measured,
@@ -171,6 +172,27 @@ def _sensitivity(probe: Probe, measured: list[Measured], lowered: list[str],
     return [replace(sens[n], rank=i + 1) for i, n in enumerate(rank(sens, order))]
 
 
+def _followers(model: onnx.ModelProto, kind: str, switched: set[str]
+               ) -> Callable[[set[str]], set[str]]:
+    """``keep`` and the lowered nodes the pass then keeps too: for precision, a follow op
+    (``precision.FOLLOW_OPS``, its case 4) whose input comes from a kept node runs fp32, and
+    so on down the chain. Other passes keep only what they are asked to."""
+    if kind != "precision":
+        return lambda keep: keep
+    producer = {o: n.name for n in model.graph.node for o in n.output if o}
+    chain = [(n.name, [producer[t] for t in n.input if t in producer])
+             for n in model.graph.node if n.name in switched and n.op_type in FOLLOW_OPS]
+
+    def closure(keep: set[str]) -> set[str]:
+        out = set(keep)
+        for name, sources in chain:  # graph order: a follower's sources are decided first
+            if name not in out and any(s in out for s in sources):
+                out.add(name)
+        return out
+
+    return closure
+
+
 def _kept_sets(sens: list[NodeSensitivity], k: int) -> list[list[str]]:
     """Step 4's node sets, fewest first: the overflowing nodes and the ``k`` most sensitive
     others, then half of the rest more each time (at most ``MAX_TRIES``)."""
@@ -267,7 +289,8 @@ def _measured(pass_name: str, run_pass: LossyPass, model: onnx.ModelProto, ctx: 
     sens = report.sensitivity
     k = smallest_kept(probe, measured, [s.node for s in sens if not s.overflow],
                       {s.node for s in sens if s.overflow},
-                      lambda refs, outs: within(compare(refs, outs, names, tol)))
+                      lambda refs, outs: within(compare(refs, outs, names, tol)),
+                      _followers(model, kind, set(probe.switched)))
     del measured  # the lowered nodes' tensors are not needed any more
     if k is None:
         report.reason = (f"keeping every measured node in higher precision is not within "

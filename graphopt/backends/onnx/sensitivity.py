@@ -149,15 +149,17 @@ def rank(sens: dict[str, NodeSensitivity], order: Sequence[str]) -> list[str]:
 
 def smallest_kept(probe: Probe, measured: Sequence[Measured], ranked: Sequence[str],
                   pinned: set[str], within: Callable[[list[list[np.ndarray]],
-                                                       list[list[np.ndarray]]], bool]
+                                                       list[list[np.ndarray]]], bool],
+                  closure: Callable[[set[str]], set[str]] = lambda keep: keep
                   ) -> int | None:
     """The fewest of ``ranked`` (after ``pinned``) to keep for ``within(references,
     outputs)`` to hold on the measured samples; None when keeping all of them does not do it.
-    Bisection (module doc)."""
+    Bisection (module doc). ``closure(keep)``: the nodes the pass keeps when asked to keep
+    ``keep`` (with the nodes that follow their inputs' precision)."""
     refs = [m.reference for m in measured]
 
     def ok(k: int) -> bool:
-        keep = pinned | set(ranked[:k])
+        keep = closure(pinned | set(ranked[:k]))
         return within(refs, [probe.run(m.feed, keep) for m in measured])
 
     n = len(ranked)
