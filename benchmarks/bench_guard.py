@@ -45,8 +45,8 @@ t = time.perf_counter()
 opt = graphopt.optimize(big, target="h100", measure=False)
 seconds = time.perf_counter() - t
 info = opt.info
-fp16 = sum(1 for n in opt.plan.nodes if "precision" in n.decisions
-           and n.decisions["precision"].applied)
+roles = info["notes"].get("precision", {{}}).get("roles", {{}})
+fp16 = roles.get("low", 0) if "precision" in info["passes_applied"] else 0
 print("RESULT " + json.dumps({{
     "seconds": seconds, "sessions": count["sessions"],
     "within": all(n["within"] for n in info["numerics"]),
