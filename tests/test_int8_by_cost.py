@@ -306,3 +306,35 @@ def test_depthwise_convs_stay_float(target: str) -> None:
         if n.op_type == "Conv" and n.name not in ("conv0", "conv3"):
             d = n.decisions["precision"]
             assert d.fields["format"] != "int8" and GROUPED_CONV_INT8_MEASURED in d.reason
+
+
+class _WithDeadHead(torch.nn.Module):
+    """An MLP whose forward also runs a head it does not return (BERT's pooler under
+    ``last_hidden_state``): the trace keeps the dead Linear, the ONNX export drops it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp(*BIG)[0]
+        self.head = torch.nn.Linear(128, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        self.head(y)  # noqa: B018 - dead on purpose
+        return y
+
+
+def test_a_dead_gemm_is_not_the_last_and_stays() -> None:
+    """First and last weight GEMMs are counted among those an output depends on, so the torch
+    plan (which keeps the dead head) and the ONNX export (which drops it) quantize the same."""
+    torch.manual_seed(0)
+    m, x = _WithDeadHead().eval(), mlp(*BIG)[1]
+    with host_isa("xeon-8380"):
+        plan = graphopt.plan(m, x, target="cpu")
+        t_opt = graphopt.optimize(m, x, target="cpu", measure=False)
+        o_opt = graphopt.optimize(export_torch(m, x).model, target="cpu", measure=False)
+    prec = precisions(plan)
+    dead = [n for n, d in prec.items() if "no graph output depends on it" in d.reason]
+    assert len(dead) == 1 and prec[dead[0]].fields["format"] == "fp32"
+    assert "last weight GEMM" in prec["linear_3"].reason  # the body's last, not the head
+    assert quantized(t_opt) == int8_nodes(plan) == ["linear_1", "linear_2"]
+    assert _by_weight(o_opt.plan, quantized(o_opt)) == _by_weight(plan, int8_nodes(plan))

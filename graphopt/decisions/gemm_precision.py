@@ -10,6 +10,9 @@ continues its numbering.
 6. Sensitive GEMMs stay at the carrier: the first and last weight GEMMs (their quantization error
    is not averaged out by later layers; llama.cpp's K-quant mixes keep ``output.weight`` at
    Q6_K), GEMMs without a weight (attention logits QK^T and PV), fused attention, small GEMMs.
+   First and last are counted among the GEMMs a graph output depends on: a traced model keeps
+   work no output reads (BERT's pooler under ``last_hidden_state``), its ONNX export drops it,
+   and both must quantize the same nodes. Such dead GEMMs stay at the carrier too.
 7. Other weight GEMMs get the target's native low-precision format if it pays: FP8 on Ada /
    Hopper / Blackwell (preferred to INT8 at the same width: it keeps a per-value exponent, so it
    needs no outlier calibration), NVFP4 on Blackwell only where weights are at least half the
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -128,8 +132,9 @@ def _decide(fmt: str, model: QuantFormat, reason: str, runs_on: str = "torch",
 
 def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
                    model_format: str | None = None, *, is_first: bool = False,
-                   is_last: bool = False) -> Decision:
-    """The precision ``node`` should run at on ``target`` (cases 5-9)."""
+                   is_last: bool = False, live: bool = True) -> Decision:
+    """The precision ``node`` should run at on ``target`` (cases 5-9); ``live``: a graph
+    output depends on it (case 6)."""
     a, w_bytes, w_dtype, op_type = _weights(node)
     model = get_format(model_format or _DTYPE_FORMAT.get(w_dtype or a.dtype or "", "fp32"))
     carrier, carrier_why = carrier_format(target, model.key)
@@ -148,6 +153,8 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
     if kc is KernelClass.ATTENTION or w_bytes == 0:
         keep = "attention logits / a GEMM of two activations: no weight to quantize, and "\
                "quantizing QK^T or PV hurts accuracy"
+    elif not live:
+        keep = "no graph output depends on it (an ONNX export drops it)"
     elif is_first or is_last:
         keep = (f"{'first' if is_first else 'last'} weight GEMM of the model: its quantization "
                 "error is not averaged out by other layers")
@@ -236,16 +243,36 @@ def _cpu_int8(a: NodeAnalysis, target: HardwareProfile, model: QuantFormat,
                    speedup=round(t_base / v.cost.total_s, 3), method=v.cost.method)
 
 
+def _live(plan: Plan) -> set[str] | None:
+    """The nodes a graph output depends on (case 6); None when the plan names no outputs."""
+    outs = [o.get("name") for o in plan.model.get("outputs", ()) if isinstance(o, Mapping)]
+    producer = {t.name: n for n in plan.nodes for t in n.outputs if t is not None}
+    stack = [producer[o] for o in outs if o in producer]
+    if not stack:
+        return None
+    live: set[str] = set()
+    while stack:
+        n = stack.pop()
+        if n.name not in live:
+            live.add(n.name)
+            stack += [producer[t.name] for t in n.inputs
+                      if t is not None and t.name in producer]
+    return live
+
+
 def plan_precisions(plan: Plan, model_format: str | None = None) -> dict[str, Decision]:
-    """:func:`node_precision` for every node, knowing which weight GEMMs come first and last."""
+    """:func:`node_precision` for every node, knowing which weight GEMMs come first and last
+    among those a graph output depends on."""
     params: dict[str, tuple[str | None, int]] = {}
     gemms = []
+    live = _live(plan)
     for n in plan.nodes:
         for t in n.inputs:
             if t is not None and t.kind == "param":
                 params[t.name] = (t.dtype, t.nbytes)
         if n.analysis.kernel_class in GEMM_LIKE and _weights(n)[1] > 0 \
-                and n.analysis.kernel_class is not KernelClass.ATTENTION:
+                and n.analysis.kernel_class is not KernelClass.ATTENTION \
+                and (live is None or n.name in live):
             gemms.append(n.name)
     if model_format is None:
         by_dtype: dict[str, int] = {}
@@ -255,7 +282,8 @@ def plan_precisions(plan: Plan, model_format: str | None = None) -> dict[str, De
         model_format = _DTYPE_FORMAT.get(dominant, "fp32")
     first, last = (gemms[0], gemms[-1]) if gemms else (None, None)
     out = {n.name: node_precision(n, plan.target, model_format, is_first=n.name == first,
-                                  is_last=n.name == last) for n in plan.nodes}
+                                  is_last=n.name == last, live=live is None or n.name in live)
+           for n in plan.nodes}
     low = sum(d.fields["format"] not in _TORCH_FORMATS for d in out.values())
     logger.info("precision on %s: %d of %d nodes at a low-precision format", plan.target.name,
                 low, len(out))
