@@ -86,7 +86,8 @@ def main() -> int:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True, check=True).stdout.strip()
     print(f"machine: {_cpu()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
-          f"baseline {args.baseline}, current {head} (working tree)", flush=True)
+          f"baseline {args.baseline}, current {head} (working tree); load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "baseline"
         base.mkdir()
@@ -102,6 +103,7 @@ def main() -> int:
                 if label not in best or got["seconds"] < best[label]["seconds"]:  # type: ignore[operator]
                     best[label] = got
                 print(f"round {r + 1}: {label} {got['seconds']:.1f} s", flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     print("\n| tree | optimize (best) | ORT sessions | within tolerance | max abs (limit) "
           "| nodes in fp16 | moved back |")
     print("|---|---:|---:|---|---:|---:|---:|")
