@@ -23,7 +23,7 @@ _NOTE = ("local: the relative error the node adds from exact inputs; cumulative:
 
 
 def _num(value: Any) -> str:
-    return "overflow" if value == "overflow" else fmt_err(value)
+    return value if value in ("overflow", "inf") else fmt_err(value)
 
 
 def sensitivity_sections(opt: Mapping[str, Any]) -> list[tuple[str, str, list[list[str]]]]:
@@ -61,8 +61,10 @@ def sensitivity_md(opt: Mapping[str, Any], h: str) -> list[str]:
 def sensitivity_html(opt: Mapping[str, Any]) -> str:
     parts = []
     for name, summary, rows in sensitivity_sections(opt):
-        trs = ["<tr>" + "".join(f'<td class="{"mono" if i == 1 else "num"}">{esc(c)}</td>'
-                                for i, c in enumerate(r)) + "</tr>" for r in rows]
+        cls = ["num", "mono", "num", "num", "num", ""]
+        trs = ["<tr>" + "".join(f'<td class="{k}">{esc(c)}</td>' for k, c in zip(cls, r,
+                                                                                  strict=True))
+               + "</tr>" for r in rows]
         parts.append(f'<div class="faint"><b class="mono">{esc(name)}</b>: {esc(summary)}</div>'
                      + table(list(HEADER), _ALIGN, trs, "sensitivity"))
     if not parts:

@@ -79,10 +79,12 @@ class NodeSensitivity:
         return math.isinf(self.local)
 
     def to_dict(self) -> dict[str, Any]:
-        def num(v: float | None) -> float | str | None:
-            return v if v is None or math.isfinite(v) else "overflow"
+        """JSON-ready: an infinite local error is ``"overflow"`` (it starts there), any other
+        infinite error ``"inf"``."""
+        def num(v: float | None, inf: str = "inf") -> float | str | None:
+            return v if v is None or math.isfinite(v) else inf
 
-        return {"node": self.node, "local": num(self.local),
+        return {"node": self.node, "local": num(self.local, "overflow"),
                 "cumulative": num(self.cumulative), "contribution": num(self.contribution),
                 "rank": self.rank, "kept": self.kept}
 
