@@ -160,8 +160,8 @@ def optimize(model: Any, example_inputs: Any = None,
         precision: "auto" | "fp32" | "tf32" | "bf16" | "fp16".
         pad: tensor-core padding, "auto" (cost model) | "always" | "never".
         layout: "auto" (cost model) | "channels_last" | "keep".
-        quantize: "auto" (the plan's format per node: dynamic INT8 Linear where VNNI/AMX make
-            it pay) | "int8" (every eligible Linear) | "none"; ONNX also "int8_static" |
+        quantize: "auto" (the plan's format per node: dynamic INT8 Linear on the host CPU
+            where its cost beats float) | "int8" (every eligible Linear) | "none"; ONNX also "int8_static" |
             "fp8" | "int4" (:mod:`graphopt.ir.options`).
         measure: time each auto-decided pass and revert it if slower; default: only when the
             target is this machine's CPU ("cpu").
