@@ -142,6 +142,49 @@ def test_probe_is_the_candidate_with_nothing_kept_and_the_model_with_everything_
     assert np.all(np.isfinite(hi)) and not np.all(np.isfinite(lo))
 
 
+def _gemms(rows: int = 8) -> onnx.ModelProto:
+    """Two Gemms with biases and a Relu: ONNX Runtime's QDQ quantizer writes its bias
+    DequantizeLinear over the float bias's name."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) / 4, n)
+             for n, s in (("w0", (32, 32)), ("b0", (32,)), ("w1", (32, 16)), ("b1", (16,)))]
+    nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], name="Gemm_0"),
+             helper.make_node("Relu", ["h"], ["r"], name="Relu_0"),
+             helper.make_node("Gemm", ["r", "w1", "b1"], ["y"], name="Gemm_1")]
+    graph = helper.make_graph(nodes, "gemms",
+                              [helper.make_tensor_value_info("x", T.FLOAT, [rows, 32])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [rows, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("mode", ["int8_dynamic", "int8_static"])
+def test_probe_of_a_quantized_model_is_exact_at_both_ends(mode):
+    """The same two cases for ONNX Runtime's quantizers (dynamic: MatMulInteger; static: QDQ,
+    whose bias DequantizeLinear reuses the float bias's name)."""
+    from graphopt.backends.onnx.quantize import QUANTIZE_PASSES
+
+    model = _gemms() if mode == "int8_static" else _wide_range()
+    graph = load_onnx(model)
+    plan = build_plan(graph, get_target("epyc-7763"))
+    feeds = sample_feeds(model, count=2, seed=5)
+    ctx = OnnxContext(plan, plan.target, Options(quantize=mode), feeds, calibration=feeds)
+    assert graph.source_model is not None
+    cand = QUANTIZE_PASSES[mode](graph.source_model, ctx, frozenset())
+    assert cand is not None
+    lowered = [n for n, d in ctx.decisions.items() if "quantize" in d and d["quantize"].applied]
+    probe = build_probe(graph.source_model, cand, lowered)
+    assert set(probe.switched) == set(lowered) and lowered
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for got, want in ((probe.run(feeds[0], ()), OrtModel(cand, options=opts).run(feeds[0])),
+                      (probe.run(feeds[0], set(lowered)),
+                       OrtModel(graph.source_model, options=opts).run(feeds[0]))):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 # ------------------------------------------------------------------------------------ fp16
 def test_fp16_overflow_ranks_first_is_the_one_kept_and_ends_within_tolerance(counted):
     model = _overflowing()
