@@ -3,8 +3,9 @@ a refactor).
 
 Each round runs, for each tree in turn, a fresh Python process that imports graphopt from that
 tree and times ``graphopt.plan`` and ``graphopt.optimize(measure=False)`` on a few zoo models
-(after one warm-up call each, so imports and first-call caches are not counted). Rounds
-alternate the trees' order; the medians per tree and their ratio are printed. One torch thread.
+(after one warm-up call each, so imports and first-call caches are not counted; the garbage
+collector runs before and is off during each timed call). Rounds alternate the trees' order;
+the medians per tree and their ratio are printed. One torch thread.
 
 Usage: python benchmarks/bench_refactor_timing.py OLD_TREE [NEW_TREE] [--rounds 5]
        (NEW_TREE defaults to this checkout; a tree is a folder holding graphopt/ and tests/)
@@ -23,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
-import json, sys, time, warnings
+import gc, json, sys, time, warnings
 sys.path.insert(0, sys.argv[1])
 warnings.filterwarnings("ignore")
 import torch
@@ -39,9 +40,12 @@ for name, (model, inputs) in models.items():
         call = (lambda: graphopt.plan(model, inputs, target="h100")) if kind == "plan" else (
             lambda: graphopt.optimize(model, inputs, target="h100", measure=False))
         call()  # warm
+        gc.collect()  # as timeit does: a full collection lands in whichever call allocates
+        gc.disable()  # next, and a few hundred ms of it decided a whole comparison
         t = time.perf_counter()
         call()
         out[kind] += time.perf_counter() - t
+        gc.enable()
 print(json.dumps(out))
 """
 
