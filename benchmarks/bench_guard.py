@@ -15,15 +15,13 @@ Run: ``python benchmarks/bench_guard.py [--baseline 1978149] [--rounds 2]``.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import platform
-import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from two_trees import ROOT, baseline_tree, cpu_model, head_revision, run_worker
 
 _WORKER = r"""
 import json, sys, time, warnings
@@ -56,50 +54,22 @@ print("RESULT " + json.dumps({{
 """
 
 
-def _run(tree: Path) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, "-c", _WORKER.format(tree=str(tree))], cwd=tree,
-                          capture_output=True, text=True, check=False)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"worker failed in {tree}:\n{proc.stderr[-3000:]}")
-    return json.loads(line.removeprefix("RESULT "))
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default="1978149",
                     help="revision to compare with (default: the tree before the probe)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    import os
-
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                          capture_output=True, check=True).stdout.strip()
-    print(f"machine: {_cpu()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
+    head = head_revision()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
           f"baseline {args.baseline}, current {head} (working tree); load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "baseline"
-        base.mkdir()
-        archive = Path(tmp) / "baseline.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), args.baseline], cwd=ROOT,
-                       check=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(base, filter="data")
+        base = baseline_tree(args.baseline, Path(tmp))
         best: dict[str, dict[str, object]] = {}
         for r in range(args.rounds):
             for label, tree in (("baseline", base), ("current", ROOT)):
-                got = _run(tree)
+                got = run_worker(_WORKER, tree)
                 if label not in best or got["seconds"] < best[label]["seconds"]:  # type: ignore[operator]
                     best[label] = got
                 print(f"round {r + 1}: {label} {got['seconds']:.1f} s", flush=True)

@@ -19,15 +19,12 @@ Run: ``python benchmarks/bench_no_slower.py [--baseline 305cd38] [--rounds 2]``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from two_trees import ROOT, baseline_tree, head_revision, run_worker
 
 _WORKER = r"""
 import json, sys, warnings
@@ -61,38 +58,22 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _run(tree: Path) -> dict[str, float]:
-    proc = subprocess.run([sys.executable, "-c", _WORKER.format(tree=str(tree))], cwd=tree,
-                          capture_output=True, text=True, check=False)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"worker failed in {tree}:\n{proc.stderr[-3000:]}")
-    return json.loads(line.removeprefix("RESULT "))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default="305cd38",
                     help="revision to compare with (default: the tree before issue 10)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                          capture_output=True, check=True).stdout.strip()
+    head = head_revision()
     print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
           f"python {platform.python_version()}; baseline {args.baseline}, current {head} "
           "(working tree)")
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "baseline"
-        base.mkdir()
-        archive = Path(tmp) / "baseline.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), args.baseline], cwd=ROOT,
-                       check=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(base, filter="data")
+        base = baseline_tree(args.baseline, Path(tmp))
         best: dict[str, dict[str, float]] = {"baseline": {}, "current": {}}
         for r in range(args.rounds):
             for label, tree in (("baseline", base), ("current", ROOT)):
-                for k, v in _run(tree).items():
+                for k, v in run_worker(_WORKER, tree).items():
                     best[label][k] = min(v, best[label].get(k, v))
                 print(f"round {r + 1}: {label} done", flush=True)
     print(f"\n| measurement | baseline {args.baseline} | current {head} | current / baseline |")

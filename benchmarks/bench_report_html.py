@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_planning import onnx_blocks  # noqa: E402
+from two_trees import cpu_model  # noqa: E402
 
 from graphopt.decisions.planner import build_plan  # noqa: E402
 from graphopt.frontends.onnx_frontend import load_onnx  # noqa: E402
@@ -49,16 +50,6 @@ from graphopt.report.html import render_html  # noqa: E402
 
 FLOOR_MB, FLOOR_S = 8.0, 4.0
 DATA_OPEN = '<script type="application/json" id="graphopt-data">'
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed_render(plan: dict[str, Any], repeat: int) -> tuple[str, float]:
