@@ -67,12 +67,15 @@ class DryRunContext:
     """A pass context with no model to edit: decisions are collected, not applied."""
 
     plan: Plan
-    target: HardwareProfile
     compute_dtype: str
     decisions: dict[str, dict[str, Decision]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.plan.nodes}
+
+    @property
+    def target(self) -> HardwareProfile:
+        return self.plan.target
 
     def plan_node(self, name: str) -> NodePlan | None:
         return self._by_name.get(name)
@@ -100,7 +103,7 @@ class PaddingView:
     graph: Graph | None = None
 
 
-def _padding(plan: Plan, graph: Graph, options: Options, ctx: DryRunContext,
+def _padding(graph: Graph, options: Options, ctx: DryRunContext,
              view: Callable[[DryRunContext], PaddingView | None]) -> dict[str, Any]:
     v = view(ctx)  # before the mode: the passes before padding run whatever it is
     if options.pad == "never":
@@ -128,8 +131,8 @@ def with_rewrites(plan: Plan, graph: Graph, options: Options, compute_dtype: str
     """``plan`` with the padding and layout decisions ``optimize`` would make with ``options``
     at ``compute_dtype`` (module doc), per node and in the ``rewrites`` section.
     ``record_layout``: how the backend records each conv's layout as it would run it."""
-    ctx = DryRunContext(plan, plan.target, compute_dtype)
-    padding = _padding(plan, graph, options, ctx, view)
+    ctx = DryRunContext(plan, compute_dtype)
+    padding = _padding(graph, options, ctx, view)
     layout = decide_run_layout(plan, options, compute_dtype, host)
     record_layout(ctx, layout)
     nodes = tuple(replace(n, decisions={**n.decisions, **ctx.decisions[n.name]})

@@ -24,7 +24,8 @@ from torch import fx
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import get_tensor, is_aten, new_param
 
-__all__ = ["CLEANED_OPS", "fold_batchnorm_and_drop_dropout", "record_fold"]
+__all__ = ["BATCHNORMS", "DROPOUTS", "FOLDS_INTO", "fold_batchnorm_and_drop_dropout",
+           "record_fold"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +34,17 @@ class _Decides(Protocol):
     def decide(self, node: Any, kind: str, reason: str, *, applied: bool = True,
                **fields: Any) -> Any: ...
 
-_CONVS = ("conv1d", "conv2d", "conv3d", "linear")
-_BATCHNORMS = ("batch_norm", "_native_batch_norm_legit_no_training")
-_DROPOUTS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
-#: the reasons this pass records, shared with its IR view (:mod:`.cleanup_view`)
+#: the ATen ops this pass reads, and the reasons it records: shared with its IR view
+#: (:mod:`.cleanup_view`)
+FOLDS_INTO = ("conv1d", "conv2d", "conv3d", "linear")
+BATCHNORMS = ("batch_norm", "_native_batch_norm_legit_no_training")
+DROPOUTS = ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
 NOT_AFTER_GEMM = "kept: the BatchNorm does not follow a conv or linear"
+TRAINING_BN = "BatchNorm is in training mode"
+STATS_NOT_CONSTANT = "running statistics are not constants"
+WEIGHT_NOT_CONSTANT = "kept: the weight is not a constant"
 TRAINING_DROPOUT = "kept: dropout in training mode"
 DROPPED = "removed: dropout is the identity in eval mode"
-#: the ATen ops this pass folds or removes: a graph without them it leaves as it is
-CLEANED_OPS = frozenset(_BATCHNORMS + _DROPOUTS)
 
 
 def other_readers(src: str) -> str:
@@ -63,10 +66,10 @@ def _bn_params(gm: fx.GraphModule, bn: fx.Node):
         x, w, b, mean, var, _momentum, eps = bn.args[:7]
         training = False
     if training:
-        return "BatchNorm is in training mode"
+        return TRAINING_BN
     tensors = [get_tensor(gm, n) if isinstance(n, fx.Node) else None for n in (mean, var)]
     if any(t is None for t in tensors):
-        return "running statistics are not constants"
+        return STATS_NOT_CONSTANT
     mean_t, var_t = tensors
     gamma = get_tensor(gm, w) if isinstance(w, fx.Node) else None
     beta = get_tensor(gm, b) if isinstance(b, fx.Node) else None
@@ -78,7 +81,7 @@ def _bn_params(gm: fx.GraphModule, bn: fx.Node):
 
 def _fold_one(gm: fx.GraphModule, ctx: RewriteContext, bn: fx.Node) -> bool:
     src = bn.args[0]
-    if not isinstance(src, fx.Node) or not is_aten(src, *_CONVS):
+    if not isinstance(src, fx.Node) or not is_aten(src, *FOLDS_INTO):
         ctx.decide(bn, "fold", NOT_AFTER_GEMM, applied=False)
         return False
     if len(src.users) != 1:
@@ -93,7 +96,7 @@ def _fold_one(gm: fx.GraphModule, ctx: RewriteContext, bn: fx.Node) -> bool:
     b_node = src.args[2] if len(src.args) > 2 else None
     w = get_tensor(gm, w_node)
     if w is None:
-        ctx.decide(bn, "fold", "kept: the weight is not a constant", applied=False)
+        ctx.decide(bn, "fold", WEIGHT_NOT_CONSTANT, applied=False)
         return False
     b = get_tensor(gm, b_node) if isinstance(b_node, fx.Node) else None
     scale = (gamma.double() / torch.sqrt(var.double() + eps))
@@ -118,9 +121,9 @@ def fold_batchnorm_and_drop_dropout(gm: fx.GraphModule, ctx: RewriteContext) -> 
     """Fold eval BatchNorms into their producer and remove eval-mode dropouts (identities)."""
     changed = False
     for node in list(gm.graph.nodes):
-        if is_aten(node, *_BATCHNORMS):
+        if is_aten(node, *BATCHNORMS):
             changed |= _fold_one(gm, ctx, node)
-        elif is_aten(node, *_DROPOUTS):
+        elif is_aten(node, *DROPOUTS):
             train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)
             if train:
                 ctx.decide(node, "drop", TRAINING_DROPOUT, applied=False)

@@ -15,9 +15,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graphopt.backends.torch.cleanup import (
+    BATCHNORMS,
+    DROPOUTS,
     DROPPED,
+    FOLDS_INTO,
     NOT_AFTER_GEMM,
+    STATS_NOT_CONSTANT,
+    TRAINING_BN,
     TRAINING_DROPOUT,
+    WEIGHT_NOT_CONSTANT,
     other_readers,
     record_fold,
 )
@@ -26,9 +32,6 @@ from graphopt.ir.graph import Graph, Node, TensorInfo
 
 __all__ = ["cleaned_graph"]
 
-_GEMMS = frozenset({"conv1d", "conv2d", "conv3d", "linear"})
-_BATCHNORMS = frozenset({"batch_norm", "_native_batch_norm_legit_no_training"})
-_DROPOUTS = frozenset({"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"})
 _CONSTANT = ("param", "constant")
 
 
@@ -40,18 +43,18 @@ def _aten(node: Node) -> str:
 
 def _fold_blocked(graph: Graph, bn: Node, src: Node | None, readers: int) -> str | None:
     """Why the cleanup pass keeps this BatchNorm (its reason), or None: it folds."""
-    if src is None or _aten(src) not in _GEMMS:
+    if src is None or _aten(src) not in FOLDS_INTO:
         return NOT_AFTER_GEMM
     if readers != 1:
         return other_readers(src.name)
     if bn.attrs.get("training_mode"):
-        return "kept: BatchNorm is in training mode"
+        return f"kept: {TRAINING_BN}"
     stats = [graph.tensor(t) for t in bn.inputs[3:5]]
     if len(stats) < 2 or any(t is None or t.kind not in _CONSTANT for t in stats):
-        return "kept: running statistics are not constants"
+        return f"kept: {STATS_NOT_CONSTANT}"
     w = graph.tensor(src.inputs[1]) if len(src.inputs) > 1 else None
     if w is None or w.kind not in _CONSTANT:
-        return "kept: the weight is not a constant"
+        return WEIGHT_NOT_CONSTANT
     return None
 
 
@@ -77,7 +80,7 @@ def cleaned_graph(graph: Graph, ctx: DryRunContext) -> Graph:
     for old in graph.nodes:
         node = replace(old, inputs=[alias.get(t, t) for t in old.inputs])
         op = _aten(node)
-        if op in _DROPOUTS:
+        if op in DROPOUTS:
             if node.attrs.get("training_mode"):
                 ctx.decide(node.name, "drop", TRAINING_DROPOUT, applied=False)
             else:
@@ -86,7 +89,7 @@ def cleaned_graph(graph: Graph, ctx: DryRunContext) -> Graph:
                     readers.get(node.outputs[0], 0)
                 ctx.decide(node.name, "drop", DROPPED)
                 continue
-        elif op in _BATCHNORMS:
+        elif op in BATCHNORMS:
             src = graph.producer.get(node.inputs[0]) if node.inputs else None
             src = nodes[index[src.name]] if src is not None and src.name in index else src
             why = _fold_blocked(graph, node, src, readers.get(node.inputs[0], 0))
