@@ -38,6 +38,20 @@ def model(nodes: list[onnx.NodeProto], inputs: dict[str, list], outputs: dict[st
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
+def mlp(rows: int = 64, width: int = 512) -> onnx.ModelProto:
+    """A conv branch and four ``width`` x ``width`` MatMul+Relu layers on ``rows`` rows (the
+    quantize tests' model: INT8 candidates beside a conv)."""
+    nodes = [helper.make_node("Conv", ["img", "cw"], ["cimg"], name="conv")]
+    cur = "x"
+    for i in range(4):
+        nodes += [helper.make_node("MatMul", [cur, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}")]
+        cur = f"r{i}"
+    inits = [init(f"w{i}", width, width, scale=1 / np.sqrt(width)) for i in range(4)]
+    return model(nodes, {"x": [rows, width], "img": [1, 3, 8, 8]},
+                 {cur: [rows, width], "cimg": [1, 8, 6, 6]}, [init("cw", 8, 3, 3, 3), *inits])
+
+
 def context(m: onnx.ModelProto, target: str | HardwareProfile = "a100", *, dtype: str = "fp32",
             calibration: list | None = None, **options: object
             ) -> tuple[onnx.ModelProto, OnnxContext]:

@@ -15,7 +15,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto as T
-from onnx import helper
 
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.padding import pad_channels
@@ -34,8 +33,7 @@ from tests.hostisa import real_host_flags
 from tests.onnx_rewrite_models import (
     checked,
     context,
-    init,
-    model,
+    mlp,
     ops,
     producer,
     rms_err,
@@ -47,19 +45,6 @@ D = 512
 #: rows at which the plan's INT8 cost pays on the pinned CPUs below (Zen 3's AVX2 path and Ice
 #: Lake's VNNI); at the default 64 rows quantizing the activations eats the gain on both
 BIG = 256
-
-
-def mlp(rows: int = 64) -> onnx.ModelProto:
-    """A conv branch and four 512x512 MatMul+Relu layers on ``rows`` rows."""
-    nodes = [helper.make_node("Conv", ["img", "cw"], ["cimg"], name="conv")]
-    cur = "x"
-    for i in range(4):
-        nodes += [helper.make_node("MatMul", [cur, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}")]
-        cur = f"r{i}"
-    inits = [init(f"w{i}", D, D, scale=1 / np.sqrt(D)) for i in range(4)]
-    return model(nodes, {"x": [rows, D], "img": [1, 3, 8, 8]},
-                 {cur: [rows, D], "cimg": [1, 8, 6, 6]}, [init("cw", 8, 3, 3, 3), *inits])
 
 
 def feeds(seed: int, rows: int = 64) -> dict[str, np.ndarray]:

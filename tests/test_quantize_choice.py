@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper
 
 import graphopt
 from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
@@ -32,7 +30,7 @@ from graphopt.hardware import get_target
 from graphopt.hardware.cpus import cpu_profile
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
-from tests.onnx_rewrite_models import init, model
+from tests.onnx_rewrite_models import mlp
 
 VNNI_CPU = get_target("xeon-8380")
 ZEN3 = get_target("epyc-7763")
@@ -182,21 +180,13 @@ def test_method_description() -> None:
 
 # --- the shared rule, end to end on both backends -----------------------------------------
 
-D, ROWS = 512, 256  # large enough that the plan's cost puts the middle MatMuls at int8 on
+ROWS = 256  # large enough that the plan's cost puts the middle MatMuls at int8 on
 # the 40-core VNNI CPU (at 64 rows the activation quantization eats the gain there)
 
 
 def onnx_mlp() -> onnx.ModelProto:
-    """A Conv branch and four 512x512 MatMul+Relu layers."""
-    nodes = [helper.make_node("Conv", ["img", "cw"], ["cimg"], name="conv")]
-    cur = "x"
-    for i in range(4):
-        nodes += [helper.make_node("MatMul", [cur, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}")]
-        cur = f"r{i}"
-    inits = [init(f"w{i}", D, D, scale=1 / np.sqrt(D)) for i in range(4)]
-    return model(nodes, {"x": [ROWS, D], "img": [1, 3, 8, 8]},
-                 {cur: [ROWS, D], "cimg": [1, 8, 6, 6]}, [init("cw", 8, 3, 3, 3), *inits])
+    """A Conv branch and four 512x512 MatMul+Relu layers on ROWS rows."""
+    return mlp(ROWS)
 
 
 def _quantize_decisions(opt: object) -> dict[str, tuple[bool, str]]:
