@@ -27,7 +27,7 @@ def __getattr__(name: str):
 
         return getattr(optimized, name)
     if name == "load":  # torch is imported only when a saved module is loaded
-        from graphopt.backends.torch.load import load
+        from graphopt.api.deploy_folder import load
 
         return load
     if name == "plan_llm":  # traces with torch: imported when asked for

@@ -44,6 +44,39 @@ class Optimized:
         #: the model's input names, which key the shape range; kept here for every module,
         #: the plain copy of the model included, so that save() exports over the range
         self.input_names: list[str] = []
+        #: which artifact to deploy and why (``graphopt.decisions.deploy.DeployChoice``):
+        #: measured on this machine's CPU, else predicted; the report's "Deploy" section
+        self.deploy: Any = None
+        #: artifact -> ``graphopt.api.deploy.Deployed`` built while measuring (reused)
+        self.deployed_runners: dict[str, Any] = {}
+
+    @property
+    def source_model(self) -> Any:
+        """The user's torch model (never modified), or None for an ONNX input."""
+        return self._source[0] if isinstance(self._source, tuple) else None
+
+    @property
+    def source_options(self) -> Any:
+        """The ``graphopt.ir.options.Options`` optimize ran with (torch input), else None."""
+        return self._source[2] if isinstance(self._source, tuple) else None
+
+    def deployed(self) -> Any:
+        """The recommended artifact (:attr:`deploy`), ready to run: a
+        ``graphopt.api.deploy.Deployed`` with ``.module`` (torch, torch.compile) or
+        ``.session`` (an ONNX Runtime session); call it with the model's inputs."""
+        from graphopt.api.deploy import deployed
+
+        return deployed(self)
+
+    def save_deploy(self, folder: str | os.PathLike[str]) -> list[Path]:
+        """Write the recommended artifact into ``folder`` with ``deploy.json`` (the choice and
+        how to load it), all or nothing; ``graphopt.load(folder)`` loads it ready to run."""
+        from graphopt.api.deploy_folder import stage_deploy
+        from graphopt.files.outputs import OutputSet
+
+        outputs = OutputSet(self.input_files)
+        stage_deploy(self, outputs, folder)
+        return outputs.commit()
 
     @property
     def runtime_settings(self) -> Any:
@@ -91,6 +124,12 @@ class Optimized:
         """
         from graphopt.backends.onnx.pipeline import save_onnx
 
+        self.ensure_onnx(opset)
+        return save_onnx(self.onnx_model, path, self.onnx_session, protect=self.input_files)
+
+    def ensure_onnx(self, opset: int | None = None) -> Any:
+        """The optimized ``onnx.ModelProto`` (see :meth:`export_onnx`), exported and optimized
+        on first use (once per opset) and kept on :attr:`onnx_model`."""
         if not isinstance(self._source, tuple):
             have = _opset_of(self.onnx_model)
             if opset is not None and opset != have:
@@ -121,7 +160,7 @@ class Optimized:
                 "decisions": _rewrite_decisions(onnx_plan),
                 **({"fusion": onnx_plan.extra["fusion"]} if "fusion" in onnx_plan.extra
                    else {})}})
-        return save_onnx(self.onnx_model, path, self.onnx_session, protect=self.input_files)
+        return self.onnx_model
 
     @property
     def input_files(self) -> list[Path]:
@@ -217,9 +256,20 @@ def _optimize_onnx_model(model: Any, target: str | HardwareProfile, options: Any
     from graphopt.backends.onnx.pipeline import optimize_onnx
 
     done = optimize_onnx(model, target, options, calibration, dynamic_shapes=dynamic_shapes)
-    return Optimized(None, done.plan, (), done.report, onnx_model=done.model,
-                     session=done.session,
-                     source=model if isinstance(model, (str, os.PathLike)) else None)
+    result = Optimized(None, done.plan, (), done.report, onnx_model=done.model,
+                       session=done.session,
+                       source=model if isinstance(model, (str, os.PathLike)) else None)
+    return _with_deploy(result)
+
+
+def _with_deploy(result: Optimized) -> Optimized:
+    """The deploy choice (``api/deploy.py``), on the result and in its report."""
+    from graphopt.api.deploy import choose_deploy
+
+    result.deploy = choose_deploy(result)
+    result.plan = replace(result.plan, extra={**result.plan.extra,
+                                              "deploy": result.deploy.to_dict()})
+    return result
 
 
 def _optimize_torch_module(model: Any, example_inputs: Any, target: str | HardwareProfile,
@@ -244,4 +294,4 @@ def _optimize_torch_module(model: Any, example_inputs: Any, target: str | Hardwa
     # the report shows the settings for the precision actually applied, not the planner's guess
     result.plan = replace(done.plan, extra={
         **done.plan.extra, "runtime_settings": result.runtime_settings.to_dict()})
-    return result
+    return _with_deploy(result)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
+from graphopt.api.deploy_folder import is_deploy_folder
 from graphopt.cli.args import add_devices, add_dynamic, add_no_calibrate, add_reports, cli_target
 from graphopt.cli.terminal import terminal_safe
 from graphopt.errors import GraphoptError
@@ -33,6 +35,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     options = Options(precision=args.precision, pad=args.pad, layout=args.layout,
                           quantize=args.quantize, tolerance=args.tolerance, measure=args.measure)
     outputs = OutputSet(input_files(args.model, args.calibration))
+    if is_deploy_folder(args.output):  # the artifact to deploy, measured, with deploy.json
+        return _optimize_folder(args, targets[0], options, outputs)
     if str(args.output).endswith(".pt2"):  # the torch-optimized module, graphopt.load reads it
         return _optimize_pt2(args, targets[0], options, outputs)
     claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
@@ -129,9 +133,63 @@ def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
     for n in info["numerics"]:
         print(f"  output {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
               f"cosine {n['cosine']:.6f}, {'within' if n['within'] else 'OUT OF'} tolerance")
+    _print_deploy(opt.deploy)
     for path_written in written:
         print(f"wrote {path_written}")
     return 0 if all(n["within"] for n in info["numerics"]) else 1
+
+
+def _print_deploy(choice: Any, folder: bool = False) -> None:
+    """The deploy line (``report/deploy.deploy_summary``) and each candidate's time."""
+    from graphopt.report.deploy import deploy_summary
+
+    d = choice.to_dict()
+    print(terminal_safe(f"  {deploy_summary(d)}"))
+    for c in d["candidates"]:
+        said = (f"{c['seconds'] * 1e3:.3g} ms" if c["seconds"] else "no time") + \
+            ("" if c["within"] is not False else ", OUT of tolerance")
+        print(terminal_safe(f"    {c['artifact']}: {said}; {c['error'] or c['note']}"[:240]))
+    if not folder and choice.artifact != "torch":
+        print("  write the recommended artifact with -o DIR/ (a folder)")
+
+
+def _optimize_folder(args: argparse.Namespace, target: Any, options: Options,
+                     outputs: OutputSet) -> int:
+    """``-o DIR/``: optimize (a torch model: measuring its artifacts on this CPU), then write
+    the recommended artifact with ``deploy.json`` (``api/deploy_folder.py``)."""
+    from graphopt.api.deploy_folder import DEPLOY_FILE, stage_deploy
+    from graphopt.api.optimized import optimize
+    from graphopt.api.planning import with_partition
+    from graphopt.cli.dynamic_spec import parse_dynamic
+    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
+
+    outputs.claim(Path(args.output) / DEPLOY_FILE, "deploy record")  # a bad folder: before work
+    outputs.claim_each((args.json, args.md, args.html), "report")
+    kwargs: dict[str, Any] = {"precision": options.precision, "pad": options.pad,
+                              "layout": options.layout, "quantize": options.quantize,
+                              "measure": options.measure, "tolerance": options.tolerance}
+    if is_python_spec(args.model):
+        if args.calibration:
+            raise GraphoptError("--calibration feeds ONNX Runtime's quantizers for an .onnx "
+                                "input", "leave it out for a file.py:function model")
+        module, inputs, built = load_python_spec(args.model)
+        opt = optimize(module, inputs, target, dynamic_shapes=parse_dynamic(args.dynamic, True)
+                       or built, **kwargs)
+    else:
+        dynamic = parse_dynamic(args.dynamic, False)
+        opt = optimize(args.model, None, target, calibration=args.calibration,
+                       dynamic_shapes=dynamic, **kwargs)
+    stage_deploy(opt, outputs, args.output)
+    plan = with_partition(opt.plan, args.devices, args.strategy)
+    plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
+    written = outputs.commit()
+    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: "
+          f"{', '.join(opt.info['passes_applied']) or 'none'}")
+    _print_deploy(opt.deploy, folder=True)
+    for path_written in written:
+        print(f"wrote {path_written}")
+    row = opt.deploy.row(opt.deploy.artifact)
+    return 0 if row is None or row.within is not False else 1
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -144,7 +202,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="the optimized model; its session config goes beside it as "
                          "OUT.graphopt.json (graphopt.ort_session loads both); OUT.pt2 "
                          "instead saves the torch-optimized module of a file.py:function "
-                         "model (graphopt.load reads it)")
+                         "model (graphopt.load reads it); DIR/ (a folder) writes the artifact "
+                         "to deploy (measured on this CPU for --target cpu: the torch module, "
+                         "torch.compile of it or ONNX Runtime) with deploy.json "
+                         "(graphopt.load(DIR) loads it ready to run)")
     po.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
     add_no_calibrate(po)
     for option, choices in CHOICES.items():  # graphopt.ir.options: one table for every backend

@@ -4,9 +4,11 @@ The model-level weight format (cases 1-4) is :mod:`graphopt.decisions.quantizati
 continues its numbering.
 
 5. Baseline ("carrier") precision: the model's own 16-bit format, else bf16 where the target has
-   bf16 matrix units, fp16 on older GPUs, fp32 on CPUs without bf16. fp32 islands (norms,
-   softmax, exp/log/pow, sums, squares ``x*x``) run in fp32 by ``precision_plan.node_island``,
-   the rule both backends apply, so the plan says what they do.
+   bf16 matrix units, fp16 on older GPUs, fp32 on CPUs without bf16. An ONNX model on a CPU
+   runs in ONNX Runtime's CPU EP, which has no bf16 kernels (``precision_format.onnx_precision``
+   keeps the ONNX artifact fp32): its carrier is fp32, so INT8 competes with what ORT runs.
+   fp32 islands (norms, softmax, exp/log/pow, sums, squares ``x*x``) run in fp32 by
+   ``precision_plan.node_island``, the rule both backends apply, so the plan says what they do.
 6. Sensitive GEMMs stay at the carrier: the first and last weight GEMMs (their quantization error
    is not averaged out by later layers; llama.cpp's K-quant mixes keep ``output.weight`` at
    Q6_K), GEMMs without a weight (attention logits QK^T and PV), fused attention, small GEMMs.
@@ -71,9 +73,11 @@ _DTYPE_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8_e4m3": "fp
                  "int8": "int8", "fp4": "nvfp4"}
 
 
-def carrier_format(target: HardwareProfile, model_format: str) -> tuple[str, str]:
+def carrier_format(target: HardwareProfile, model_format: str, source: str = "torch"
+                   ) -> tuple[str, str]:
     """The format a node runs at when it is not quantized (case 5), and why: the model's own
-    16-bit format where native, else the target's (``precision_format.native_format``)."""
+    16-bit format where native, else the target's (``precision_format.native_format``);
+    ``source``: the graph's frontend ("onnx": it runs in ONNX Runtime)."""
     m = get_format(model_format)
     if m.family == "float" and m.bits_per_weight == 16:
         if runnable(m, target)[0]:
@@ -84,6 +88,9 @@ def carrier_format(target: HardwareProfile, model_format: str) -> tuple[str, str
         return fmt, {"bf16": "bf16 tensor cores, fp32's exponent range",
                      "fp16": f"no bf16 on {target.generation}; fp16 tensor cores",
                      "fp32": "no tensor cores"}[fmt]
+    if fmt == "bf16" and source == "onnx":
+        return "fp32", ("ONNX Runtime's CPU EP has no bf16 kernels: the ONNX model runs fp32 "
+                        f"on {target.display_name}")
     if fmt == "bf16":
         return "bf16", f"{target.display_name} computes bf16 natively"
     return "fp32", f"{target.display_name} has no native bf16 arithmetic"
@@ -132,12 +139,13 @@ def _decide(fmt: str, model: QuantFormat, reason: str, runs_on: str = "torch",
 
 def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
                    model_format: str | None = None, *, is_first: bool = False,
-                   is_last: bool = False, live: bool = True) -> Decision:
+                   is_last: bool = False, live: bool = True, source: str = "torch"
+                   ) -> Decision:
     """The precision ``node`` should run at on ``target`` (cases 5-9); ``live``: a graph
-    output depends on it (case 6)."""
+    output depends on it (case 6); ``source``: the graph's frontend (case 5)."""
     a, w_bytes, w_dtype, op_type = _weights(node)
     model = get_format(model_format or _DTYPE_FORMAT.get(w_dtype or a.dtype or "", "fp32"))
-    carrier, carrier_why = carrier_format(target, model.key)
+    carrier, carrier_why = carrier_format(target, model.key, source)
     kc = a.kernel_class
     if kc in (KernelClass.QUANT_GEMM, KernelClass.QUANT_DOT):
         return Decision("already quantized in the model: kept",
@@ -281,8 +289,10 @@ def plan_precisions(plan: Plan, model_format: str | None = None) -> dict[str, De
         dominant = max(by_dtype, key=lambda d: by_dtype[d]) if by_dtype else "fp32"
         model_format = _DTYPE_FORMAT.get(dominant, "fp32")
     first, last = (gemms[0], gemms[-1]) if gemms else (None, None)
+    source = str(plan.model.get("source", "torch"))
     out = {n.name: node_precision(n, plan.target, model_format, is_first=n.name == first,
-                                  is_last=n.name == last, live=live is None or n.name in live)
+                                  is_last=n.name == last, live=live is None or n.name in live,
+                                  source=source)
            for n in plan.nodes}
     low = sum(d.fields["format"] not in _TORCH_FORMATS for d in out.values())
     logger.info("precision on %s: %d of %d nodes at a low-precision format", plan.target.name,

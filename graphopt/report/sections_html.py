@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphopt.ir.kinds import REWRITE_KINDS
+from graphopt.report.deploy import deploy_html
 from graphopt.report.format import (
     BOTTLENECKS,
     finite,
@@ -262,10 +263,12 @@ def deployment(plan: Mapping[str, Any], collapsed: bool = False,
     llm = _section(plan, "llm")
     split = partition_panel(plan, colors) + tp_panel(plan)
     part = split + (llm_html(llm) if llm else "")
-    if not left and not right and not part:
+    choice = deploy_html(plan)
+    if not left and not right and not part and not choice:
         return ""
-    grid = (f'<section class="grid deploy"><div class="col">{left}</div>'
-            f'<div class="col">{right}</div></section>' if left or right else "") + part
+    grid = (f'<section class="deploy">{choice}</section>' if choice else "") + (
+        f'<section class="grid deploy"><div class="col">{left}</div>'
+        f'<div class="col">{right}</div></section>' if left or right else "") + part
     if not collapsed:
         return grid
     what = "Memory, quantization, runtime settings" + (" and partition" if split else "") \

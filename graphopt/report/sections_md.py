@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from graphopt.report.deploy import deploy_md
 from graphopt.report.format import (
     BOTTLENECKS,
     HEAD_KINDS,
@@ -260,8 +261,9 @@ def runtime_md(rt: Mapping[str, Any], h: str) -> list[str]:
 
 
 def deployment_md(plan: Mapping[str, Any], h: str) -> list[str]:
-    """Memory, quantization, runtime settings and (after optimize) optimization sections."""
-    out: list[str] = []
+    """Deploy, the optimization sections (after optimize), memory, quantization, runtime
+    settings."""
+    out: list[str] = deploy_md(plan, h)
     out += artifacts_md(plan, h)
     for key, render in (("memory", memory_md), ("quantization", quantization_md),
                         ("runtime_settings", runtime_md), ("llm", llm_md)):

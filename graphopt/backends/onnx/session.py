@@ -29,7 +29,8 @@ from graphopt.decisions.rewrites import DryRunContext
 from graphopt.errors import GraphoptError
 from graphopt.files.read import read_small_file
 
-__all__ = ["config_path", "decide_session", "ort_session", "record_layout", "render_config"]
+__all__ = ["config_path", "decide_session", "ort_session", "record_layout", "render_config",
+           "session_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +92,26 @@ def ort_session(path: str | os.PathLike[str], providers: list[Any] | None = None
     if not model.is_file():
         raise GraphoptError(f"model file {model} does not exist", "give the .onnx file's path")
     cfg_file = config_path(model)
+    cfg = _load_config(cfg_file)
+    options, chosen = session_settings(cfg, providers)
+    if cfg is not None:
+        logger.info("session config %s: providers %s", cfg_file, chosen)
+    try:
+        return ort.InferenceSession(str(model), options, providers=chosen)
+    except Exception as e:
+        raise GraphoptError(f"ONNX Runtime cannot load {model}: {' '.join(str(e).split())[:300]}",
+                            "check the model with onnx.checker.check_model(path, "
+                            "full_check=True)") from None
+
+
+def session_settings(cfg: SessionConfig | None, providers: list[Any] | None = None
+                     ) -> tuple[Any, list[Any]]:
+    """(``SessionOptions``, providers) as ``cfg`` says (ORT's defaults without one): its
+    providers filtered to those this onnxruntime build has; ``providers`` overrides them."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     chosen: list[Any] = ["CPUExecutionProvider"]
-    cfg = _load_config(cfg_file)
     if cfg is not None:
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                                    cfg.graph_optimization_level)
@@ -101,15 +119,7 @@ def ort_session(path: str | os.PathLike[str], providers: list[Any] | None = None
             options.intra_op_num_threads = cfg.intra_op_num_threads
         have = set(ort.get_available_providers())
         chosen = [(n, o) for n, o in cfg.providers if n in have] or ["CPUExecutionProvider"]
-        logger.info("session config %s: providers %s", cfg_file, chosen)
-    if providers is not None:
-        chosen = list(providers)
-    try:
-        return ort.InferenceSession(str(model), options, providers=chosen)
-    except Exception as e:
-        raise GraphoptError(f"ONNX Runtime cannot load {model}: {' '.join(str(e).split())[:300]}",
-                            "check the model with onnx.checker.check_model(path, "
-                            "full_check=True)") from None
+    return options, list(providers) if providers is not None else chosen
 
 
 def _load_config(path: Path) -> SessionConfig | None:

@@ -1,0 +1,217 @@
+"""Which artifact :func:`graphopt.optimize` recommends, measured on this machine's CPU, and the
+artifact ready to run (:class:`Deployed`).
+
+On the host CPU with ``measure`` on, the candidates are built and timed interleaved
+(:mod:`graphopt.measure.deploy_runs`) beside the user's own model: the torch module (under its
+runtime settings), ``torch.compile`` of it (compiled once before timing; its compile seconds
+are reported), and an ONNX Runtime session of the optimized ONNX export (in its session
+config). Each candidate's outputs are compared with the original model's first; the choice
+itself is :func:`graphopt.decisions.deploy.pick_measured`'s. Elsewhere the choice is predicted
+(:func:`graphopt.decisions.deploy.predict_deploy`) and says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from graphopt.decisions.deploy import ArtifactTiming, DeployChoice, pick_measured, predict_deploy
+from graphopt.decisions.tolerance import Tolerance
+from graphopt.errors import GraphoptError, first_line
+
+__all__ = ["NO_DEPLOY_MEASURE_ENV", "Deployed", "choose_deploy", "deployed"]
+
+logger = logging.getLogger(__name__)
+
+#: set to 1 to predict the deploy choice instead of measuring it (the test suite: compiling and
+#: exporting every model it optimizes for ``cpu`` would take many minutes)
+NO_DEPLOY_MEASURE_ENV = "GRAPHOPT_NO_DEPLOY_MEASURE"
+#: a compiler's or exporter's own float reordering: at least this much of an output's scale is
+#: allowed whatever the artifact's own budget (fp32 rewrites are checked at 1e-5 of scale)
+_REORDER_REL = 1e-4
+
+
+class Deployed:
+    """The recommended artifact, ready to run: ``module`` (torch, torch.compile) or ``session``
+    (an ``onnxruntime.InferenceSession``); calling it runs either on torch tensors."""
+
+    def __init__(self, artifact: str, module: Any = None, session: Any = None,
+                 input_names: list[str] | None = None) -> None:
+        self.artifact, self.module, self.session = artifact, module, session
+        self._names = list(input_names or [])
+
+    def feeds(self, *inputs: Any) -> dict[str, np.ndarray]:
+        """{session input name: numpy array} for the positional torch inputs (tensors only,
+        in the model's order, as the ONNX export named them)."""
+        if self.session is None:
+            raise GraphoptError(f"the deployed artifact is {self.artifact}, not an ONNX Runtime "
+                                "session", "call it with torch tensors instead")
+        wanted = [i.name for i in self.session.get_inputs()]
+        tensors = [a for a in inputs if hasattr(a, "detach")]
+        named = dict(zip(self._names, inputs, strict=False)) if self._names else {}
+        if all(n in named for n in wanted):
+            return {n: named[n].detach().cpu().numpy() for n in wanted}
+        if len(tensors) != len(wanted):
+            raise GraphoptError(f"the session takes {len(wanted)} input(s) ({', '.join(wanted)})"
+                                f", {len(tensors)} tensor(s) were given",
+                                "pass the model's inputs as it was optimized with")
+        return {n: t.detach().cpu().numpy() for n, t in zip(wanted, tensors, strict=True)}
+
+    def __call__(self, *inputs: Any) -> Any:
+        if self.session is None:
+            import torch
+
+            with torch.inference_mode():
+                return self.module(*inputs)
+        import torch
+
+        outs = [torch.from_numpy(o) for o in self.session.run(None, self.feeds(*inputs))]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def choose_deploy(opt: Any) -> DeployChoice:
+    """Measured on this machine's CPU when ``measure`` is on, else predicted (module doc)."""
+    from graphopt.backends.driver import measure_here
+    from graphopt.hardware.registry import is_this_machine
+
+    target = opt.plan.target
+    torch_model = opt.module is not None
+    options = opt.source_options
+    why = None
+    if not torch_model:
+        why = "an ONNX input: nothing to compare its session with"
+    elif not is_this_machine(target):
+        why = (f"the target ({target.display_name}) is not this machine's CPU: a timing here "
+               "says nothing about it")
+    elif options is not None and not measure_here(options, target):
+        why = "measure=False"
+    elif os.environ.get(NO_DEPLOY_MEASURE_ENV, "") not in ("", "0"):
+        why = f"{NO_DEPLOY_MEASURE_ENV} is set"
+    if why is not None:
+        return predict_deploy(opt.plan, torch_model=torch_model, not_measured=why)
+    return _measure(opt)
+
+
+def _relaxed(tol: dict[str, Any]) -> Tolerance:
+    return Tolerance(max(float(tol["rel_to_scale"]), _REORDER_REL),
+                     min(float(tol["min_cosine"]), 0.9999))
+
+
+def _check(reference: Any, outputs: Any, tol: Tolerance) -> tuple[bool, str]:
+    """(within, the worst output's numbers) of ``outputs`` against the original's."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from graphopt.backends.torch.verify import compare_outputs
+
+    ref = [t for t in pytree.tree_leaves(reference) if isinstance(t, torch.Tensor)]
+    out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    result = compare_outputs(ref, out, tol)
+    worst = max(result, key=lambda c: c.max_abs / max(c.scale, 1e-30))
+    return all(c.within for c in result), worst.describe()
+
+
+def _measure(opt: Any) -> DeployChoice:
+    """Case 2 of ``decisions/deploy.py``: build, check and time every candidate."""
+    import torch
+
+    from graphopt.backends.torch.isolation import clone_inputs, run_isolated
+    from graphopt.measure.deploy_runs import ROUNDS, interleaved_best
+
+    model, inputs = opt.source_model, opt.example_inputs
+    reference = run_isolated(model, inputs)
+    args = clone_inputs(inputs)
+    shadow = copy.deepcopy(model)  # timing runs forward many times: never on the user's model
+    calls: dict[str, Callable[[], Any]] = {"original": lambda: shadow(*args),
+                                           "torch": lambda: opt.module(*args)}
+    rows = {"torch": ArtifactTiming("torch", None, True, note="the optimized module, under its "
+                                    "runtime settings (checked by optimize)")}
+    runners = {"torch": Deployed("torch", opt.module)}
+    with opt.runtime():
+        for artifact, build in (("torch.compile", _compiled), ("onnxruntime", _session)):
+            try:
+                runner, note, tol = build(opt, args)
+                within, numbers = _check(reference, runner(*args), tol)
+            except GraphoptError as e:
+                rows[artifact] = ArtifactTiming(artifact, None, None, error=e.problem[:300])
+                continue
+            except Exception as e:  # a compiler or runtime failure: reported, never a crash
+                rows[artifact] = ArtifactTiming(artifact, None, None, error=first_line(e)[:300])
+                continue
+            rows[artifact] = ArtifactTiming(artifact, None, within, note=f"{note}; {numbers}")
+            if within:
+                runners[artifact] = runner
+                calls[artifact] = _call(runner, args)
+        with torch.inference_mode():
+            best = interleaved_best(calls)
+    timed = tuple(replace(r, seconds=best.get(a)) for a, r in rows.items())
+    method = (f"interleaved best of {ROUNDS} rounds on {opt.plan.target.display_name}, "
+              f"torch {torch.get_num_threads()} thread(s)")
+    opt.deployed_runners = runners
+    return pick_measured(timed, method, best["original"])
+
+
+def _call(runner: Deployed, args: tuple[Any, ...]) -> Callable[[], Any]:
+    if runner.session is None:
+        return lambda: runner.module(*args)
+    feeds = runner.feeds(*args)  # made once: a deployed session is fed numpy arrays
+    return lambda: runner.session.run(None, feeds)
+
+
+def _compiled(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]:
+    """torch.compile of the module, in the plan's compile mode, compiled before any timing."""
+    import torch
+
+    mode = opt.runtime_settings.compile_mode.value
+    compiled = torch.compile(opt.module, mode=None if mode == "default" else mode)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        compiled(*args)
+    return (Deployed("torch.compile", compiled),
+            f"mode {mode}, compiled in {time.perf_counter() - start:.1f} s",
+            _relaxed(opt.info["tolerance"]))
+
+
+def _session(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]:
+    """An ORT session of the optimized ONNX export, in its session config."""
+    start = time.perf_counter()
+    runner = _ort_runner(opt)
+    onnx_info = opt.info["onnx"]
+    if not all(n["within"] for n in onnx_info["numerics"]):
+        raise GraphoptError("the optimized ONNX model left its tolerance in the accuracy guard "
+                            "(the report's ONNX optimization section says where)")
+    applied = ", ".join(onnx_info["passes_applied"]) or "none"
+    return (runner, f"exported and optimized in {time.perf_counter() - start:.1f} s "
+                    f"(passes: {applied})", _relaxed(onnx_info["tolerance"]))
+
+
+def _ort_runner(opt: Any) -> Deployed:
+    from graphopt.backends.onnx.ort_runner import OrtModel
+    from graphopt.backends.onnx.session import session_settings
+
+    model = opt.ensure_onnx()
+    options, providers = session_settings(opt.onnx_session)
+    session = OrtModel(model, providers, "the optimized ONNX model", options).session
+    return Deployed("onnxruntime", session=session, input_names=opt.input_names)
+
+
+def deployed(opt: Any) -> Deployed:
+    """The recommended artifact, ready to run (built now if the choice was predicted)."""
+    artifact = opt.deploy.artifact
+    runners = getattr(opt, "deployed_runners", None) or {}
+    if artifact in runners:
+        return runners[artifact]
+    if artifact == "torch":
+        return Deployed("torch", opt.module)
+    if artifact == "torch.compile":
+        import torch
+
+        return Deployed("torch.compile", torch.compile(opt.module))
+    return _ort_runner(opt)
