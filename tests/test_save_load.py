@@ -315,3 +315,20 @@ def test_loaded_gpu_module_runs_on_fake_cuda(ranged: bool, tmp_path: Path) -> No
     for b in ((1, 8) if ranged else (4,)):
         (out,) = run_fake_cuda(loaded, (torch.randn(b, 3, 8, 8),))
         assert out.device.type == "cuda" and tuple(out.shape) == (b, 10)
+
+
+def test_the_plain_copy_of_a_sequential_saves_and_loads(tmp_path: Path) -> None:
+    """When nothing pays on the host, optimize hands back a plain copy of the model; a
+    Sequential's weights (``0.weight``) are no identifiers in the archive's graph, so save
+    traces the copy and flattens their names first (it failed to load before)."""
+    import copy
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    x = (torch.randn(4, 16),)
+    opt = graphopt.optimize(m, x, target="cpu", precision="fp32", measure=False)
+    opt.module = copy.deepcopy(m)  # what the measured fallback returns
+    opt.save(tmp_path / "m.pt2")
+    loaded = graphopt.load(tmp_path / "m.pt2")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*x), m(*x), rtol=1e-5, atol=1e-6)

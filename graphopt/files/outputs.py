@@ -96,6 +96,10 @@ class OutputSet:
         if target.is_dir() or given.endswith(("/", os.sep)):
             raise GraphoptError(f"the {what} path {target} is a folder",
                                 f"give a file path, e.g. {target / 'out'}{target.suffix}")
+        folder = next((p for p in target.parents if p.exists()), None)
+        if folder is not None and not folder.is_dir():
+            raise GraphoptError(f"the {what} path {target} is inside {folder}, which is a file, "
+                                "not a folder", "choose another path (or remove that file)")
         if target.exists() or target.is_symlink():
             if not target.is_file():
                 raise GraphoptError(f"the {what} path {target} is not a regular file",
