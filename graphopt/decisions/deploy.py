@@ -159,6 +159,9 @@ def predict_deploy(plan: Plan, *, torch_model: bool, not_measured: str) -> Deplo
                                "not estimated: the target has no measured ONNX Runtime fixed "
                                "costs (graphopt calibrate measures them on a CPU)"))
     timed = [r for r in rows if r.seconds]
+    if not timed:  # an empty batch: nothing to run, nothing to choose between
+        return DeployChoice("torch", False, "the plan estimates no time (no work to run): the "
+                            "torch module, the simplest artifact", tuple(rows), method)
     best = min(timed, key=lambda r: r.seconds or 0.0)
     est = ", ".join(f"{r.artifact} {r.seconds * 1e3:.3g} ms" for r in timed)
     if best.artifact != "torch" and (best.seconds or 0.0) > eager * (1 - PREDICTED_MARGIN):

@@ -178,14 +178,17 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     references = [(ctx.example_inputs, reference)] + [
         (args, run_isolated(model, args)) for _, _, args in ctx.range_points]
     measure = measure_here(ctx.options, ctx.target)
-    done = run_passes(_TorchBackend(ctx, references), gm,
-                      default_passes() if passes is None else passes, measure=measure)
+    passes = default_passes() if passes is None else passes
+    done = run_passes(_TorchBackend(ctx, references), gm, passes, measure=measure)
     gm, applied, reverted, final_tol = done.model, done.applied, done.reverted, done.tolerance
+    # a pass the user forced (quantize="int8"...) is theirs: never timed away, alone or whole
+    forced = [p.name for p in passes if p.name in applied and p.option is not None
+              and getattr(ctx.options, p.option) != "auto"]
     portable = strip_unused(gm)
     if any(portable.values()):
         ctx.notes["portable"] = portable
     module: torch.nn.Module = gm
-    fallback = _slower_than_original(model, gm, ctx) if measure else None
+    fallback = _slower_than_original(model, gm, ctx) if measure and not forced else None
     if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
         module = copy.deepcopy(model)
         reverted.append({"pass": "all", "reason": fallback})

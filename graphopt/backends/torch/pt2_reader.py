@@ -188,7 +188,8 @@ def _module(graph: fx.Graph, specs: list[tuple[str, Any]], state: dict[str, torc
         source = state if persistent else constants
         if not isinstance(target, str) or target not in source:
             raise Damaged(f"weight {str(target)[:60]} not in the archive")
-        value, name = source[target], plain_name("_".join(target.split(".")))
+        flat = "_".join(target.split("."))  # a Sequential's ``0.weight``: ``_0_weight``
+        value, name = source[target], plain_name(f"_{flat}" if flat[:1].isdigit() else flat)
         if isinstance(value, torch.nn.Parameter):
             gm.register_parameter(name, value)
         else:

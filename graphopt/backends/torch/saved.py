@@ -102,18 +102,15 @@ def _exported(opt: Any) -> torch.export.ExportedProgram:
     module = opt.module
     graph = module.graph_module if isinstance(module, OptimizedModule) else module
     gm = copy.deepcopy(graph)
+    if isinstance(gm, fx.GraphModule):
+        unpack_int8(gm)
+        _flatten_attrs(gm)
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in opt.example_inputs)
     names = _input_names(opt)
     passes = ", ".join(opt.info.get("passes_applied") or []) or "none"
-    dynamic = _dynamic_shapes(opt.shape_range, names, args)
     try:
-        if not isinstance(gm, fx.GraphModule):  # the plain copy of the model (nothing paid):
-            # as a graph first, so its weights get flat names too (``0.weight`` of a
-            # Sequential is no identifier in the archive's graph)
-            gm = torch.export.export(gm, args, dynamic_shapes=dynamic).module()
-        unpack_int8(gm)
-        _flatten_attrs(gm)
-        ep = torch.export.export(gm, args, dynamic_shapes=dynamic)
+        ep = torch.export.export(gm, args,
+                                 dynamic_shapes=_dynamic_shapes(opt.shape_range, names, args))
     except Exception as e:
         raise GraphoptError(f"torch.export cannot re-export the optimized graph (passes "
                             f"applied: {passes}): {first_line(e)}",
