@@ -319,8 +319,8 @@ def test_loaded_gpu_module_runs_on_fake_cuda(ranged: bool, tmp_path: Path) -> No
 
 def test_the_plain_copy_of_a_sequential_saves_and_loads(tmp_path: Path) -> None:
     """When nothing pays on the host, optimize hands back a plain copy of the model; a
-    Sequential's weights (``0.weight``) are no identifiers in the archive's graph, so save
-    traces the copy and flattens their names first (it failed to load before)."""
+    Sequential's weights (``0.weight``) flatten to no identifier (``0_weight``), so the reader
+    names them ``_0_weight`` (the file failed to load before)."""
     import copy
 
     torch.manual_seed(0)
