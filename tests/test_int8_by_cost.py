@@ -90,15 +90,18 @@ def test_big_gemms_are_int8_on_every_path_where_the_cost_says_so(isa: str) -> No
     """AVX2 and VNNI against fp32: the middle GEMMs of the big MLP pay. AMX against its native
     bf16 (AMX bf16 tiles, half AMX-INT8's rate): the compute-bound ones do not (quantizing and
     casting the activations cost more than the int8 tiles save), the weight-bound ones do
-    (int8 halves the weight traffic). First and last weight GEMMs stay (sensitive)."""
+    (int8 halves the weight traffic). The first and last weight GEMMs follow the cost too,
+    marked ``edge`` for the accuracy checks that measure them (rule 6 on CPUs)."""
     path, carrier = ISAS[isa]
     with host_isa(isa):
         big = precisions(graphopt.plan(*mlp(*BIG), target="cpu"))
         bound = precisions(graphopt.plan(*mlp(*WEIGHT_BOUND), target="cpu"))
     first, last = "linear", f"linear_{len(big) - 1}"
-    for name in (first, last):
-        assert big[name].fields["format"] == carrier and "weight GEMM of the model" in \
-            big[name].reason
+    for name, edge in ((first, "first"), (last, "last")):
+        d = big[name]
+        assert d.fields["format"] == ("int8" if carrier == "fp32" else carrier)
+        if d.fields["format"] == "int8":
+            assert d.fields["edge"] == edge and f"the {edge} weight GEMM" in d.reason
     middle = {n: d for n, d in big.items() if n not in (first, last)}
     for d in [*middle.values(), bound["linear_1"]]:
         assert f"INT8 ({path}) " in d.reason and f" vs {carrier} " in d.reason
@@ -206,12 +209,13 @@ def test_a_bf16_host_casts_around_the_int8_kernel() -> None:
     m, x = mlp(*WEIGHT_BOUND)
     with host_isa("xeon-8480"):
         opt = graphopt.optimize(m, x, target="cpu", measure=False)
-    assert opt.info["compute_dtype"] == "bf16" and quantized(opt) == ["linear_1"]
+    assert opt.info["compute_dtype"] == "bf16"
+    assert quantized(opt) == ["linear", "linear_1", "linear_2"]  # the ends too (rule 6)
     for name in quantized(opt):
         reason = next(n for n in opt.plan.nodes if n.name == name).decisions["quantize"].reason
         assert "fp32 kernel in a bf16 model: cast around it" in reason and " vs bf16 " in reason
     code = opt.module.graph_module.code
-    assert code.count("quantized.linear_dynamic") == 1 and "dtype = torch.float32" in code
+    assert code.count("quantized.linear_dynamic") == 3 and "dtype = torch.float32" in code
     with torch.no_grad():
         within_int8(m(*x).numpy(), opt.module(*x).float().numpy())
 
@@ -267,16 +271,18 @@ def _resnet_stage(c: int = 64, hw: int = 56, batch: int = 4, groups: int = 1
 @pytest.mark.parametrize("target", ["epyc-7763", "xeon-8380"])
 def test_convs_are_int8_by_the_static_cost_and_only_with_calibration(target: str,
                                                                       caplog) -> None:
-    """A ResNet stage on fixed targets: the middle convs pay as static QDQ (QLinearConv).
+    """A ResNet stage on fixed targets: every conv pays as static QDQ (QLinearConv).
     Without calibration data nothing runs them (never dynamic: ConvInteger measured slower),
     and the reason says so; with it they become QLinearConv, within the int8 tolerance."""
     caplog.set_level(logging.ERROR)
     m = _resnet_stage()
     plan = build_plan(load_onnx(m), get_target(target))
     convs = {n.name: n.decisions["precision"] for n in plan.nodes if n.op_type == "Conv"}
-    assert [n for n, d in convs.items() if d.fields["format"] == "int8"] == ["conv1", "conv2"]
+    every = ["conv0", "conv1", "conv2", "conv3"]  # the ends too, marked (rule 6 on CPUs)
+    assert [n for n, d in convs.items() if d.fields["format"] == "int8"] == every
     assert all("(static)" in convs[n].reason and "QLinearConv" in convs[n].reason
-               for n in ("conv1", "conv2"))
+               for n in every)
+    assert convs["conv0"].fields["edge"] == "first" and convs["conv3"].fields["edge"] == "last"
     plain = graphopt.optimize(m, target=target, measure=False)
     assert quantized(plain) == []
     reason = next(n for n in plain.plan.nodes if n.name == "conv1").decisions["quantize"].reason
@@ -286,7 +292,7 @@ def test_convs_are_int8_by_the_static_cost_and_only_with_calibration(target: str
     cal = [{"x": np.maximum(rng.standard_normal(shape), 0).astype(np.float32)}
            for _ in range(3)]
     opt = graphopt.optimize(m, target=target, measure=False, calibration=cal)
-    assert quantized(opt) == ["conv1", "conv2"]
+    assert quantized(opt) == every
     import onnxruntime as ort
 
     feed = {"x": np.maximum(rng.standard_normal(shape), 0).astype(np.float32)}
@@ -325,7 +331,8 @@ class _WithDeadHead(torch.nn.Module):
 
 def test_a_dead_gemm_is_not_the_last_and_stays() -> None:
     """First and last weight GEMMs are counted among those an output depends on, so the torch
-    plan (which keeps the dead head) and the ONNX export (which drops it) quantize the same."""
+    plan (which keeps the dead head) and the ONNX export (which drops it) mark the same edges
+    and quantize the same."""
     torch.manual_seed(0)
     m, x = _WithDeadHead().eval(), mlp(*BIG)[1]
     with host_isa("xeon-8380"):
@@ -335,6 +342,7 @@ def test_a_dead_gemm_is_not_the_last_and_stays() -> None:
     prec = precisions(plan)
     dead = [n for n, d in prec.items() if "no graph output depends on it" in d.reason]
     assert len(dead) == 1 and prec[dead[0]].fields["format"] == "fp32"
-    assert "last weight GEMM" in prec["linear_3"].reason  # the body's last, not the head
-    assert quantized(t_opt) == int8_nodes(plan) == ["linear_1", "linear_2"]
+    assert prec["linear_3"].fields["edge"] == "last"  # the body's last, not the head
+    assert quantized(t_opt) == int8_nodes(plan) == ["linear", "linear_1", "linear_2",
+                                                    "linear_3"]
     assert _by_weight(o_opt.plan, quantized(o_opt)) == _by_weight(plan, int8_nodes(plan))

@@ -9,9 +9,15 @@ continues its numbering.
    keeps the ONNX artifact fp32): its carrier is fp32, so INT8 competes with what ORT runs.
    fp32 islands (norms, softmax, exp/log/pow, sums, squares ``x*x``) run in fp32 by
    ``precision_plan.node_island``, the rule both backends apply, so the plan says what they do.
-6. Sensitive GEMMs stay at the carrier: the first and last weight GEMMs (their quantization error
-   is not averaged out by later layers; llama.cpp's K-quant mixes keep ``output.weight`` at
-   Q6_K), GEMMs without a weight (attention logits QK^T and PV), fused attention, small GEMMs.
+6. Sensitive GEMMs stay at the carrier: on GPUs the first and last weight GEMMs (their
+   quantization error is not averaged out by later layers; llama.cpp's K-quant mixes keep
+   ``output.weight`` at Q6_K), GEMMs without a weight (attention logits QK^T and PV), fused
+   attention, small GEMMs. On CPUs, where graphopt applies INT8 and can check it, the first
+   and last are INT8 by cost too and marked ``edge``: the checks measure them (the torch
+   backend retries without them when the whole set leaves tolerance; the ONNX guard keeps
+   the most sensitive nodes, by measurement). Measured: ORT's ``quantize_dynamic`` of every
+   GEMM stays within the int8 budget on BERT-base and GPT-2, 4 layers each
+   (``benchmarks/bench_host_peers.py``).
    First and last are counted among the GEMMs a graph output depends on: a traced model keeps
    work no output reads (BERT's pooler under ``last_hidden_state``), its ONNX export drops it,
    and both must quantize the same nodes. Such dead GEMMs stay at the carrier too.
@@ -158,14 +164,15 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
         return _decide(carrier, model, f"{kc.value}: follows the baseline {carrier} "
                        f"({carrier_why}); nothing to quantize")
     keep = None
+    edge = "first" if is_first else "last" if is_last else None
     if kc is KernelClass.ATTENTION or w_bytes == 0:
         keep = "attention logits / a GEMM of two activations: no weight to quantize, and "\
                "quantizing QK^T or PV hurts accuracy"
     elif not live:
         keep = "no graph output depends on it (an ONNX export drops it)"
-    elif is_first or is_last:
-        keep = (f"{'first' if is_first else 'last'} weight GEMM of the model: its quantization "
-                "error is not averaged out by other layers")
+    elif edge is not None and target.is_gpu:
+        keep = (f"{edge} weight GEMM of the model: its quantization error is not averaged out "
+                "by other layers")
     if keep:
         return _decide(carrier, model, f"stays {carrier} ({carrier_why}): {keep}")
     w_bits = DTYPE_BITS.get(w_dtype or model.key, int(model.bits_per_weight))
@@ -174,7 +181,7 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
     t_hi, bound = _cost_at(a, target, w_bytes, c_bits / w_bits, c_bits / act_bits, carrier)
     if not target.is_gpu:
         return _cpu_int8(a, target, model, (carrier, carrier_why, c_bits, t_hi),
-                         w_bytes, w_bits, act_bits, op_type)
+                         w_bytes, w_bits, act_bits, op_type, edge)
     lows, why_not = _low_formats(target)
     lows = [f for f in lows if f.bits_per_weight < model.bits_per_weight]
     if not lows:
@@ -234,9 +241,10 @@ def _cpu_where(a: NodeAnalysis, op_type: str | None) -> tuple[str, str]:
 
 def _cpu_int8(a: NodeAnalysis, target: HardwareProfile, model: QuantFormat,
               carrier: tuple[str, str, float, float], w_bytes: int, w_bits: float,
-              act_bits: float, op_type: str | None) -> Decision:
+              act_bits: float, op_type: str | None, edge: str | None) -> Decision:
     """Case 8: INT8 where it pays by cost against the carrier ``(format, why, activation bits,
-    seconds)``, else the carrier, with both times in the reason."""
+    seconds)``, else the carrier, with both times in the reason; ``edge``: "first"/"last"
+    weight GEMM (case 6's prior, recorded for the checks that measure it)."""
     fmt, why, c_bits, t_base = carrier
     illegal = "the model is already at or below 8 bits" if model.bits_per_weight <= 8 \
         else can_int8_on_cpu(a, target)
@@ -247,8 +255,13 @@ def _cpu_int8(a: NodeAnalysis, target: HardwareProfile, model: QuantFormat,
     if not v.pays:
         return _decide(fmt, model, f"stays {fmt} ({why}): {v.reason}")
     runs_on, where = _cpu_where(a, op_type)
-    return _decide("int8", model, f"{v.reason}; {where}", runs_on, baseline=fmt,
-                   speedup=round(t_base / v.cost.total_s, 3), method=v.cost.method)
+    extra = {} if edge is None else {"edge": edge}
+    said = "" if edge is None else (
+        f"; the {edge} weight GEMM: its error is not averaged out by other layers, so the "
+        "accuracy checks measure it (torch retries without the first and last GEMMs, the "
+        "ONNX guard keeps the most sensitive nodes)")
+    return _decide("int8", model, f"{v.reason}; {where}{said}", runs_on, baseline=fmt,
+                   speedup=round(t_base / v.cost.total_s, 3), method=v.cost.method, **extra)
 
 
 def _live(plan: Plan) -> set[str] | None:

@@ -26,7 +26,7 @@ from graphopt.backends.torch.layout import channels_last
 from graphopt.backends.torch.measure import faster_or_equal
 from graphopt.backends.torch.padding import pad_channels
 from graphopt.backends.torch.precision import reduce_precision
-from graphopt.backends.torch.quantize import dynamic_int8
+from graphopt.backends.torch.quantize import dynamic_int8, dynamic_int8_without_ends
 from graphopt.backends.torch.result import TorchResult
 from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.planner import build_plan
@@ -115,7 +115,9 @@ def default_passes() -> list[Pass]:
             Pass("padding", pad_channels, option="pad"),
             Pass("layout", channels_last, option="layout"),
             Pass("precision", reduce_precision, "compute", option="precision"),
-            Pass("quantize", dynamic_int8, "int8", option="quantize")]
+            Pass("quantize", dynamic_int8, "int8", option="quantize"),
+            Pass("quantize_without_ends", dynamic_int8_without_ends, "int8",
+                 option="quantize")]
 
 
 def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import fx
@@ -31,7 +32,7 @@ from graphopt.backends.torch.fx_utils import get_tensor, is_aten, val
 from graphopt.decisions.quantize_choice import auto_quantize_blocked
 from graphopt.hardware import is_this_machine
 
-__all__ = ["dynamic_int8", "pack_int8_weight"]
+__all__ = ["dynamic_int8", "dynamic_int8_without_ends", "pack_int8_weight"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +111,24 @@ def _replace(gm: fx.GraphModule, node: fx.Node, packed: object) -> None:
                 user.replace_all_uses_with(new)
 
 
-def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
-    """Replace profitable ``aten.linear`` nodes with ``quantized::linear_dynamic``."""
+def dynamic_int8_without_ends(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
+    """The second try, after :func:`dynamic_int8` was reverted (its Linears are back in the
+    graph): the same set without the plan's first and last weight GEMMs (``edge``: their
+    error is not averaged out by later layers). Changes nothing when the first try was kept
+    or the plan marks no edge."""
+    def edge(node: fx.Node) -> bool:
+        plan_node = ctx.plan_node(node)
+        precision = plan_node.decisions.get("precision") if plan_node else None
+        return precision is not None and "edge" in precision.fields
+    if not any(is_aten(n, "linear") and edge(n) for n in gm.graph.nodes):
+        return False
+    return dynamic_int8(gm, ctx, skip=edge)
+
+
+def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext,
+                 skip: Callable[[fx.Node], bool] | None = None) -> bool:
+    """Replace profitable ``aten.linear`` nodes with ``quantized::linear_dynamic`` (not those
+    ``skip`` names)."""
     mode = ctx.options.quantize
     if mode == "none":
         return False
@@ -127,7 +144,7 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
         precision = plan_node.decisions.get("precision") if plan_node else None
         wanted = precision is not None and precision.fields.get("format") == "int8" \
             and precision.fields.get("runs_on") == "torch"
-        if mode == "auto" and not wanted:
+        if mode == "auto" and not wanted or skip is not None and skip(node):
             continue
         why_not = can_quantize(gm, node, ctx)
         if why_not is not None:
