@@ -60,8 +60,10 @@ def test_backend_model_matches_its_reference_after_optimize(case: Path) -> None:
         pytest.skip("ONNX Runtime itself does not reproduce this model's reference")
     inits = {t.name for t in model.graph.initializer}
     names = [i.name for i in model.graph.input if i.name not in inits][:len(inputs)]
+    # exact rewrites only: an explicit fp32 turns auto INT8 off (lossy within the int8 budget,
+    # it cannot meet the reference's 1e-3; the INT8 tests check it against its own budget)
     opt = graphopt.optimize(str(case / "model.onnx"), target="cpu", measure=False,
-                            calibration=[dict(zip(names, inputs, strict=True))])
+                            precision="fp32", calibration=[dict(zip(names, inputs, strict=True))])
     assert _match(_run(opt.onnx_model, inputs), want)
 
 

@@ -124,9 +124,9 @@ def test_static_int8_on_a_cpu_without_vnni_quantizes_convs_with_reduce_range() -
 @pytest.mark.parametrize("target", [NO_VNNI_CPU, VNNI_CPU], ids=["zen3-avx2", "icelake-vnni"])
 def test_auto_on_a_cpu_quantizes_the_plans_nodes_on_every_int8_path(target) -> None:
     """No ISA flag rules INT8 out: at 64 rows quantizing the activations eats the gain (the
-    reason says so), at 256 rows mm0-mm2 pay (the conv and mm3, the first and last weight
-    GEMMs, stay: sensitive); the
-    pass quantizes exactly the plan's INT8 nodes, dynamically (no calibration), never a conv."""
+    reason says so), at 256 rows mm0-mm3 pay (mm3, the last weight GEMM, too: marked ``edge``
+    for the guard to measure); the pass quantizes exactly the plan's INT8 nodes, dynamically
+    (no calibration), never a conv (static only, with calibration data)."""
     src, ctx = context(mlp(), target, quantize="auto")
     assert quantize(src, ctx) is None
     small = ctx.decisions["mm1"]["quantize"].reason
@@ -136,7 +136,9 @@ def test_auto_on_a_cpu_quantizes_the_plans_nodes_on_every_int8_path(target) -> N
     out = checked(quantize(src, ctx))
     planned = {n.name for n in ctx.plan.nodes
                if n.decisions["precision"].fields["format"] == "int8"}
-    assert planned == {"mm0", "mm1", "mm2"} and quantized_nodes(ctx) == planned
+    assert planned == {"mm0", "mm1", "mm2", "mm3"} and quantized_nodes(ctx) == planned
+    assert next(n for n in ctx.plan.nodes if n.name == "mm3").decisions["precision"].fields[
+        "edge"] == "last"
     assert "ConvInteger" not in ops(out) and "MatMulInteger" in ops(out)
     assert not ctx.decisions["conv"]["quantize"].applied
     sample = feeds(0, BIG)

@@ -179,4 +179,5 @@ def test_the_pipelines_load_every_pass_by_plain_import() -> None:
         ("quantize", "int8", "quantize")]
     assert [(p.name, p.tolerance, p.option) for p in torch_passes()] == [
         ("cleanup", "fp32", None), ("padding", "fp32", "pad"), ("layout", "fp32", "layout"),
-        ("precision", "compute", "precision"), ("quantize", "int8", "quantize")]
+        ("precision", "compute", "precision"), ("quantize", "int8", "quantize"),
+        ("quantize_without_ends", "int8", "quantize")]

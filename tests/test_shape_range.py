@@ -136,7 +136,8 @@ def test_range_decisions_are_the_static_decisions():
 def test_export_onnx_keeps_the_range_symbolic(tmp_path):
     torch.manual_seed(0)
     model, x = Attention().eval(), torch.randn(2, 16, 288)
-    opt = graphopt.optimize(model, (x,), target="cpu", measure=False, dynamic_shapes=(
+    opt = graphopt.optimize(model, (x,), target="cpu", measure=False, precision="fp32",
+                            dynamic_shapes=(
         {0: Dim("batch", min=1, max=16), 1: Dim("seq", min=2, max=128)},))
     path = opt.export_onnx(tmp_path / "m.onnx")
     proto = onnx.load(str(path))

@@ -143,6 +143,20 @@ def _decide(fmt: str, model: QuantFormat, reason: str, runs_on: str = "torch",
     return Decision(reason, MappingProxyType(fields), applied=fmt != model.key)
 
 
+def _sensitive(kc: KernelClass, w_bytes: int, live: bool, edge: str | None,
+               target: HardwareProfile) -> str | None:
+    """Case 6: why a GEMM stays at the carrier, else None."""
+    if kc is KernelClass.ATTENTION or w_bytes == 0:
+        return ("attention logits / a GEMM of two activations: no weight to quantize, and "
+                "quantizing QK^T or PV hurts accuracy")
+    if not live:
+        return "no graph output depends on it (an ONNX export drops it)"
+    if edge is not None and target.is_gpu:
+        return (f"{edge} weight GEMM of the model: its quantization error is not averaged out "
+                "by other layers")
+    return None
+
+
 def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
                    model_format: str | None = None, *, is_first: bool = False,
                    is_last: bool = False, live: bool = True, source: str = "torch"
@@ -163,16 +177,8 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
     if kc not in GEMM_LIKE:
         return _decide(carrier, model, f"{kc.value}: follows the baseline {carrier} "
                        f"({carrier_why}); nothing to quantize")
-    keep = None
     edge = "first" if is_first else "last" if is_last else None
-    if kc is KernelClass.ATTENTION or w_bytes == 0:
-        keep = "attention logits / a GEMM of two activations: no weight to quantize, and "\
-               "quantizing QK^T or PV hurts accuracy"
-    elif not live:
-        keep = "no graph output depends on it (an ONNX export drops it)"
-    elif edge is not None and target.is_gpu:
-        keep = (f"{edge} weight GEMM of the model: its quantization error is not averaged out "
-                "by other layers")
+    keep = _sensitive(kc, w_bytes, live, edge, target)
     if keep:
         return _decide(carrier, model, f"stays {carrier} ({carrier_why}): {keep}")
     w_bits = DTYPE_BITS.get(w_dtype or model.key, int(model.bits_per_weight))
