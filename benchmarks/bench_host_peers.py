@@ -66,6 +66,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.arch_zoo import LastHidden, MaskedEncoder  # noqa: E402 - the zoo's wrappers
 
 MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
 SEQ = 128
@@ -102,19 +103,6 @@ def machine(threads: int) -> str:
 
 
 # ------------------------------------------------------------------------------ models
-class LastHidden(nn.Module):
-    """``model(x).<field>`` as a plain tensor (``use_cache=False`` for decoders)."""
-
-    def __init__(self, model: nn.Module, field: str = "last_hidden_state",
-                 cache: bool = False) -> None:
-        super().__init__()
-        self.model, self.field, self.cache = model, field, cache
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        kwargs = {"use_cache": False} if self.cache else {}
-        return getattr(self.model(input_ids, return_dict=True, **kwargs), self.field)
-
-
 class Vision(nn.Module):
     """``model(pixel_values).<field>`` as a plain tensor, flattened to (batch, features) for
     pooled outputs."""
@@ -126,18 +114,6 @@ class Vision(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         out = getattr(self.model(pixel_values=pixel_values, return_dict=True), self.field)
         return out.flatten(1) if self.field == "pooler_output" else out
-
-
-class MaskedEncoder(nn.Module):
-    """An encoder called with ``(input_ids, attention_mask)``, as BERT-style models are."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                          return_dict=True).last_hidden_state
 
 
 def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], str]:
