@@ -78,8 +78,8 @@ def test_a_failed_or_out_of_tolerance_candidate_is_never_chosen() -> None:
     assert choice.artifact == "torch"
     assert "torch.compile (compile failed: boom)" in choice.reason
     assert "onnxruntime (output 0: max abs 9)" in choice.reason
-    with pytest.raises(ValueError, match="every candidate failed"):
-        pick_measured(timed[1:], "m")
+    none = pick_measured(timed[1:], "m")  # never a crash: the torch module, and why
+    assert none.artifact == "torch" and none.reason.startswith("no candidate ran within")
 
 
 # --- predicted ------------------------------------------------------------------------------

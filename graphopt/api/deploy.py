@@ -131,8 +131,9 @@ def _measure(opt: Any) -> DeployChoice:
     shadow = copy.deepcopy(model)  # timing runs forward many times: never on the user's model
     calls: dict[str, Callable[[], Any]] = {"original": lambda: shadow(*args),
                                            "torch": lambda: opt.module(*args)}
-    rows = {"torch": ArtifactTiming("torch", None, True, note="the optimized module, under its "
-                                    "runtime settings (checked by optimize)")}
+    rows = {"torch": ArtifactTiming(
+        "torch", None, all(n["within"] for n in opt.info["numerics"]),
+        note="the optimized module, under its runtime settings (checked by optimize)")}
     runners = {"torch": Deployed("torch", opt.module)}
     with opt.runtime():
         for artifact, build in (("torch.compile", _compiled), ("onnxruntime", _session)):

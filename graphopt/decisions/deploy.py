@@ -113,8 +113,10 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
     """Case 2: the fastest usable candidate; the torch module unless another is at least
     :data:`MEASURED_MARGIN` faster."""
     usable = [r for r in rows if r.usable]
-    if not usable:
-        raise ValueError("no deployable artifact: every candidate failed")
+    if not usable:  # the report shows each one's failure; the torch module stays the answer
+        return DeployChoice("torch", True, "no candidate ran within tolerance: " + "; ".join(
+            f"{r.artifact} ({r.error or r.note})" for r in rows) + "; the torch module, as "
+            "optimize returned it (see its numerics)", rows, method, original_s)
     best = min(usable, key=lambda r: r.seconds or 0.0)
     torch_row = next((r for r in usable if r.artifact == "torch"), None)
     times = _times(rows)
