@@ -10,6 +10,7 @@ never asserted beyond being positive: which artifact wins depends on the machine
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from graphopt.frontends.onnx_export import export_torch
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning",
                                         "ignore::DeprecationWarning")
+
+#: Inductor's CPU backend compiles C++: without a compiler torch.compile fails at its first call
+HAS_CXX = bool(shutil.which("c++") or shutil.which("g++"))
 
 SPEC = """
 import torch
@@ -122,6 +126,9 @@ def test_measured_here_every_candidate_runs_and_the_choice_matches_the_original(
     assert d.measured and d.original_s and d.original_s > 0
     assert [r.artifact for r in d.rows] == list(ARTIFACTS)
     for r in d.rows:
+        if r.artifact == "torch.compile" and not HAS_CXX:  # reported, never chosen
+            assert r.error and d.artifact != "torch.compile", r
+            continue
         assert r.error is None and r.within is True and r.seconds and r.seconds > 0, r
     assert "interleaved best of" in d.method and d.artifact in d.reason
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())  # untouched
@@ -138,15 +145,16 @@ def test_measured_here_every_candidate_runs_and_the_choice_matches_the_original(
     else:
         with torch.no_grad():
             close_to(ref, loaded(*x))
-    md = opt.plan.to_markdown() if hasattr(opt.plan, "to_markdown") else None
     opt.save_report(md=str(tmp_path / "r.md"))
     text = (tmp_path / "r.md").read_text()
-    assert "## Deploy" in text and "(measured)" in text and md is None or md
+    assert "## Deploy" in text and "(measured)" in text and "interleaved best of" in text
 
 
 # --- the folder, per artifact ----------------------------------------------------------------
 
-@pytest.mark.parametrize("artifact", ARTIFACTS)
+@pytest.mark.parametrize("artifact", [
+    a if a != "torch.compile" else pytest.param(a, marks=pytest.mark.skipif(
+        not HAS_CXX, reason="Inductor needs a C++ compiler")) for a in ARTIFACTS])
 def test_each_artifact_writes_a_folder_that_loads_and_runs(artifact: str, tmp_path: Path
                                                            ) -> None:
     m, x = mlp()
