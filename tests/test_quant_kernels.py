@@ -4,8 +4,8 @@ rules that keep a shape a kernel cannot take (or would crash on) away from it.
 
 Error bounds per format, relative to the output's scale, from the formats' step sizes on
 Gaussian weights and inputs, about twice what was measured here (FP8 0.029-0.035, INT8
-weight-only 0.005-0.008, INT4 group 32 0.058-0.059): FP8 e4m3 keeps 3 mantissa bits (2^-4 relative per value, averaging over
-K), INT8 7 bits per row, INT4 16 levels per group.
+weight-only 0.005-0.008, INT4 group 32 0.058-0.059): FP8 e4m3 keeps 3 mantissa bits (2^-4
+relative per value, averaging over K), INT8 7 bits per row, INT4 16 levels per group.
 """
 
 from __future__ import annotations
