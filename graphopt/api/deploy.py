@@ -65,13 +65,11 @@ class Deployed:
         return {n: t.detach().cpu().numpy() for n, t in zip(wanted, tensors, strict=True)}
 
     def __call__(self, *inputs: Any) -> Any:
-        if self.session is None:
-            import torch
-
-            with torch.inference_mode():
-                return self.module(*inputs)
         import torch
 
+        if self.session is None:
+            with torch.inference_mode():
+                return self.module(*inputs)
         outs = [torch.from_numpy(o) for o in self.session.run(None, self.feeds(*inputs))]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -170,14 +168,22 @@ def _compiled(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance
     """torch.compile of the module, in the plan's compile mode, compiled before any timing."""
     import torch
 
-    mode = opt.runtime_settings.compile_mode.value
-    compiled = torch.compile(opt.module, mode=None if mode == "default" else mode)
+    compiled, mode = _compile(opt)
     start = time.perf_counter()
     with torch.inference_mode():
         compiled(*args)
     return (Deployed("torch.compile", compiled),
             f"mode {mode}, compiled in {time.perf_counter() - start:.1f} s",
             _relaxed(opt.info["tolerance"]))
+
+
+def _compile(opt: Any) -> tuple[Any, str]:
+    """(``torch.compile`` of the module in the plan's compile mode, that mode); compiles lazily,
+    at its first call."""
+    import torch
+
+    mode = opt.runtime_settings.compile_mode.value
+    return torch.compile(opt.module, mode=None if mode == "default" else mode), mode
 
 
 def _session(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]:
@@ -206,13 +212,9 @@ def _ort_runner(opt: Any) -> Deployed:
 def deployed(opt: Any) -> Deployed:
     """The recommended artifact, ready to run (built now if the choice was predicted)."""
     artifact = opt.deploy.artifact
-    runners = getattr(opt, "deployed_runners", None) or {}
-    if artifact in runners:
-        return runners[artifact]
-    if artifact == "torch":
-        return Deployed("torch", opt.module)
-    if artifact == "torch.compile":
-        import torch
-
-        return Deployed("torch.compile", torch.compile(opt.module))
-    return _ort_runner(opt)
+    if artifact not in opt.deployed_runners:  # built once, like the measured ones
+        opt.deployed_runners[artifact] = (
+            Deployed("torch", opt.module) if artifact == "torch" else
+            Deployed("torch.compile", _compile(opt)[0]) if artifact == "torch.compile" else
+            _ort_runner(opt))
+    return opt.deployed_runners[artifact]

@@ -116,9 +116,7 @@ def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
     outputs.claim(args.output, "saved model")  # refuse a bad path before the work
     outputs.claim_each((args.json, args.md, args.html), "report")
     module, inputs, dynamic = load_python_spec(args.model)
-    opt = optimize(module, inputs, target, precision=options.precision, pad=options.pad,
-                   layout=options.layout, quantize=options.quantize, measure=options.measure,
-                   tolerance=options.tolerance, dynamic_shapes=dynamic)
+    opt = optimize(module, inputs, target, dynamic_shapes=dynamic, **_optimize_kwargs(options))
     stage(opt, outputs, args.output)
     plan = with_partition(opt.plan, args.devices, args.strategy)
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
@@ -137,6 +135,13 @@ def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
     for path_written in written:
         print(f"wrote {path_written}")
     return 0 if all(n["within"] for n in info["numerics"]) else 1
+
+
+def _optimize_kwargs(options: Options) -> dict[str, Any]:
+    """``graphopt.optimize``'s keyword options from the CLI's ``Options``."""
+    return {"precision": options.precision, "pad": options.pad, "layout": options.layout,
+            "quantize": options.quantize, "measure": options.measure,
+            "tolerance": options.tolerance}
 
 
 def _print_deploy(choice: Any, folder: bool = False) -> None:
@@ -165,9 +170,7 @@ def _optimize_folder(args: argparse.Namespace, target: Any, options: Options,
 
     outputs.claim(Path(args.output) / DEPLOY_FILE, "deploy record")  # a bad folder: before work
     outputs.claim_each((args.json, args.md, args.html), "report")
-    kwargs: dict[str, Any] = {"precision": options.precision, "pad": options.pad,
-                              "layout": options.layout, "quantize": options.quantize,
-                              "measure": options.measure, "tolerance": options.tolerance}
+    kwargs = _optimize_kwargs(options)
     if is_python_spec(args.model):
         if args.calibration:
             raise GraphoptError("--calibration feeds ONNX Runtime's quantizers for an .onnx "
