@@ -98,9 +98,13 @@ def test_kv_bytes_match_the_hand_computation(tiny_plan) -> None:
 
 def test_tokens_per_s_within_the_bandwidth_bound(tiny_plan) -> None:
     section, h100 = tiny_plan.section, get_target("h100")
-    weights = section["model"]["param_bytes"]
     model = _tiny()  # the rotary inv_freq buffers are counted with the weights
-    assert weights == 4 * sum(t.numel() for t in [*model.parameters(), *model.buffers()])
+    assert section["model"]["param_bytes"] == \
+        4 * sum(t.numel() for t in [*model.parameters(), *model.buffers()])
+    # the bound counts the weights the nodes read: not the rotary copy no node reads
+    weights = section["memory"]["weight_bytes"]
+    assert weights == section["model"]["param_bytes"] \
+        - 4 * model.model.rotary_emb.original_inv_freq.numel()
     for r in section["decode"]:
         bound = r["batch"] * h100.bandwidth_bytes_per_s / (weights + _kv_by_hand(r["batch"]))
         assert r["bound_tokens_per_s"] == pytest.approx(bound)
@@ -216,6 +220,14 @@ def test_llm_example_runs() -> None:
     assert "7B Llama on h100 (bf16): KV cache 1.00 GiB per sequence of 2048 tokens" in out
     assert "(does not fit); largest batch that fits: 56;" in out  # (73.6 - 12.6) GiB / 1 GiB
     assert "matches the original at batch 1, 4, 16" in out
+    # one row per format: GEMMs at it, weights GiB, KV GiB per sequence, max batch, tok/s
+    rows = {w[0]: w for line in out.splitlines()
+            if (w := line.split())[:1] in (["bf16"], ["FP8"], ["INT4"])}
+    assert [rows[f][1] for f in ("bf16", "FP8", "INT4")] == ["225/225", "223/225", "223/225"]
+    assert [float(rows[f][2]) for f in ("bf16", "FP8", "INT4")] == [12.6, 6.5, 3.7]
+    assert {rows[f][4] for f in rows} == {"1.00"}
+    assert int(rows["bf16"][6]) < int(rows["FP8"][6]) <= int(rows["INT4"][6])
+    assert float(rows["bf16"][7]) < float(rows["FP8"][7]) < float(rows["INT4"][7])  # batch 1
 
 
 def test_llm_section_recommends_within_the_range_and_memory(tiny_plan) -> None:
@@ -223,7 +235,9 @@ def test_llm_section_recommends_within_the_range_and_memory(tiny_plan) -> None:
     assert mem["max_batch_size"] > 16  # the tiny model fits far more than the range's max
     assert 1 <= mem["recommended_batch_size"] <= 16
     assert mem["batch_decided_by"] in ("throughput", "range")
-    assert mem["weight_bytes"] == tiny_plan.section["model"]["param_bytes"]
+    assert mem["weight_bytes"] == memory_plan(tiny_plan.decode).param_bytes  # as traced
+    assert tiny_plan.decode.extra["memory"]["param_bytes"] == mem["weight_bytes"]
+    assert tiny_plan.section["quantize"] == "none" and mem["param_format"] == "as traced"
 
 
 def test_cli_llm_plans_both_phases(tmp_path):

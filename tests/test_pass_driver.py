@@ -177,7 +177,9 @@ def test_the_pipelines_load_every_pass_by_plain_import() -> None:
     assert [(p.name, p.tolerance, p.option) for p in onnx_passes()] == [
         ("padding", "fp32", "pad"), ("precision", "fp16", "precision"),
         ("quantize", "int8", "quantize")]
-    assert [(p.name, p.tolerance, p.option) for p in torch_passes()] == [
+    # the torch quantize pass's budget is its formats' (FP8, INT4...): decided per run
+    assert [(p.name, "per run" if callable(p.tolerance) else p.tolerance, p.option)
+            for p in torch_passes()] == [
         ("cleanup", "fp32", None), ("padding", "fp32", "pad"), ("layout", "fp32", "layout"),
-        ("precision", "compute", "precision"), ("quantize", "int8", "quantize"),
+        ("precision", "compute", "precision"), ("quantize", "per run", "quantize"),
         ("quantize_without_ends", "int8", "quantize")]

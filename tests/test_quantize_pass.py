@@ -113,10 +113,11 @@ def test_auto_applies_exactly_the_plans_int8_linears(isa):
     assert rel <= opt.info["tolerance"]["rel_to_scale"]
 
 
-@pytest.mark.parametrize("target", ["h100", "xeon-8480"])
-def test_not_applied_off_the_host(target):
+def test_not_applied_off_the_host():
+    """Another machine's CPU: quantized::linear_dynamic's numbers are this CPU's, not its
+    (a GPU target gets W8A8 on its int8 tensor cores: tests/test_torch_quantize_models.py)."""
     model, x = _mlp()
-    opt = graphopt.optimize(model, x, target=target, precision="fp32", quantize="int8")
+    opt = graphopt.optimize(model, x, target="xeon-8480", precision="fp32", quantize="int8")
     assert _quantized(opt) == []
     reasons = [n.decisions["quantize"].reason for n in opt.plan.nodes
                if "quantize" in n.decisions]

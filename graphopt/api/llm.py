@@ -15,44 +15,93 @@ Numbers, for each batch B in the range (1, 2, 4, ... and the range's ends):
 
 1. Step time: the phase's graph sized at B (:func:`graphopt.ir.shape_range.bind`), annotated and
    costed per node, as :mod:`graphopt.decisions.range_plan` costs min and max. Nodes run at the
-   weights' own dtype: load the model in the dtype it will be served in.
+   weights' own dtype (load the model in the dtype it will be served in), except the weight
+   GEMMs case 5 gives a format.
 2. Decode: tokens/s = B / step. Bound = B / ((weight bytes + KV bytes read) / bandwidth): every
    weight and the whole cache cross DRAM once per token step, so no schedule does better. KV
    bytes read are the cache inputs at B: 2 x layers x kv_heads x head_dim x L x B x dtype bytes.
-   The weight bytes include the embedding table, of which a step reads only B rows.
+   The weight bytes (at case 5's formats) include the embedding table, of which a step reads
+   only B rows.
 3. Prefill: tokens/s = B x P / step (the step is also the time to first token). Bound =
-   B x P / max(FLOPs / peak, (weight bytes + KV written) / bandwidth), the datasheet roofline.
-4. Memory: the decode plan's memory plan counts the cache inputs as activations that grow with
-   the batch, so its max batch is the largest that fits with a cache of L tokens each; the
-   section adds the cache and the total at the range's max batch, and whether they fit.
+   B x P / max(sum of FLOPs / peak at each node's dtype, (weight bytes + KV written) /
+   bandwidth), the datasheet roofline.
+4. Memory: the decode plan's memory plan (:func:`graphopt.decisions.memory.memory_plan`, the
+   weights at case 5's formats) counts the cache inputs as activations that grow with the
+   batch, so its max batch is the largest that fits with a cache of L tokens each; the section
+   adds the cache and the total at the range's max batch, and whether they fit. Each phase
+   plan's ``memory`` section is that memory plan, so the two sections agree.
+5. Formats (``quantize``): "none" costs every node at the weights' own dtype; "auto" each weight
+   GEMM at the format its precision decision picked
+   (:mod:`graphopt.decisions.gemm_precision`, at the plan's opt batch); a format name ("fp8",
+   "int8", "int4") every weight GEMM but the sensitive ones, which stay at the weights' dtype
+   as the precision decision keeps them (gemm_precision case 6: on GPUs the first and last
+   weight GEMM; GEMMs no output depends on); a format the target cannot run is an error that
+   names those it can. A GEMM at a format reads its weights at the format's bits per weight
+   and its activations at the carrier (what gemm_precision costs); it computes at the
+   format's peak (FP8, INT8: W8A8) or, weight-only, at the dtype its kernel runs
+   (``quant_formats.FORMAT_DTYPE``: INT4 in bf16). The KV cache stays at the model's dtype.
+   :meth:`LLMPlan.requantize` re-costs the traced phases at another ``quantize`` without
+   tracing again.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
 from graphopt.analysis.kernel_class import GEMM_LIKE
-from graphopt.cost.roofline import estimate, peak_key
+from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost.roofline import NodeCost, estimate, peak_key
 from graphopt.decisions.batch_advice import advise_batch
-from graphopt.decisions.memory import max_batch_that_fits
+from graphopt.decisions.decide import model_format
+from graphopt.decisions.gemm_precision import carrier_format
+from graphopt.decisions.memory import MemoryPlan, memory_plan
 from graphopt.decisions.planner import build_plan
+from graphopt.decisions.quant_formats import FORMAT_DTYPE, FORMATS, QuantFormat, get_format
+from graphopt.decisions.quantization import runnable
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET, resolve_targets
-from graphopt.ir.graph import Graph
-from graphopt.ir.plan import Plan
+from graphopt.ir.graph import DTYPE_BITS, Graph, TensorInfo
+from graphopt.ir.plan import NodePlan, Plan
 from graphopt.ir.shape_range import bind
 
-__all__ = ["LLMPlan", "batch_points", "plan_llm"]
+__all__ = ["LLMPlan", "WeightFormats", "batch_points", "plan_llm", "weight_formats"]
 
 logger = logging.getLogger(__name__)
 
 _CACHE = ("keys", "values")  # the decode step's cache inputs (llm_steps.DecodeStep)
+_PHASES = ("prefill", "decode")
+#: the formats a "can't run here" error suggests, best first, where the target runs them
+_SUGGEST = ("fp8_e4m3", "int8", "int4", "int8_weight_only", "nvfp4")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightFormats:
+    """The format each weight GEMM of one phase is costed at (module docstring, case 5)."""
+
+    #: "none", "auto" or a format key
+    quantize: str
+    #: node -> the low-precision format it is costed at
+    applied: Mapping[str, str]
+    #: node -> why it stays at the weights' dtype although ``quantize`` asked for a format
+    kept: Mapping[str, str]
+    #: format -> how many weight GEMMs run at it (the kept ones at their weights' dtype)
+    counts: Mapping[str, int]
+
+    @property
+    def precision(self) -> dict[str, str] | None:
+        """The ``precision`` argument of :func:`~graphopt.decisions.memory.memory_plan`."""
+        return dict(self.applied) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gemm_formats": dict(self.counts), "kept": dict(self.kept)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +110,24 @@ class LLMPlan:
 
     prefill: Plan
     decode: Plan
+    #: the traced phases, by phase name: :meth:`requantize` re-costs them
+    graphs: Mapping[str, Graph] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def section(self) -> dict[str, Any]:
         return dict(self.decode.extra["llm"])
+
+    def requantize(self, quantize: str) -> LLMPlan:
+        """The same traced phases costed at another ``quantize`` (case 5), without a new trace:
+        tracing a 7B model takes seconds per phase, re-costing it a fraction of one."""
+        if set(self.graphs) != set(_PHASES):
+            raise GraphoptError("this LLMPlan does not hold its traced phases",
+                                "plan it with graphopt.plan_llm(..., quantize=...)")
+        s = self.section
+        b = s["batch"]
+        shape = {k: s["model"][k] for k in ("layers", "kv_heads", "head_dim", "heads", "dtype")}
+        return _costed({"prefill": self.prefill, "decode": self.decode}, self.graphs, quantize,
+                       (b["min"], b["opt"], b["max"]), s["prompt_len"], s["cache_len"], shape)
 
     def to_dict(self) -> dict[str, Any]:
         return self.decode.to_dict()
@@ -105,9 +168,103 @@ def _batch_range(batch: Any) -> tuple[int, int]:
                         "of 1: plan a single sequence with graphopt.plan)")
 
 
+def _quantize_key(quantize: Any, target: HardwareProfile) -> str:
+    """``quantize`` checked against ``target`` (case 5): "none", "auto" or a format key."""
+    usage = "pass quantize='none', 'auto' or a format: 'fp8', 'int8', 'int4'"
+    if not isinstance(quantize, str):
+        raise GraphoptError(f"quantize must be a string, got {quantize!r}", usage)
+    q = quantize.strip().lower()
+    if q in ("none", "auto"):
+        return q
+    try:
+        fmt = get_format(q)
+    except GraphoptError as e:
+        raise GraphoptError(f"unknown quantize {quantize!r}: {e.problem}", usage) from None
+    if fmt.family == "float":
+        raise GraphoptError(f"quantize={quantize!r} is a float format, not a quantization",
+                            f"load the model in {fmt.display} (model.to(dtype)) and pass "
+                            "quantize='none'")
+    ok, why = runnable(fmt, target)
+    if not ok:
+        alts = [k for k in _SUGGEST if k in FORMATS and runnable(FORMATS[k], target)[0]]
+        raise GraphoptError(
+            f"quantize={quantize!r}: {why}",
+            "pass " + ", ".join(f"quantize={k!r}" for k in alts)
+            + f"{' or ' if alts else ''}quantize='auto' (the plan's choice per GEMM) on "
+            f"{target.name}, or plan a target that runs {fmt.display}")
+    return fmt.key
+
+
+def _weights(inputs: Iterable[TensorInfo | None]) -> list[TensorInfo]:
+    """A GEMM's weight matrices (rank >= 2 params and constants), as gemm_precision reads them."""
+    return [t for t in inputs
+            if t is not None and t.kind in ("param", "constant") and len(t.shape or ()) >= 2]
+
+
+def _weight_gemms(plan: Plan) -> list[NodePlan]:
+    return [n for n in plan.nodes if n.analysis.kernel_class in GEMM_LIKE
+            and n.analysis.kernel_class is not KernelClass.ATTENTION and _weights(n.inputs)]
+
+
+def _sensitive(plan: Plan, gemms: list[NodePlan]) -> dict[str, str]:
+    """gemm_precision case 6 for the weight GEMMs: which stay at the weights' dtype, and why."""
+    producer = {t.name: n for n in plan.nodes for t in n.outputs if t is not None}
+    stack = [producer[o["name"]] for o in plan.model.get("outputs", ())
+             if o.get("name") in producer]
+    live: set[str] = set()
+    while stack:
+        n = stack.pop()
+        if n.name not in live:
+            live.add(n.name)
+            stack += [producer[t.name] for t in n.inputs if t is not None and t.name in producer]
+    if not live:  # the plan names no outputs: every node counts as live
+        live = {n.name for n in plan.nodes}
+    order = {n.name: i for i, n in enumerate(gemms)}
+    out = {n.name: "no graph output depends on it" for n in gemms if n.name not in live}
+    ends = [n.name for n in gemms if n.name in live]
+    if ends and plan.target.is_gpu:
+        why = "weight GEMM of the model: its quantization error is not averaged out by other layers"
+        out[ends[0]] = f"first {why}"
+        out[ends[-1]] = f"last {why}"
+    return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
+
+
+def _low_format(name: Any) -> QuantFormat | None:
+    """The format a precision decision names, when it is a quantization (not a float)."""
+    try:
+        fmt = get_format(str(name))
+    except GraphoptError:
+        return None
+    return None if fmt.family == "float" else fmt
+
+
+def weight_formats(plan: Plan, quantize: str = "none") -> WeightFormats:
+    """The format each weight GEMM of ``plan`` is costed at under ``quantize`` (case 5)."""
+    q = _quantize_key(quantize, plan.target)
+    gemms = _weight_gemms(plan)
+    applied: dict[str, str] = {}
+    kept: dict[str, str] = {}
+    if q == "auto":
+        for n in gemms:
+            d = n.decisions.get("precision")
+            fmt = _low_format(d.fields.get("format")) if d is not None else None
+            if fmt is not None:
+                applied[n.name] = fmt.key
+            else:
+                kept[n.name] = d.reason if d is not None else "no precision decision"
+    elif q != "none":
+        kept = _sensitive(plan, gemms)
+        applied = {n.name: q for n in gemms if n.name not in kept}
+    counts = Counter(applied.get(n.name) or _weights(n.inputs)[0].dtype or "fp32"
+                     for n in gemms)  # the float dtypes are named as their formats
+    logger.debug("%s on %s: weight GEMMs %s", q, plan.target.name, dict(counts))
+    return WeightFormats(q, MappingProxyType(applied), MappingProxyType(kept),
+                         MappingProxyType(dict(counts)))
+
+
 def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
              batch: int | tuple[int, int] = (1, 64), prompt_len: int = 512,
-             cache_len: int = 2048, opt_batch: int = 8) -> LLMPlan:
+             cache_len: int = 2048, opt_batch: int = 8, quantize: str = "none") -> LLMPlan:
     """Plan prefill (``prompt_len`` tokens) and decode (one token against ``cache_len``
     cached ones) of a Llama-layout causal LM over a batch range.
 
@@ -120,6 +277,10 @@ def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
         prompt_len: the prefill's prompt length P.
         cache_len: the decode step's cache length L (tokens already in the cache).
         opt_batch: the batch the plans are decided at (clamped into the range).
+        quantize: the weight GEMMs' format (module docstring, case 5): "none" (the weights'
+            own dtype), "auto" (each GEMM's precision decision) or a format ("fp8", "int8",
+            "int4"); a format the target cannot run is a GraphoptError. Other formats of the
+            same trace: :meth:`LLMPlan.requantize`.
     """
     import torch
 
@@ -131,6 +292,7 @@ def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
         raise GraphoptError("plan_llm plans one target at a time",
                             "call it once per target")
     profile = profiles[0]
+    _quantize_key(quantize, profile)  # before the trace
     low, high = _batch_range(batch)
     for name, v in (("prompt_len", prompt_len), ("cache_len", cache_len)):
         if not isinstance(v, int) or v < 1:
@@ -153,13 +315,25 @@ def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
         step.training = False  # the wrapper only: the user's model keeps its mode
         graphs[phase] = load_graph(step, inputs, dynamic)
     plans = {phase: build_plan(g, profile) for phase, g in graphs.items()}
+    shape = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+             "heads": model.config.num_attention_heads,
+             "dtype": str(weight.dtype).removeprefix("torch.")}
+    return _costed(plans, graphs, quantize, (low, opt, high), prompt_len, cache_len, shape)
+
+
+def _costed(plans: Mapping[str, Plan], graphs: Mapping[str, Graph], quantize: str,
+            batch: tuple[int, int, int], prompt_len: int, cache_len: int,
+            shape: dict[str, Any]) -> LLMPlan:
+    """Both phase plans with their ``memory`` and ``llm`` sections at ``quantize``'s formats."""
+    formats = {p: weight_formats(plans[p], quantize) for p in _PHASES}
+    memory = {p: memory_plan(plans[p], formats[p].precision) for p in _PHASES}
     section = llm_section(plans["prefill"], graphs["prefill"], plans["decode"], graphs["decode"],
-                          profile, (low, opt, high), prompt_len, cache_len,
-                          {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
-                           "heads": model.config.num_attention_heads,
-                           "dtype": str(weight.dtype).removeprefix("torch.")})
-    out = {p: replace(plan, extra={**plan.extra, "llm": section}) for p, plan in plans.items()}
-    return LLMPlan(out["prefill"], out["decode"])
+                          plans["decode"].target, batch, prompt_len, cache_len, shape,
+                          formats=formats, memory=memory["decode"])
+    out = {p: replace(plans[p], extra={**plans[p].extra, "memory": memory[p].to_dict(),
+                                       "llm": section})
+           for p in _PHASES}
+    return LLMPlan(out["prefill"], out["decode"], MappingProxyType(dict(graphs)))
 
 
 def _sized(graph: Graph, b: int) -> tuple[Graph, dict[str, Any]]:
@@ -184,10 +358,37 @@ def _cache_views(graph: Graph) -> set[str]:
     return seen
 
 
+def _cost_dtype(fmt: QuantFormat, carrier: str) -> str:
+    """The dtype a GEMM at ``fmt`` computes in: the format's own (W8A8, W4A4), else the one
+    its weight-only kernel runs (``FORMAT_DTYPE``: tinygemm's INT4 in bf16), else the carrier."""
+    return FORMAT_DTYPE.get(fmt.key, carrier)
+
+
+def _at_format(a: NodeAnalysis, weights: list[TensorInfo], fmt: QuantFormat, carrier: str,
+               target: HardwareProfile) -> NodeCost:
+    """Case 5: the node's roofline with its weights at ``fmt``'s bits per weight and its
+    activations at the carrier, or at the float dtype a weight-only kernel converts them to,
+    as gemm_precision costs a low-precision candidate."""
+    w_bytes = sum(t.nbytes for t in weights)
+    w_bits = DTYPE_BITS.get(weights[0].dtype or "fp32", 32) if weights else 16
+    dtype = _cost_dtype(fmt, carrier)
+    act = dtype if fmt.weight_only and dtype.startswith(("fp", "bf")) else carrier
+    act_scale = DTYPE_BITS.get(act, 16) / DTYPE_BITS.get(a.dtype or "fp32", 32)
+    act_read = max(0, a.bytes_read - w_bytes)
+    scaled = replace(a, bytes_read=math.ceil(act_read * act_scale
+                                             + w_bytes * fmt.bits_per_weight / w_bits),
+                     bytes_written=math.ceil(a.bytes_written * act_scale), dtype=dtype)
+    return estimate(scaled, target, dtype)
+
+
 def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weights: int,
-               prompt_len: int) -> dict[str, Any]:
+               prompt_len: int, formats: Mapping[str, str], carrier: str) -> dict[str, Any]:
     sized, analyses = _sized(graph, b)
-    costs = {n.name: estimate(analyses[n.name], target) for n in sized.nodes}
+    costs: dict[str, NodeCost] = {}
+    for n in sized.nodes:
+        a, fmt = analyses[n.name], formats.get(n.name)
+        costs[n.name] = estimate(a, target) if fmt is None else \
+            _at_format(a, _weights(sized.input_infos(n)), get_format(fmt), carrier, target)
     step = sum(c.est_time_s for c in costs.values())
     bw = target.bandwidth_bytes_per_s
     weight_gemms = Counter(
@@ -215,42 +416,72 @@ def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weight
         flops = sum(a.flops for a in analyses.values())
         dtype = next((a.dtype for a in analyses.values()
                       if a.kernel_class in GEMM_LIKE and a.dtype), None)
-        peak = target.peak_flops.get(peak_key(dtype)) or target.peak_flops.get("fp32", 1.0)
-        floor = max(flops / peak, (weights + kv) / bw)
+
+        def peak(d: str | None) -> float:
+            return target.peak_flops.get(peak_key(d)) or target.peak_flops.get("fp32", 1.0)
+
+        compute = sum(a.flops / peak(_cost_dtype(get_format(formats[name]), carrier)
+                                     if name in formats else dtype)
+                      for name, a in analyses.items() if a.flops)
+        floor = max(compute, (weights + kv) / bw)
         tokens = b * prompt_len
         row.update(tokens_per_s=tokens / step if step else 0.0, kv_write_bytes=kv, flops=flops,
                    bound_tokens_per_s=tokens / floor if floor else 0.0,
-                   bound_by="compute" if flops / peak >= (weights + kv) / bw else "bandwidth")
+                   bound_by="compute" if compute >= (weights + kv) / bw else "bandwidth")
     row["share_of_bound"] = (row["tokens_per_s"] / row["bound_tokens_per_s"]
                              if row["bound_tokens_per_s"] else 0.0)
     return row
 
 
+def _format_note(formats: Mapping[str, WeightFormats], own: str, carrier: str) -> str:
+    """How the section's weight GEMMs are costed (case 5), for its notes."""
+    d = formats["decode"]
+    if d.quantize == "none":
+        return f"costed at the weights' dtype ({own})"
+    how = ("the format each GEMM's precision decision picked" if d.quantize == "auto"
+           else get_format(d.quantize).display)
+    counts = "; ".join(f"{p}: " + ", ".join(f"{k} x{v}" for k, v in sorted(
+        formats[p].counts.items())) for p in _PHASES)
+    kept = next(iter(d.kept.items()), None)
+    said = f"; {len(d.kept)} kept at {own} in decode (e.g. {kept[0]}: {kept[1]})" if kept else ""
+    wo = sorted({k for p in _PHASES for k in formats[p].applied.values()
+                 if get_format(k).weight_only})
+    computes = "".join(f"; {get_format(k).display} computes at "
+                       f"{_cost_dtype(get_format(k), carrier)}" for k in wo)
+    return (f"weight GEMMs costed at {how} ({counts}){said}{computes}; the other nodes and the "
+            f"KV cache stay {own}")
+
+
 def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph: Graph,
                 target: HardwareProfile, batch: tuple[int, int, int], prompt_len: int,
-                cache_len: int, shape: dict[str, Any]) -> dict[str, Any]:
-    """The report's ``llm`` section (module docstring, numbers 1-4)."""
+                cache_len: int, shape: dict[str, Any], *,
+                formats: Mapping[str, WeightFormats] | None = None,
+                memory: MemoryPlan | None = None) -> dict[str, Any]:
+    """The report's ``llm`` section (module docstring, numbers 1-5); ``formats`` per phase
+    (default: the weights' dtype) and ``memory``, the decode plan's memory plan at them."""
     low, opt, high = batch
-    weights = int(decode.model.get("param_bytes", 0))
+    formats = formats or {"prefill": weight_formats(prefill), "decode": weight_formats(decode)}
+    mem = memory or memory_plan(decode, formats["decode"].precision)
+    weights = mem.param_bytes  # at the applied formats
+    own = model_format(decode)
+    carrier = carrier_format(target, own)[0]
     points = batch_points(low, high)
-    rows = {phase: [_phase_row(phase, g, b, target, weights, prompt_len) for b in points]
+    rows = {phase: [_phase_row(phase, g, b, target, weights, prompt_len,
+                               formats[phase].applied, carrier) for b in points]
             for phase, g in (("prefill", prefill_graph), ("decode", decode_graph))}
-    mem = dict(decode.extra.get("memory") or {})
     kv_per_seq = rows["decode"][0]["kv_read_bytes"] // points[0]
-    per_seq = float(mem.get("activation_peak_per_sample_bytes") or 0.0)
-    # the weights as traced, as the rows are costed (the memory section counts the planned
-    # precision's bytes); the cache inputs are in per_seq
-    fixed = weights + int(mem.get("constant_bytes", 0)) + int(mem.get("workspace_bytes", 0))
-    usable = int(mem.get("usable_bytes", 0))
+    per_seq = mem.activation_peak_per_sample  # the cache inputs are in it
+    fixed = weights + mem.constant_bytes + mem.workspace_bytes
+    usable = mem.usable_bytes
     at_max = fixed + round(per_seq * high)
-    max_fit, fit_note = max_batch_that_fits(usable - fixed, per_seq)
+    max_fit, fit_note = mem.max_batch_size, mem.batch_note
     for r in rows["decode"]:
         r["fits"] = r["batch"] <= max_fit
     advice = advise_batch(decode, min(high, max_fit), opt,
                           limit_by="range" if high < max_fit else "memory")
     first, append = rows["decode"][0], rows["decode"][-1]
     notes = [
-        f"costed at the weights' dtype ({shape['dtype']}); the bound is the datasheet "
+        f"{_format_note(formats, own, carrier)}; the bound is the datasheet "
         f"bandwidth {target.bandwidth_bytes_per_s / 1e12:g} TB/s",
         f"decode appends each new entry with torch.cat (a copy of the cache per layer): "
         f"{append['cache_append_s'] / append['step_s']:.0%} of the step at batch {high}; a "
@@ -261,19 +492,21 @@ def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph:
         "(CUDA graphs and fusion remove part of that)",
         "the weight bytes of the bound include the embedding table, of which a step reads "
         "only one row per token",
-        f"this section counts the weights at their own dtype ({shape['dtype']}); the memory "
-        "section counts them at the planned precision",
+        "the bound, the memory plan and the largest batch count the weights at the same "
+        "formats as the rows; the memory section is that memory plan",
         "the recommended decode batch is the throughput knee within the batch range and "
         "memory; 'range' means samples/s still rises at the range's max",
     ]
-    logger.info("llm plan on %s: decode %.0f tokens/s at batch %d", target.name,
-                append["tokens_per_s"], high)
+    logger.info("llm plan on %s (%s): decode %.0f tokens/s at batch %d", target.name,
+                formats["decode"].quantize, append["tokens_per_s"], high)
     return {
-        "model": {**shape, "param_bytes": weights,
+        "model": {**shape, "param_bytes": int(decode.model.get("param_bytes", 0)),
                   "param_count": int(decode.model.get("param_count", 0))},
         "target": target.name, "bandwidth_bytes_per_s": target.bandwidth_bytes_per_s,
         "prompt_len": prompt_len, "cache_len": cache_len,
         "batch": {"min": low, "opt": opt, "max": high},
+        "quantize": formats["decode"].quantize, "carrier": carrier,
+        "weight_formats": {p: formats[p].to_dict() for p in _PHASES},
         "decode": rows["decode"], "prefill": rows["prefill"],
         "memory": {
             "kv_bytes_per_sequence": kv_per_seq,
@@ -281,6 +514,7 @@ def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph:
             "kv_bytes_at_max": kv_per_seq * high,
             "bytes_per_sequence": round(per_seq),
             "weight_bytes": weights,
+            "param_format": mem.param_format,
             "required_bytes_at_max": at_max,
             "usable_bytes": usable,
             "fits_at_max": at_max <= usable,

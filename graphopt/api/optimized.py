@@ -200,8 +200,11 @@ def optimize(model: Any, example_inputs: Any = None,
         pad: tensor-core padding, "auto" (cost model) | "always" | "never".
         layout: "auto" (cost model) | "channels_last" | "keep".
         quantize: "auto" (the plan's format per node: dynamic INT8 Linear on the host CPU
-            where its cost beats float) | "int8" (every eligible Linear) | "none"; ONNX also
-            "int8_static" | "fp8" | "int4" (:mod:`graphopt.ir.options`).
+            where its cost beats float; FP8, INT8 or 4-bit weights on a GPU where the plan
+            picks them) | a format for every eligible Linear: "int8" (dynamic), "fp8",
+            "int4" (group-wise weight-only), "int8_weight_only" | "none"; ONNX also
+            "int8_static" (:mod:`graphopt.ir.options`). The guard keeps the most sensitive
+            layers in float until the outputs are within the format's budget.
         measure: time each auto-decided pass and revert it if slower; default: only when the
             target is this machine's CPU ("cpu").
         calibration: ONNX only: batches for static quantization and the accuracy guard (an

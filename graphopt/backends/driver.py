@@ -51,14 +51,16 @@ class Pass:
     lowered by it). ``run``: the backend's pass function (``TorchPass``, ``OnnxPass`` or, for
     a lossy ONNX pass, the guard's ``LossyPass``). ``tolerance``: "fp32" for exact rewrites,
     "compute" for the budget of the context's ``compute_dtype``, else a format of
-    ``decisions.tolerance`` ("int8", "fp16"); a lossy pass (anything but "fp32") gets the
+    ``decisions.tolerance`` ("int8", "fp16"), or a function of the context that names one;
+    a lossy pass (anything but "fp32") gets the
     user's ``tolerance`` option as its budget. ``option``: the ``Options`` field that decides
     the pass; only its "auto" is timed, so a pass the user forced is never measured away.
     """
 
     name: str
     run: Callable[..., Any]
-    tolerance: str = "fp32"
+    #: or a function of the context, for a pass whose formats are decided per run
+    tolerance: str | Callable[[Any], str] = "fp32"
     option: str | None = None
 
     @property
@@ -121,7 +123,8 @@ def measure_here(options: Options, target: HardwareProfile) -> bool:
 
 
 def _tolerance(p: Pass, ctx: PassContext, loosest: Tolerance) -> Tolerance:
-    tol = tolerance_for(ctx.compute_dtype if p.tolerance == "compute" else p.tolerance)
+    fmt = p.tolerance(ctx) if callable(p.tolerance) else p.tolerance
+    tol = tolerance_for(ctx.compute_dtype if fmt == "compute" else fmt)
     if p.lossy:
         tol = ctx.options.lossy_budget(tol)
     return loosest if loosest.rel_to_scale > tol.rel_to_scale else tol

@@ -33,7 +33,7 @@ def _cmd_llm(args: argparse.Namespace) -> int:
         raise GraphoptError(f"--batch {args.batch!r} is not MAX or MIN:MAX",
                             "write e.g. --batch 1:64") from None
     lp = plan_llm(model, cli_target(args), batch=batch, prompt_len=args.prompt,
-                  cache_len=args.cache)
+                  cache_len=args.cache, quantize=args.quantize)
     lp.decode.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     llm = lp.section
@@ -42,6 +42,11 @@ def _cmd_llm(args: argparse.Namespace) -> int:
           f"{fmt_bytes(mem['kv_bytes_per_sequence'])} per sequence of {args.cache} "
           f"tokens; largest batch that fits: {mem['max_batch_size']}; recommended decode "
           f"batch {mem['recommended_batch_size']} ({mem['batch_decided_by']})")
+    if llm["quantize"] != "none":
+        gemms = llm["weight_formats"]["decode"]["gemm_formats"]
+        print(f"  quantize {llm['quantize']}: decode weight GEMMs "
+              + ", ".join(f"{k} x{v}" for k, v in sorted(gemms.items()))
+              + f"; weights {fmt_bytes(mem['weight_bytes'])}")
     print("  decode  batch  tokens/s  bound tokens/s | prefill tokens/s  TTFT")
     for d, p in zip(llm["decode"], llm["prefill"], strict=False):
         print(f"          {d['batch']:5d}  {d['tokens_per_s']:8.0f}  "
@@ -64,5 +69,9 @@ def add_parser(sub: argparse._SubParsersAction,
                     help="the batch range (default 1:64)")
     pm.add_argument("--prompt", type=int, default=512, help="prefill prompt length")
     pm.add_argument("--cache", type=int, default=2048, help="decode KV-cache length")
+    pm.add_argument("--quantize", default="none", metavar="FORMAT",
+                    help="the weight GEMMs' format: none (the weights' dtype, default), auto "
+                         "(each GEMM's precision decision), fp8, int8 or int4; the first and "
+                         "last weight GEMM stay at the weights' dtype on GPUs")
     add_reports(pm)
     pm.set_defaults(func=_cmd_llm)

@@ -246,7 +246,9 @@ def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype
     Args:
         precision: weight format for every node (``"bf16"``, ``"q4_k_m"``, bits like ``8``), or a
             mapping node name -> format / bits / precision ``Decision`` (nodes left out keep their
-            dtype), or ``None`` for the traced dtypes.
+            dtype), or ``None`` for the traced dtypes. The formats a backend applied, e.g.
+            ``{"linear_3": "fp8_e4m3", "linear_4": "int4"}``, give the artifact's memory plan
+            (``plan_llm`` passes the formats it costs).
         activation_dtype: float activations re-sized to this dtype (``None``: as traced).
         batch_dim: the inputs' batch dimension, for the max-batch estimate.
         reserve_policy: override of the target's default reserve (module docstring, case 5).

@@ -10,7 +10,12 @@ Bits per weight (bpw) include every block scale, so ``params x bpw / 8`` is the 
     at a higher type; llama.cpp's quantize README measures Q4_K_M at 4.84 and Q5_K_M at 5.68 bpw
     on Llama 2 7B (4.80 / 5.65 on 70B) [GGUF].
   * FP8 E4M3 with a per-tensor scale and INT8 with per-output-channel scales: 8 bpw (one fp32
-    scale per row of K >= 1024 weights adds < 0.03 bit, ignored).
+    scale per row of K >= 1024 weights adds < 0.03 bit, ignored). The same for 8-bit
+    weight-only (``int8_weight_only``: int8 weights, one scale per output row, float
+    activations; torch's ``_weight_int8pack_mm``) [TORCH-Q].
+  * INT4 weight-only, group-wise (``int4``): 4-bit weights plus one bf16 scale and one bf16 zero
+    per group of ``g`` input channels = 4 + 32 / g bpw, 4.25 at g = 128 (tinygemm's, AWQ's and
+    GPTQ's usual group; the plan may pick 32-256, :func:`int4_bits_per_weight`) [TORCH-Q].
 
 ``quality_rank`` orders formats from best (0) to lossiest. It is a documented judgement built from
 two published effects: (1) bits: llama.cpp's perplexity deltas on LLaMA 7B are Q8_0 +0.0004,
@@ -18,7 +23,9 @@ Q6_K +0.0044, Q5_K_M +0.0142, Q4_K_M +0.0535 [GGUF-PPL]; (2) formats that also q
 ACTIVATIONS (FP8, INT8 and NVFP4 GEMMs are W8A8 / W4A4) lose more than weight-only formats of
 similar size, because activations carry outlier features that a shared scale cannot cover; integer
 W8A8 suffers most (LLM.int8() [DETTMERS]), FP8 keeps an exponent per value. Hence FP8 ranks above
-Q6_K while INT8 ranks below it, and NVFP4 (W4A4) ranks last. bf16 ranks above fp16 at the same
+Q6_K while INT8 ranks below it, 8-bit weight-only (per-row scales) ranks between Q8_0 (a
+scale per 32 weights) and FP8, INT4 weight-only (g128, round-to-nearest) below Q4_K_M (more
+bits, K-quant mixes), and NVFP4 (W4A4) ranks last. bf16 ranks above fp16 at the same
 size only because it keeps fp32's exponent range (no overflow above 65504) [IEEE].
 
 Native execution (``requires``) is a set of capability flags of which the target needs ONE:
@@ -30,6 +37,11 @@ Native execution (``requires``) is a set of capability flags of which the target
     dot product (see :func:`graphopt.decisions.cpu_int8.int8_pays_on_cpu`).
   * GGUF K-quants are weight-only: llama.cpp dequantizes blocks inside its matmul kernels on any
     GPU or CPU, so they run everywhere but save memory and bandwidth, not arithmetic [GGUF].
+  * INT4 weight-only runs in torch on every CPU (``_weight_int4pack_mm_for_cpu``) and on GPUs
+    with bf16 (tinygemm, ``_weight_int4pack_mm``: bf16 activations only, built for sm_80+);
+    8-bit weight-only on every CPU and GPU (``_weight_int8pack_mm`` has a CPU and a CUDA
+    kernel). Both save weight bytes, not arithmetic: the matmul runs at the activations'
+    dtype [TORCH-Q].
 
 Sources:
   [NV-FP4]    NVIDIA technical blog "Introducing NVFP4 for efficient and accurate low-precision
@@ -43,6 +55,9 @@ Sources:
   [TE-MATRIX] NVIDIA Transformer Engine "Datatype and hardware support matrix".
   [INTEL-OPT] Intel 64 and IA-32 Architectures Optimization Reference Manual (VNNI VPDPBUSD).
   [IEEE]      IEEE 754 binary16; bfloat16 = fp32's 8-bit exponent with 8 significant bits.
+  [TORCH-Q]   torch 2.13's ``native_functions.yaml`` (``_weight_int4pack_mm``,
+              ``_weight_int8pack_mm``) and ``aten/src/ATen/native/cuda/int4mm.cu``; the kernels'
+              rules are :mod:`graphopt.decisions.torch_quant_kernels`.
 """
 
 from __future__ import annotations
@@ -60,18 +75,23 @@ __all__ = [
     "FORMATS",
     "QuantFormat",
     "get_format",
+    "int4_bits_per_weight",
     "runs_natively",
 ]
 
 #: a precision or quantization format -> the cost model's dtype for it (GGUF mixes costed at
-#: the integer width their GEMMs run in)
+#: the integer width their GEMMs run in). torch's weight-only formats compute at the dtype
+#: their GPU kernel runs, where the plan picks them (``gemm_precision`` case 7): tinygemm
+#: (INT4) in bf16, the only activations it takes; the CUDA 8-bit weight-only kernel in fp32 on
+#: the CUDA cores (it converts the activations, ``torch_quant_kernels`` case 2)
 FORMAT_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
                 "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "int8": "int8", "nvfp4": "fp4",
-                "q4_k_m": "int4", "q5_k_m": "int8", "q6_k": "int8", "q8_0": "int8"}
+                "q4_k_m": "int4", "q5_k_m": "int8", "q6_k": "int8", "q8_0": "int8",
+                "int4": "bf16", "int8_weight_only": "fp32"}
 
 logger = logging.getLogger(__name__)
 
-Family = Literal["float", "fp8", "int8", "nvfp4", "gguf"]
+Family = Literal["float", "fp8", "int8", "nvfp4", "gguf", "int_weight_only"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +127,24 @@ _TABLE: tuple[QuantFormat, ...] = (
                 frozenset({"avx512_fp16", "asimdhp"}), False, "[IEEE]"),
     QuantFormat("q8_0", "Q8_0", 8.5, 3, "gguf", None, _ANY, _ANY, False,
                 "[GGUF] block_q8_0: 32 x int8 + fp16 scale = 34 B / 32 weights"),
-    QuantFormat("fp8_e4m3", "FP8 (E4M3)", 8.0, 4, "fp8", "fp8", frozenset({"fp8"}), _NONE, True,
+    QuantFormat("int8_weight_only", "INT8 (weight-only)", 8.0, 4, "int_weight_only", None, _ANY,
+                _ANY, False, "[TORCH-Q] _weight_int8pack_mm: int8 + a scale per output row"),
+    QuantFormat("fp8_e4m3", "FP8 (E4M3)", 8.0, 5, "fp8", "fp8", frozenset({"fp8"}), _NONE, True,
                 "[TE-MATRIX] FP8 per-tensor scaling, cc >= 8.9"),
-    QuantFormat("q6_k", "Q6_K", 6.5625, 5, "gguf", None, _ANY, _ANY, False,
+    QuantFormat("q6_k", "Q6_K", 6.5625, 6, "gguf", None, _ANY, _ANY, False,
                 "[GGUF] block_q6_K: 210 B / 256 weights"),
-    QuantFormat("int8", "INT8", 8.0, 6, "int8", "int8", frozenset({"int8_tensor"}),
+    QuantFormat("int8", "INT8", 8.0, 7, "int8", "int8", frozenset({"int8_tensor"}),
                 frozenset({"avx512_vnni", "avx_vnni", "amx_int8"}), True,
                 "[INTEL-OPT] VNNI/AMX-INT8; int8 tensor cores (Turing+)"),
-    QuantFormat("q5_k_m", "Q5_K_M", 5.68, 7, "gguf", None, _ANY, _ANY, False,
+    QuantFormat("q5_k_m", "Q5_K_M", 5.68, 8, "gguf", None, _ANY, _ANY, False,
                 "[GGUF] quantize README: 5.68 bpw on Llama 2 7B"),
-    QuantFormat("q4_k_m", "Q4_K_M", 4.84, 8, "gguf", None, _ANY, _ANY, False,
+    QuantFormat("q4_k_m", "Q4_K_M", 4.84, 9, "gguf", None, _ANY, _ANY, False,
                 "[GGUF] quantize README: 4.84 bpw on Llama 2 7B"),
-    QuantFormat("nvfp4", "NVFP4", 4.5, 9, "nvfp4", "fp4", frozenset({"fp4"}), _NONE, True,
+    # tinygemm takes bf16 activations only and is built for sm_80+: the bf16 capability
+    QuantFormat("int4", "INT4 (weight-only, g128)", 4.25, 10, "int_weight_only", None,
+                frozenset({"bf16"}), _ANY, False,
+                "[TORCH-Q] _weight_int4pack_mm: 4-bit + bf16 scale and zero per 128 weights"),
+    QuantFormat("nvfp4", "NVFP4", 4.5, 11, "nvfp4", "fp4", frozenset({"fp4"}), _NONE, True,
                 "[NV-FP4] E2M1 + E4M3 scale per 16 values + fp32 per tensor"),
 )
 
@@ -133,7 +159,12 @@ _ALIASES: dict[str, str] = {
     "q8": "q8_0", "q6": "q6_k", "q5_k": "q5_k_m", "q4_k": "q4_k_m",
     "fp4": "nvfp4", "nv_fp4": "nvfp4",
     "qint8": "int8", "i8": "int8",
+    "int4_weight_only": "int4", "w4a16": "int4", "int8_wo": "int8_weight_only",
+    "w8a16": "int8_weight_only",
 }
+
+#: bits of one group's scale and zero (two bf16 values), spread over the group (``int4``)
+_INT4_GROUP_BITS = 32
 
 
 def get_format(name: str) -> QuantFormat:
@@ -150,11 +181,22 @@ def get_format(name: str) -> QuantFormat:
                         f"{hint}use one of: {', '.join(FORMATS)}")
 
 
+def int4_bits_per_weight(group: int) -> float:
+    """Stored bits per weight of ``int4`` at group size ``group``: 4 + a bf16 scale and zero
+    per group."""
+    if group <= 0:
+        raise ValueError(f"group must be positive, got {group}")
+    return 4 + _INT4_GROUP_BITS / group
+
+
 def runs_natively(fmt: QuantFormat, target: HardwareProfile) -> tuple[bool, str]:
     """Whether ``target`` executes ``fmt`` in hardware (not emulated), and why."""
     requires = fmt.gpu_requires if target.is_gpu else fmt.cpu_requires
     where = target.display_name
     if requires == _ANY:
+        if fmt.family == "int_weight_only":
+            return True, (f"{fmt.display} is weight-only: torch's kernel dequantizes it inside "
+                          f"the matmul on {where}")
         if fmt.weight_only:
             return True, (f"{fmt.display} is weight-only: llama.cpp dequantizes it inside its "
                           f"matmul kernels on any GPU or CPU")

@@ -4,21 +4,25 @@ The cases :func:`recommend_quant` handles:
 
 1. Candidates are the original format and every SMALLER one (never an upcast, never a sideways
    16-bit swap such as fp16 -> bf16, which only loses mantissa) that the target can run: natively
-   (:func:`~graphopt.decisions.quant_formats.runs_natively`), as weight-only GGUF, or, on CPUs,
-   as a float converted in software. Size = params x bpw / 8 + activations + GEMM workspace,
-   checked against usable memory (total - reserve, :mod:`graphopt.decisions.memory`).
+   (:func:`~graphopt.decisions.quant_formats.runs_natively`), as weight-only GGUF or torch's
+   weight-only formats (INT4 on GPUs with bf16 and on CPUs, 8-bit weight-only everywhere), or,
+   on CPUs, as a float converted in software. Size = params x bpw / 8 + activations + GEMM
+   workspace, checked against usable memory (total - reserve, :mod:`graphopt.decisions.memory`).
 2. quality: the best-ranked format that fits. balanced: a format of at most 8.5 bpw that fits,
    preferring ones the matrix units run natively (FP8, INT8, NVFP4) and then quality; it halves
    16-bit weights and doubles the tensor-core rate at a near-lossless cost. speed: the native
    low-bit format (FP8, INT8, NVFP4) with the highest datasheet peak that fits (ties go to
-   quality); with none, the fastest native float, then the smallest GGUF.
+   quality); with none, the fastest native float, then the smallest weight-only format (INT4,
+   4.25 bpw at g128, where it runs; else a GGUF).
 3. Nothing fits: the smallest runnable format is returned with ``fits=False`` and the reason says
-   how many bytes are missing and how many such devices the weights would need.
+   how many bytes are missing and how many such devices the weights would need (INT4 where it
+   runs, the smallest format since torch's 4-bit kernels joined the table).
 4. An explicitly ``requested`` format that is larger than the original or that the target cannot
    run is NOT an error: the preference's pick is returned and the reason says why the request was
    not honoured (a plan for another machine must not crash). Unknown names raise GraphoptError.
 
-Node level (cases 5-8, each node's GEMM precision): :mod:`graphopt.decisions.gemm_precision`.
+Node level (cases 5-9, each node's GEMM precision and who runs it):
+:mod:`graphopt.decisions.gemm_precision`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,13 @@ Runtime's quantizers take, a kernel that exists).
    weight-only MatMulNBits.
 3. :func:`method_blocked`: where a method is never worth it or cannot keep its numerics, even
    when requested by name: dynamic INT8 convs (measured 2.7-5x slower, ``CONV_INT8_MEASURED``),
-   FP8 without FP8 tensor cores.
+   FP8 without FP8 tensor cores. On the torch backend (``backend="torch"``: graphopt's torch
+   module, its modes ``fp8``, ``int8_dynamic``, ``int4``, ``int8_weight_only`` over torch's own
+   kernels, :mod:`graphopt.decisions.torch_quant_kernels`) also: dynamic INT8 on a GPU without
+   int8 tensor cores (``torch._int_mm`` is a cuBLASLt int8 GEMM: without IMMA it has no rate
+   above fp16's), and INT4 on a GPU without bf16 (tinygemm takes bf16 activations only and is
+   built for sm_80+). The ONNX backend's answers are unchanged (ONNX Runtime's MatMulNBits
+   and integer kernels have their own rules): it asks with the default ``backend="onnx"``.
 4. :func:`int8_scheme` / :func:`method_description`: U8S8 with ``reduce_range`` on a CPU whose
    int8 path saturates (AVX2 u8s8: VPMADDUBSW's int16 pair sums) or that has none, S8S8
    symmetric on GPUs (TensorRT's convention) and for FP8; the words the reports use for each
@@ -39,6 +45,7 @@ __all__ = ["Int8Scheme", "auto_choice", "auto_quantize_blocked", "int8_scheme",
 
 _NO_FP8 = "has no FP8 tensor cores (FP8 needs Ada, Hopper or Blackwell: cc 8.9+)"
 _FOUR_BIT = ("nvfp4", "int4", "fp4")
+_BACKENDS = ("onnx", "torch")
 
 
 def auto_quantize_blocked(options: Options) -> str | None:
@@ -77,13 +84,24 @@ def auto_choice(op_type: str, fmt: str, plan_why: str, target: HardwareProfile,
     return None, f"the plan keeps {fmt}: {plan_why}"
 
 
-def method_blocked(mode: str, op_type: str, target: HardwareProfile) -> str | None:
+def method_blocked(mode: str, op_type: str, target: HardwareProfile,
+                   backend: str = "onnx") -> str | None:
     """Case 3: why ``mode`` should not run a ``op_type`` node on ``target`` (profitability or
-    numerics, whoever asked), else None."""
+    numerics, whoever asked), else None; ``backend``: "onnx" (ONNX Runtime's quantizers) or
+    "torch" (graphopt's torch module)."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if mode == "int8_dynamic" and op_type == "Conv":
         return f"never dynamic INT8 convs: {CONV_INT8_MEASURED}"
     if mode == "fp8" and not (target.is_gpu and target.has("fp8")):
         return f"{target.display_name} {_NO_FP8}"
+    if backend == "torch" and target.is_gpu:
+        if mode == "int8_dynamic" and not target.has("int8_tensor"):
+            return (f"{target.display_name} has no int8 tensor cores (Turing and later, cc "
+                    "7.2/7.5+): torch._int_mm's int8 GEMM would not beat fp16")
+        if mode == "int4" and not target.has("bf16"):
+            return (f"{target.display_name} has no bf16: torch's CUDA int4 kernel (tinygemm) "
+                    "takes bf16 activations only and is built for sm_80+ (Ampere and later)")
     return None
 
 

@@ -7,8 +7,11 @@ Every option means the same on the torch module and on the ONNX model:
 2. ``pad``: tensor-core padding, "auto" (cost model, ``pad_margin``) | "always" | "never".
 3. ``layout``: "auto" (cost model) | "channels_last" | "keep".
 4. ``quantize``: "auto" (the plan's per-node format) | "none" | "int8_dynamic" (alias "int8")
-   | "int8_static" | "fp8" | "int4". The torch module runs dynamic INT8 Linear only; the
-   others are ONNX Runtime kernels, so the torch backend refuses them with the way to get them.
+   | "int8_static" | "fp8" | "int4" | "int8_weight_only". The torch module runs FP8, INT4,
+   dynamic INT8 and 8-bit weight-only Linear layers with torch's own kernels
+   (``backends/torch/quant_ops.py``); static INT8 needs ONNX Runtime's calibrated QDQ, and
+   8-bit weight-only has no ONNX Runtime kernel here, so each backend refuses the one it cannot
+   run, with the way to get it.
 5. ``tolerance``: the budget of the lossy passes (precision, quantize): max |ref - out| <=
    tolerance * max |ref| per output; None: each format's own (``decisions.tolerance``).
 6. ``measure``: time each auto-decided pass on this machine and revert it if slower; None:
@@ -31,10 +34,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": ("auto", "fp32", "tf32", "bf16", "fp16"),
     "pad": ("auto", "always", "never"),
     "layout": ("auto", "channels_last", "keep"),
-    "quantize": ("auto", "none", "int8", "int8_dynamic", "int8_static", "fp8", "int4"),
+    "quantize": ("auto", "none", "int8", "int8_dynamic", "int8_static", "fp8", "int4",
+                 "int8_weight_only"),
 }
-#: quantize modes a torch module can run (torch's quantized::linear_dynamic)
-_TORCH_QUANTIZE = ("auto", "none", "int8_dynamic")
+#: quantize modes each backend can run
+_RUNS = {"torch": ("auto", "none", "int8_dynamic", "fp8", "int4", "int8_weight_only"),
+         "onnx": ("auto", "none", "int8_dynamic", "int8_static", "fp8", "int4")}
 
 Backend = Literal["torch", "onnx"]
 T = TypeVar("T")
@@ -75,11 +80,20 @@ class Options:
 
     def check_backend(self, backend: Backend) -> Options:
         """``self`` when ``backend`` can honour every option, else a GraphoptError."""
-        if backend == "torch" and self.quantize not in _TORCH_QUANTIZE:
+        if self.quantize in _RUNS[backend]:
+            return self
+        if backend == "torch":
             raise GraphoptError(
-                f"quantize={self.quantize!r} runs on ONNX Runtime kernels; a torch module has "
-                "dynamic INT8 Linear only",
+                f"quantize={self.quantize!r} needs activation scales from calibration data, "
+                "which graphopt applies as ONNX Runtime QDQ nodes; a torch module quantizes "
+                "activations per call (int8_dynamic, fp8) or weights only (int4, "
+                "int8_weight_only)",
                 f"export the model to ONNX (opt.export_onnx('m.onnx')) and optimize that file: "
-                f"graphopt.optimize('m.onnx', quantize={self.quantize!r}); or pass "
-                "quantize='int8'")
-        return self
+                f"graphopt.optimize('m.onnx', quantize={self.quantize!r}, calibration=...); or "
+                "pass quantize='int8'")
+        raise GraphoptError(
+            f"quantize={self.quantize!r}: ONNX Runtime has no 8-bit weight-only MatMul kernel "
+            "that graphopt emits",
+            "optimize the torch module for it (graphopt.optimize(model, inputs, "
+            "quantize='int8_weight_only')), or use quantize='int4' (MatMulNBits) or "
+            "'int8_dynamic' on ONNX")

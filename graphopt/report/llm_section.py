@@ -1,5 +1,6 @@
 """The report's ``llm`` section (``graphopt.plan_llm``): decode and prefill tokens/s per batch
-beside their bounds, and the KV cache in memory, as Markdown and HTML.
+beside their bounds, the weight GEMMs' formats, and the KV cache in memory, as Markdown and
+HTML.
 
 Both renderers print the same cells from :func:`llm_tables` and the same facts from
 :func:`llm_facts`, so the two reports cannot disagree on a value.
@@ -54,13 +55,29 @@ def llm_tables(llm: Mapping[str, Any]) -> tuple[list[list[str]], list[list[str]]
     return decode, prefill
 
 
+def _gemm_formats(llm: Mapping[str, Any]) -> str:
+    """The weight GEMMs' formats: one list when both phases agree, else one per phase."""
+    per = {p: ", ".join(f"{k} x{v}" for k, v in sorted(
+        ((llm.get("weight_formats") or {}).get(p) or {}).get("gemm_formats", {}).items()))
+        for p in ("decode", "prefill")}
+    if per["decode"] == per["prefill"]:
+        return f"{per['decode'] or '—'} weight GEMMs"
+    return f"decode {per['decode'] or '—'} · prefill {per['prefill'] or '—'}"
+
+
 def llm_facts(llm: Mapping[str, Any]) -> list[Fact]:
     m, mem, b = llm.get("model") or {}, llm.get("memory") or {}, llm.get("batch") or {}
+    q = llm.get("quantize") or "none"
+    asked = {"none": "none (as traced)", "auto": "auto (each GEMM's precision decision)"
+             }.get(q, q)
     return [
         ("model", f"{m.get('layers')} layers · {m.get('heads')} heads · {m.get('kv_heads')} "
                   f"KV heads · head_dim {m.get('head_dim')}",
          f"{fmt_si(m.get('param_count'))} parameters, {fmt_bytes(m.get('param_bytes'))} "
          f"({m.get('dtype')})"),
+        ("weights", _gemm_formats(llm),
+         f"quantize={asked} · {fmt_bytes(mem.get('weight_bytes'))} of weights in the bound, "
+         "the memory plan and the largest batch"),
         ("phases", f"prefill {fmt_count(llm.get('prompt_len'))} tokens · decode against "
                    f"{fmt_count(llm.get('cache_len'))} cached",
          f"batch {b.get('min')}–{b.get('max')}, planned at {b.get('opt')}"),

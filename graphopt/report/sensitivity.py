@@ -14,16 +14,25 @@ from graphopt.report.html_text import esc, table
 
 __all__ = ["HEADER", "sensitivity_html", "sensitivity_md", "sensitivity_sections"]
 
-HEADER = ("rank", "node", "local error", "cumulative error", "contribution", "kept")
-_ALIGN = "rlrrrl"
+HEADER = ("rank", "node", "format", "local error", "cumulative error", "contribution", "share",
+          "kept")
+_ALIGN = "rllrrrrl"
 _TITLE = "Per-node sensitivity (accuracy guard)"
 _NOTE = ("local: the relative error the node adds from exact inputs; cumulative: its output's "
-         "relative error with every node lowered; contribution: its estimated share of the "
-         "output error (max abs / output scale)")
+         "relative error with every node lowered (ONNX guard); contribution: the output error "
+         "it causes (max abs / output scale); share: its part of all the nodes' contributions")
 
 
 def _num(value: Any) -> str:
     return value if value in ("overflow", "inf") else fmt_err(value)
+
+
+def _share(node: Mapping[str, Any], total: float) -> str:
+    share = node.get("share")
+    if not isinstance(share, (int, float)):
+        c = node.get("contribution")
+        share = c / total if isinstance(c, (int, float)) and total > 0 else None
+    return "" if share is None else f"{share:.1%}"
 
 
 def sensitivity_sections(opt: Mapping[str, Any]) -> list[tuple[str, str, list[list[str]]]]:
@@ -34,15 +43,21 @@ def sensitivity_sections(opt: Mapping[str, Any]) -> list[tuple[str, str, list[li
         if not isinstance(sens, Mapping) or not sens.get("nodes"):
             continue
         skipped = sens.get("not_measured") or 0
-        summary = (f"{fmt_count(sens.get('nodes'))} node(s) measured in "
-                   f"{fmt_count(sens.get('runs'))} run(s) of {fmt_count(sens.get('sessions'))} "
-                   f"ONNX Runtime session(s) on {fmt_count(sens.get('samples'))} sample(s); "
+        runs = (f"{fmt_count(sens.get('runs'))} forward run(s) of the torch module with its real "
+                "kernels" if sens.get("runner") == "torch" else
+                f"{fmt_count(sens.get('runs'))} run(s) of {fmt_count(sens.get('sessions'))} "
+                "ONNX Runtime session(s)")
+        summary = (f"{fmt_count(sens.get('nodes'))} node(s) measured in {runs} on "
+                   f"{fmt_count(sens.get('samples'))} sample(s); "
                    f"{fmt_count(sens.get('kept'))} kept in higher precision"
                    + (f"; {fmt_count(skipped)} not measured" if skipped else ""))
-        rows = [[str(n.get("rank", "")), str(n.get("node", "?")), _num(n.get("local")),
-                 _num(n.get("cumulative")), _num(n.get("contribution")),
-                 "yes" if n.get("kept") else "no"]
-                for n in sens.get("top") or [] if isinstance(n, Mapping)]
+        top = [n for n in sens.get("top") or [] if isinstance(n, Mapping)]
+        total = sum(n["contribution"] for n in top
+                    if isinstance(n.get("contribution"), (int, float)))
+        rows = [[str(n.get("rank", "")), str(n.get("node", "?")), str(n.get("format") or ""),
+                 _num(n.get("local")), _num(n.get("cumulative")), _num(n.get("contribution")),
+                 _share(n, total), "yes" if n.get("kept") else "no"]
+                for n in top]
         out.append((str(g.get("pass", "?")), summary, rows))
     return out
 
@@ -54,14 +69,15 @@ def sensitivity_md(opt: Mapping[str, Any], h: str) -> list[str]:
     out = [f"{h}# {_TITLE}", "", f"_{md_text(_NOTE)}_", ""]
     for name, summary, rows in sections:
         out += [f"**{md_text(name)}:** {md_text(summary)}", ""]
-        out += md_table(list(HEADER), [[r[0], md_code(r[1]), *r[2:]] for r in rows], _ALIGN)
+        out += md_table(list(HEADER), [[r[0], md_code(r[1]), md_text(r[2]), *r[3:]]
+                                       for r in rows], _ALIGN)
     return out
 
 
 def sensitivity_html(opt: Mapping[str, Any]) -> str:
     parts = []
     for name, summary, rows in sensitivity_sections(opt):
-        cls = ["num", "mono", "num", "num", "num", ""]
+        cls = ["num", "mono", "", "num", "num", "num", "num", ""]
         trs = ["<tr>" + "".join(f'<td class="{k}">{esc(c)}</td>' for k, c in zip(cls, r,
                                                                                   strict=True))
                + "</tr>" for r in rows]

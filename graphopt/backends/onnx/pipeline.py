@@ -215,7 +215,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
     Passes are timed per ``options.measure`` (:func:`graphopt.backends.driver.measure_here`).
     """
     start = time.perf_counter()
-    opts = options or Options()
+    opts = (options or Options()).check_backend("onnx")
     profile = _resolve(target)
     setup = _setup(model, profile, opts, calibration, samples, dynamic_shapes, start)
     compute, why = onnx_precision(profile, opts.precision)

@@ -11,6 +11,7 @@ from torch import fx
 
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.layout import LayoutPlan
+from graphopt.decisions.tolerance import Tolerance
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, Plan
@@ -46,6 +47,11 @@ class RewriteContext:
     #: the run's layout decision (``decisions.rewrites.decide_run_layout``), made once before
     #: any pass at ``compute_dtype`` (``pipeline.decide_run``); the layout pass applies it
     layout: LayoutPlan | None = None
+    #: (inputs, the original model's outputs on them), the example first: what a pass that
+    #: checks itself (the quantize guard) measures against
+    references: list[tuple[tuple[Any, ...], Any]] = field(default_factory=list)
+    #: the budget of the pass now running (set by the pipeline before each pass)
+    tolerance: Tolerance | None = None
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.plan.nodes}

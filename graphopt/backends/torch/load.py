@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from graphopt._version import __version__
+from graphopt.backends.torch.quant_ops import INT4_LINEAR, int4_from_saved
 from graphopt.backends.torch.saved_format import (
     FORMAT,
     INPUTS,
@@ -175,7 +176,12 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
         raise GraphoptError(f"{file}: graphopt's records are damaged ({first_line(e)})",
                             RESAVE) from None
     repack_int8(gm)
+    if any(n.target is INT4_LINEAR for n in gm.graph.nodes):
+        raise GraphoptError(f"{file} holds an INT4 weight packed in one device's layout; "
+                            "Optimized.save writes the portable form (int4_linear_saved)",
+                            RESAVE)
     try:
+        int4_from_saved(gm)  # packed once, in the layout of the device the weights are on
         strip_unused(gm)  # export's guard (the wrapper checks the range), plain calls, portable
         module = OptimizedModule(gm, shapes, flags, shape_range=shape_range, input_names=names)
     except (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError,

@@ -95,6 +95,17 @@ class OptimizedModule(torch.nn.Module):
         with torch.no_grad(), _runtime_flags(self._runtime):
             return self.graph_module(*args)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """``.to(device)``, ``.cuda()``, ``.half()``: low-bit weights keep their dtypes and an
+        INT4 weight is re-packed in its new device's layout (``quant_ops.move_quantized``)."""
+        from graphopt.backends.torch.quant_ops import has_quantized, move_quantized
+
+        gm = self._modules.get("graph_module")
+        if not isinstance(gm, fx.GraphModule) or not has_quantized(gm):
+            return super()._apply(fn, recurse)
+        apply = super()._apply
+        return move_quantized(gm, lambda: apply(fn, recurse))
+
     def _name(self, i: int) -> str:
         return repr(self._input_names[i]) if self._positions else str(i)
 

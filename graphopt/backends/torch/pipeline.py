@@ -29,6 +29,8 @@ from graphopt.backends.torch.precision import reduce_precision
 from graphopt.backends.torch.quantize import dynamic_int8, dynamic_int8_without_ends
 from graphopt.backends.torch.result import TorchResult
 from graphopt.backends.torch.verify import compare_outputs
+from graphopt.backends.torch.weight_quant import low_bit_linears, quantize_tolerance
+from graphopt.decisions.memory import memory_plan
 from graphopt.decisions.planner import build_plan
 from graphopt.decisions.precision_format import choose_precision
 from graphopt.decisions.rewrites import HostFacts, decide_run_layout
@@ -39,7 +41,7 @@ from graphopt.frontends.torch_frontend import trace_torch
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
-from graphopt.ir.plan import mark_reverted
+from graphopt.ir.plan import Plan, mark_reverted
 
 __all__ = ["decide_run", "default_passes", "optimize_torch", "prepare"]
 
@@ -109,14 +111,35 @@ def decide_run(ctx: RewriteContext, compute_dtype: str | None = None) -> None:
                                    HostFacts(onednn=torch.backends.mkldnn.is_available()))
 
 
+def _host_dynamic_int8(ctx: RewriteContext) -> bool:
+    """On a CPU target, ``auto`` and ``int8_dynamic`` are the host's dynamic INT8
+    (quantized::linear_dynamic); every other case is a low-bit kernel of torch's own."""
+    return not ctx.target.is_gpu and ctx.options.quantize in ("auto", "int8_dynamic")
+
+
+def quantize(gm: fx.GraphModule, ctx: RewriteContext) -> bool | PassResult[fx.GraphModule]:
+    """The quantize pass: the host CPU's dynamic INT8, or the plan's (or the named) low-bit
+    format per Linear, guarded node by node (:mod:`.weight_quant`)."""
+    return dynamic_int8(gm, ctx) if _host_dynamic_int8(ctx) else low_bit_linears(gm, ctx)
+
+
+def _quantize_without_ends(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
+    """The host INT8 pass's second try (the low-bit pass's guard chooses its own set)."""
+    return _host_dynamic_int8(ctx) and dynamic_int8_without_ends(gm, ctx)
+
+
+def _quantize_budget(ctx: RewriteContext) -> str:
+    return "int8" if _host_dynamic_int8(ctx) else quantize_tolerance(ctx)
+
+
 def default_passes() -> list[Pass]:
-    """Cleanup, padding, layout (exact), then precision and INT8 (lossy, verified)."""
+    """Cleanup, padding, layout (exact), then precision and quantize (lossy, verified)."""
     return [Pass("cleanup", fold_batchnorm_and_drop_dropout),
             Pass("padding", pad_channels, option="pad"),
             Pass("layout", channels_last, option="layout"),
             Pass("precision", reduce_precision, "compute", option="precision"),
-            Pass("quantize", dynamic_int8, "int8", option="quantize"),
-            Pass("quantize_without_ends", dynamic_int8_without_ends, "int8",
+            Pass("quantize", quantize, _quantize_budget, option="quantize"),
+            Pass("quantize_without_ends", _quantize_without_ends, "int8",
                  option="quantize")]
 
 
@@ -139,7 +162,12 @@ class _TorchBackend:
         return copy.deepcopy(gm)
 
     def apply(self, p: Pass, gm: fx.GraphModule, tol: Tolerance) -> PassResult[fx.GraphModule]:
-        if not p.run(gm, self.ctx):
+        self.ctx.tolerance = tol
+        done = p.run(gm, self.ctx)
+        if isinstance(done, PassResult):  # a pass that checked itself (the quantize guard)
+            if done.declined is not None or not done.modified:
+                return done
+        elif not done:
             return PassResult(gm, False)
         gm.graph.lint()
         gm.recompile()
@@ -179,6 +207,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     reference = run_isolated(model, ctx.example_inputs)
     references = [(ctx.example_inputs, reference)] + [
         (args, run_isolated(model, args)) for _, _, args in ctx.range_points]
+    ctx.references = references
     measure = measure_here(ctx.options, ctx.target)
     passes = default_passes() if passes is None else passes
     done = run_passes(_TorchBackend(ctx, references), gm, passes, measure=measure)
@@ -197,16 +226,36 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         ctx.decisions = mark_reverted({}, ctx.decisions, fallback)
         applied, final_tol = [], tolerance_for("fp32")
     final = compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
+    guard = ctx.notes.pop("guard", None)
     info = {"passes_applied": applied, "passes_reverted": reverted,
+            **({"guard": guard} if guard else {}),
             **_range_checks(module, ctx, references[1:], final_tol),
             "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
             "tolerance": final_tol.to_dict(),
             "numerics": [c.to_dict() for c in final]}
     plan = ctx.plan.with_decisions(ctx.decisions)
-    plan = replace(plan, extra={**plan.extra, "optimization": info})
+    memory = (_artifact_memory(plan, ctx.compute_dtype) if fallback is None
+              else memory_plan(plan).to_dict())  # the model itself: its own dtypes
+    plan = replace(plan, extra={**plan.extra, "optimization": info, "memory": memory})
     flags = ctx.notes.get("precision", {}).get("runtime", {})
     return TorchResult(module, plan, info, tuple(ctx.example_inputs), ctx.shape_range,
                        tuple(ctx.input_names), dict(flags))
+
+
+def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:
+    """The memory plan of what the module carries: each weight GEMM at the format the
+    quantize pass applied (INT4 at its group's bits), the other weights at the compute dtype
+    (the plan's own section assumed its formats, some of which a pass may not apply)."""
+    formats: dict[str, str | float] = {}
+    for n in plan.nodes:
+        if not any(t is not None and t.kind in ("param", "constant") for t in n.inputs):
+            continue
+        q = n.decisions.get("quantize")
+        fmt = q.fields.get("format") if q is not None and q.applied else None
+        group = q.fields.get("group") if q is not None else None
+        formats[n.name] = (4 + 32 / int(group) if fmt == "int4" and group else
+                           str(fmt) if fmt else compute_dtype)
+    return memory_plan(plan, formats).to_dict()
 
 
 def _shapes(args: tuple[Any, ...]) -> str:

@@ -21,6 +21,7 @@ import copy
 import inspect
 import json
 import logging
+import operator
 import os
 import warnings
 from operator import attrgetter
@@ -31,6 +32,7 @@ import torch
 from torch import fx
 
 from graphopt._version import __version__
+from graphopt.backends.torch.quant_ops import int4_to_saved
 from graphopt.backends.torch.saved_format import (
     FORMAT,
     INPUTS,
@@ -46,6 +48,45 @@ from graphopt.files.outputs import OutputSet
 __all__ = ["save", "stage"]
 
 logger = logging.getLogger(__name__)
+
+_GRAD_WRAP = torch.ops.higher_order.wrap_with_set_grad_enabled
+
+
+def _inline_grad_wraps(gm: fx.GraphModule) -> int:
+    """A ``torch.no_grad()`` block's body inline (Llama's rotary embedding is one): the module
+    runs without autograd, so its wrapper (``wrap_with_set_grad_enabled``) is a no-op, and
+    :mod:`.load`'s reader builds one flat graph of ops. Returns how many were inlined."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _GRAD_WRAP or not all(
+                u.target is operator.getitem for u in node.users):
+            continue
+        sub = attrgetter(str(node.args[1].target))(gm)
+        env: dict[fx.Node, Any] = dict(zip(
+            [p for p in sub.graph.nodes if p.op == "placeholder"], node.args[2:], strict=True))
+        outs: Any = ()
+        with gm.graph.inserting_before(node):
+            for s in sub.graph.nodes:
+                if s.op == "output":
+                    outs = fx.node.map_arg(s.args[0], env.__getitem__)
+                elif s.op == "get_attr":
+                    name = f"_inlined_{count}_{str(s.target).replace('.', '_')}"
+                    setattr(gm, name, attrgetter(str(s.target))(sub))
+                    env[s] = gm.graph.get_attr(name)
+                elif s.op != "placeholder":
+                    env[s] = gm.graph.node_copy(s, env.__getitem__)
+        for user in list(node.users):
+            user.replace_all_uses_with(outs[user.args[1]])
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.graph.eliminate_dead_code()
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+        count += _inline_grad_wraps(gm)  # a block nested in one
+    return count
+
 
 def _flatten_attrs(gm: fx.GraphModule) -> None:
     """Move every weight the graph reads to a top-level name (``lins.7.weight`` ->
@@ -104,6 +145,8 @@ def _exported(opt: Any) -> torch.export.ExportedProgram:
     gm = copy.deepcopy(graph)
     if isinstance(gm, fx.GraphModule):
         unpack_int8(gm)
+        _inline_grad_wraps(gm)
+        int4_to_saved(gm)  # a CPU pack is this CPU's ISA's layout: save the nibbles
         _flatten_attrs(gm)
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in opt.example_inputs)
     names = _input_names(opt)

@@ -1,0 +1,184 @@
+"""Low-bit Linear layers in the torch module: the plan's FP8, INT8 and INT4, node by node.
+
+Identity (approximate; :mod:`.quant_guard` checks it against the format's budget):
+``aten.linear(x, W, b)`` -> ``graphopt::<format>_linear(x, *pack(W), b)``, torch's own kernel
+over plain tensors (:mod:`.quant_ops`): FP8 e4m3 with per-row weight and per-token activation
+scales, INT8 weights and per-token INT8 activations (``_int_mm``), 8-bit or group-wise 4-bit
+weights with float activations.
+
+Cases:
+
+1. ``quantize="auto"``: the Linear nodes whose precision decision has ``runs_on="torch"`` and a
+   torch ``kernel`` (the plan's format where torch's kernel takes the node on the target,
+   ``decisions/gemm_precision.py``). A CPU INT8 decision without a ``kernel`` is
+   :mod:`.quantize`'s dynamic INT8 (``quantized::linear_dynamic``), not this pass's.
+2. A format by name (``fp8``, ``int4``, ``int8_weight_only``, and ``int8_dynamic`` for a GPU
+   target): every Linear with a constant 2-D float weight, unless the method is blocked on the
+   target (``quantize_choice.method_blocked``: FP8 without FP8 tensor cores, INT8 without int8
+   tensor cores, INT4 without bf16).
+3. Legality, per node: a constant 2-D float weight, a float input, and torch's kernel taking its
+   K, N, input dtype and group on the target's device and on this CPU, where the artifact is
+   checked (``torch_quant_kernels.kernel_refuses``). A node refused keeps its float format and
+   the report says why.
+4. Numbers: :func:`.quant_guard.guard` measures each node's share of the output error and keeps
+   the most sensitive nodes in float until the outputs are within the budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphopt.backends.driver import PassResult
+from graphopt.backends.torch.context import RewriteContext
+from graphopt.backends.torch.fx_utils import get_tensor, is_aten, val
+from graphopt.backends.torch.quant_ops import QUANT_OPS, pack_linear
+from graphopt.decisions.quantize_choice import auto_quantize_blocked, method_blocked
+from graphopt.decisions.tolerance import loosest
+from graphopt.decisions.torch_quant_kernels import (
+    MODE_FORMAT,
+    int4_group,
+    kernel_refuses,
+    torch_kernel_for,
+)
+
+__all__ = ["Lowering", "low_bit_linears", "quantize_tolerance"]
+
+logger = logging.getLogger(__name__)
+
+_FLOATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+#: modes the host CPU's dynamic INT8 pass (:mod:`.quantize`) runs instead of this one
+_HOST_INT8 = "int8_dynamic"
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """One node's low-bit form: the plan's format, torch's kernel for it, the int4 group."""
+
+    fmt: str
+    kernel: str
+    group: int | None
+    why: str
+
+
+def _host_int8(ctx: RewriteContext) -> bool:
+    """INT8 by name on the host CPU: :mod:`.quantize`'s quantized::linear_dynamic runs it."""
+    return ctx.options.quantize == _HOST_INT8 and not ctx.target.is_gpu
+
+
+def _planned(ctx: RewriteContext, node: fx.Node) -> Lowering | None:
+    """Case 1: the plan's torch format for ``node``, if it has one."""
+    plan_node = ctx.plan_node(node)
+    d = plan_node.decisions.get("precision") if plan_node else None
+    if d is None or d.fields.get("runs_on") != "torch" or not d.fields.get("kernel"):
+        return None
+    group = d.fields.get("group")
+    return Lowering(str(d.fields["format"]), str(d.fields["kernel"]),
+                    int(group) if group else None, d.reason)
+
+
+def quantize_tolerance(ctx: RewriteContext) -> str:
+    """The budget this pass is checked against: the loosest format it may apply."""
+    mode = ctx.options.quantize
+    if mode in MODE_FORMAT and not _host_int8(ctx):
+        return MODE_FORMAT[mode]
+    formats = set()
+    for plan_node in ctx.plan.nodes:
+        d = plan_node.decisions.get("precision")
+        if d is not None and d.fields.get("runs_on") == "torch" and d.fields.get("kernel"):
+            formats.add(str(d.fields["format"]))
+    return loosest(formats) if formats else "int8"
+
+
+def _wanted(ctx: RewriteContext, node: fx.Node, k: int) -> Lowering | str | None:
+    """Cases 1-2: the lowering ``node`` should get, why not (str), or None (not asked)."""
+    mode = ctx.options.quantize
+    if mode == "auto":
+        return _planned(ctx, node)
+    fmt = MODE_FORMAT[mode]
+    kernel = torch_kernel_for(fmt)
+    if kernel is None:
+        return f"{fmt}: no torch kernel"
+    group = int4_group(k) if kernel == "int4_weight_only" else None
+    if kernel == "int4_weight_only" and group is None:
+        return f"K={k} splits into no int4 group size (32, 64, 128, 256)"
+    return Lowering(fmt, kernel, group, f"quantize={mode!r} requested")
+
+
+def _refused(gm: fx.GraphModule, node: fx.Node, low: Lowering, ctx: RewriteContext
+             ) -> str | None:
+    """Case 3: why ``node`` cannot run ``low`` here, else None."""
+    w = get_tensor(gm, node.args[1] if len(node.args) > 1 else None)
+    if w is None or w.dim() != 2 or w.dtype not in _FLOATS:
+        return "the weight is not a constant float matrix"
+    x = val(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+    if x is None or x.dtype not in _FLOATS:
+        return "the input is not a float tensor"
+    n, k = w.shape
+    act = _FLOATS[x.dtype]
+    devices = ("cpu", "cuda") if ctx.target.is_gpu else ("cpu",)
+    for device in devices:
+        why = kernel_refuses(low.kernel, k, n, act, low.group, device=device)
+        if why is not None:
+            return f"{why} ({device})"
+    return None
+
+
+def _lower(gm: fx.GraphModule, node: fx.Node, low: Lowering) -> dict[str, Any]:
+    """Pack ``node``'s weight and return the low-bit call's (target, args) beside the float
+    one's, without switching: the guard switches."""
+    w = get_tensor(gm, node.args[1])
+    x = val(node.args[0])
+    bias = node.args[2] if len(node.args) > 2 else None
+    packed = pack_linear(low.kernel, w, x.dtype, low.group)
+    args: list[Any] = [node.args[0]]
+    with gm.graph.inserting_before(node), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for i, t in enumerate(packed):
+            name = f"_graphopt_q{i}_{node.name}"
+            gm.register_buffer(name, t)
+            args.append(gm.graph.get_attr(name))
+    if low.kernel == "int4_weight_only":
+        args.append(low.group)
+    args.append(bias)
+    return {"float": (node.target, node.args, dict(node.kwargs)),
+            "low": (QUANT_OPS[low.kernel], tuple(args), {})}
+
+
+def low_bit_linears(gm: fx.GraphModule, ctx: RewriteContext) -> bool | PassResult:
+    """Cases 1-4 on ``gm`` in place; False when no node was asked for or could take it."""
+    from graphopt.backends.torch.quant_guard import guard
+
+    mode = ctx.options.quantize
+    if mode == "none" or _host_int8(ctx):
+        return False
+    off = auto_quantize_blocked(ctx.options)
+    if off is not None:
+        return False
+    if mode != "auto":
+        blocked = method_blocked(mode, "Linear", ctx.target, backend="torch")
+        if blocked is not None:
+            ctx.notes["quantize"] = {"mode": mode, "applied": 0, "reason": blocked}
+            return False
+    lowered: dict[str, tuple[Lowering, dict[str, Any]]] = {}
+    for node in list(gm.graph.nodes):
+        if not is_aten(node, "linear"):
+            continue
+        w = get_tensor(gm, node.args[1] if len(node.args) > 1 else None)
+        low = _wanted(ctx, node, int(w.shape[-1]) if w is not None and w.dim() == 2 else 0)
+        if low is None:
+            continue
+        why = low if isinstance(low, str) else _refused(gm, node, low, ctx)
+        if why is not None:
+            ctx.decide(node, "quantize", f"not applied, keeps its float format: {why}",
+                       applied=False)
+            continue
+        lowered[node.name] = (low, _lower(gm, node, low))
+    if not lowered:
+        return False
+    return guard(gm, ctx, lowered)
