@@ -1,6 +1,7 @@
 """torch's low-bit Linear kernels on this CPU against fp32 (issue 22): time and error of each
-format graphopt's torch backend packs (``graphopt.backends.torch.quant_kernels``), one
-4096 x 4096 Linear at M = 1 (decode) and M = 128 (prefill).
+format as the optimized torch module runs it (the ``graphopt::*_linear`` ops of
+``graphopt.backends.torch.quant_ops``, packed by ``pack_linear``), one 4096 x 4096 Linear at
+M = 1 (decode) and M = 128 (prefill).
 
 These are CPU numbers, stated as such: they check that each kernel runs and how much it
 errs; a GPU's speed-ups come from its tensor cores and bandwidth, not from these.
@@ -31,26 +32,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.two_trees import cpu_model  # noqa: E402
 from graphopt.backends.timing import best_time  # noqa: E402
-from graphopt.backends.torch import quant_kernels as qk  # noqa: E402
+from graphopt.backends.torch.quant_ops import QUANT_OPS, pack_linear  # noqa: E402
 
 SIZE = 4096
 GROUP = 128
 
 
 def options(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[], object]]:
-    """name -> a call computing the Linear, each format packed once here."""
-    xb = x.bfloat16()
-    fp8 = qk.pack_fp8(w)
-    i8, i8b = qk.pack_int8_weight_only(w, torch.float32), qk.pack_int8_weight_only(w, xb.dtype)
-    i4 = qk.pack_int4(w, GROUP, xb.dtype)
-    wb, bb = w.bfloat16(), b.bfloat16()
+    """name -> a call computing the Linear, each format packed once here, run by its op."""
+    xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+
+    def op(kernel: str, act: torch.Tensor, group: int | None = None) -> Callable[[], object]:
+        packed = pack_linear(kernel, w, act.dtype, group)
+        extra = (group,) if group else ()
+        return lambda: QUANT_OPS[kernel](act, *packed, *extra, b)
+
     return {
         "fp32": lambda: torch.nn.functional.linear(x, w, b),
         "bf16": lambda: torch.nn.functional.linear(xb, wb, bb),
-        "fp8_e4m3 (bf16 act)": lambda: qk.fp8_linear(xb, *fp8, b),
-        "int8 weight-only (fp32 act)": lambda: qk.int8_weight_only_linear(x, *i8, b),
-        "int8 weight-only (bf16 act)": lambda: qk.int8_weight_only_linear(xb, *i8b, b),
-        f"int4 g{GROUP} (bf16 act)": lambda: qk.int4_linear(xb, *i4, GROUP, b),
+        "fp8_e4m3 (bf16 act)": op("fp8_e4m3", xb),
+        "int8 dynamic W8A8 (bf16 act)": op("int8_dynamic", xb),
+        "int8 weight-only (fp32 act)": op("int8_weight_only", x),
+        "int8 weight-only (bf16 act)": op("int8_weight_only", xb),
+        f"int4 g{GROUP} (bf16 act)": op("int4_weight_only", xb, GROUP),
     }
 
 

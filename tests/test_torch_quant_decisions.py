@@ -1,5 +1,5 @@
 """The plan's low-bit formats that graphopt's torch module applies (issue 22): per-node decisions
-on GPUs (``decisions/gemm_precision.py`` cases 7 and 9), the torch kernels' legality per device
+on GPUs (``decisions/gpu_formats.py`` cases 7 and 9), the torch kernels' legality per device
 (``decisions/torch_quant_kernels.py``), the INT4 group, the formats' table entries and the torch
 modes ``method_blocked`` refuses.
 

@@ -252,3 +252,61 @@ def test_load_on_cuda_moves_the_weights_with_their_scales(built: dict[str, Any],
     lowered = [n for n in loaded.graph_module.graph.nodes
                if n.target is QUANT_OPS[torch_kernel_for(MODE_FORMAT[mode])]]
     assert lowered, "the low-bit ops did not survive the round trip"
+
+
+def _mlp() -> nn.Module:
+    """Decode-sized and prefill-sized GEMMs, 4096 wide: big enough for the plan to pick a
+    low-bit format (a tiny model's GEMMs are launch-bound and stay bf16)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),
+                         nn.Linear(4096, 4096), nn.GELU(), nn.Linear(4096, 1024)).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows,target,fmt", [
+    (1, "h100", "int4"), (1, "a100", "int4"), (1, "v100", "int8_weight_only"),
+    (256, "h100", "fp8_e4m3"), (256, "a100", "int8"), (256, "b200", None)])
+def test_auto_applies_what_the_plan_picked(rows: int, target: str, fmt: str | None) -> None:
+    """``quantize="auto"``: the module carries the plan's torch formats (the first and last
+    GEMMs stay float), runs here within budget and on fake CUDA. NVFP4 on a B200 prefill is
+    plan-only (no torch FP4 kernel): nothing is lowered and the plan says so."""
+    model, x = _mlp(), torch.randn(rows, 1024, generator=torch.Generator().manual_seed(3))
+    opt = graphopt.optimize(model, x, target=target, measure=False)
+    planned = {n.name: n.decisions["precision"].fields
+               for n in graphopt.plan(model, x, target).nodes if n.op_type == "Linear"}
+    picked = {name for name, f in planned.items() if f.get("runs_on") == "torch"
+              and f.get("kernel")}
+    lowered = {n.name for n in opt.module.graph_module.graph.nodes
+               if n.target in QUANT_OPS.values()}
+    if fmt is None:
+        assert not lowered and not picked
+        assert {f["format"] for f in planned.values()} >= {"nvfp4"}
+        assert all(f["runs_on"] == "plan-only" for f in planned.values()
+                   if f["format"] == "nvfp4")
+        return
+    assert lowered and lowered <= picked == {"linear_1", "linear_2"}
+    assert {planned[n]["format"] for n in picked} == {fmt}
+    budget = tolerance_for(fmt)
+    with torch.no_grad():
+        ref, got = model(x), opt.module(x).float()
+    assert (got - ref).abs().max() <= budget.rel_to_scale * ref.abs().max()
+    saved = _saved_form(opt.module)
+    with FakeTensorMode(allow_non_fake_inputs=False), torch.no_grad():
+        out = _on_fake_cuda(saved)(torch.empty(rows, 1024, device="cuda"))
+    assert out.device.type == "cuda" and out.shape == (rows, 1024)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_moving_the_module_keeps_its_formats_and_numbers(built: dict[str, Any],
+                                                         mode: str) -> None:
+    """``.to(device)`` re-packs INT4 for the device (here the same CPU: unpacked and packed
+    again, bit-exact), and ``.to(dtype)`` leaves low-bit weights and their scales alone."""
+    _, args = built["models"]["llama"]
+    opt = built["opts"]["llama", "h100", mode]
+    moved = copy.deepcopy(opt.module).to("cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(moved(*args), opt.module(*args), rtol=0, atol=0)
+    dtypes = {t.dtype for t in moved.to(torch.float32).buffers()}
+    want = {"fp8": torch.float8_e4m3fn, "int8_dynamic": torch.int8, "int4": torch.uint8}[mode]
+    assert want in dtypes

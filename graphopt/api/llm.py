@@ -31,15 +31,9 @@ Numbers, for each batch B in the range (1, 2, 4, ... and the range's ends):
    adds the cache and the total at the range's max batch, and whether they fit. Each phase
    plan's ``memory`` section is that memory plan, so the two sections agree.
 5. Formats (``quantize``): "none" costs every node at the weights' own dtype; "auto" each weight
-   GEMM at the format its precision decision picked
-   (:mod:`graphopt.decisions.gemm_precision`, at the plan's opt batch); a format name ("fp8",
-   "int8", "int4") every weight GEMM but the sensitive ones, which stay at the weights' dtype
-   as the precision decision keeps them (gemm_precision case 6: on GPUs the first and last
-   weight GEMM; GEMMs no output depends on); a format the target cannot run is an error that
-   names those it can. A GEMM at a format reads its weights at the format's bits per weight
-   and its activations at the carrier (what gemm_precision costs); it computes at the
-   format's peak (FP8, INT8: W8A8) or, weight-only, at the dtype its kernel runs
-   (``quant_formats.FORMAT_DTYPE``: INT4 in bf16). The KV cache stays at the model's dtype.
+   GEMM at the format its precision decision picked; a format name ("fp8", "int8", "int4")
+   every weight GEMM but the sensitive ones (gemm_precision case 6), at the format's bits per
+   weight and peak: :mod:`graphopt.api.llm_formats`. The KV cache stays at the model's dtype.
    :meth:`LLMPlan.requantize` re-costs the traced phases at another ``quantize`` without
    tracing again.
 """
@@ -47,29 +41,35 @@ Numbers, for each batch B in the range (1, 2, 4, ... and the range's ends):
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
 from graphopt.analysis.kernel_class import GEMM_LIKE
-from graphopt.analysis.record import NodeAnalysis
+from graphopt.api.llm_formats import (
+    WeightFormats,
+    cost_dtype,
+    format_cost,
+    format_note,
+    quantize_key,
+    weight_formats,
+)
 from graphopt.cost.roofline import NodeCost, estimate, peak_key
 from graphopt.decisions.batch_advice import advise_batch
 from graphopt.decisions.decide import model_format
 from graphopt.decisions.gemm_precision import carrier_format
 from graphopt.decisions.memory import MemoryPlan, memory_plan
 from graphopt.decisions.planner import build_plan
-from graphopt.decisions.quant_formats import FORMAT_DTYPE, FORMATS, QuantFormat, get_format
-from graphopt.decisions.quantization import runnable
+from graphopt.decisions.precision_cost import weight_tensors
+from graphopt.decisions.quant_formats import get_format
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET, resolve_targets
-from graphopt.ir.graph import DTYPE_BITS, Graph, TensorInfo
-from graphopt.ir.plan import NodePlan, Plan
+from graphopt.ir.graph import Graph
+from graphopt.ir.plan import Plan
 from graphopt.ir.shape_range import bind
 
 __all__ = ["LLMPlan", "WeightFormats", "batch_points", "plan_llm", "weight_formats"]
@@ -78,30 +78,6 @@ logger = logging.getLogger(__name__)
 
 _CACHE = ("keys", "values")  # the decode step's cache inputs (llm_steps.DecodeStep)
 _PHASES = ("prefill", "decode")
-#: the formats a "can't run here" error suggests, best first, where the target runs them
-_SUGGEST = ("fp8_e4m3", "int8", "int4", "int8_weight_only", "nvfp4")
-
-
-@dataclass(frozen=True, slots=True)
-class WeightFormats:
-    """The format each weight GEMM of one phase is costed at (module docstring, case 5)."""
-
-    #: "none", "auto" or a format key
-    quantize: str
-    #: node -> the low-precision format it is costed at
-    applied: Mapping[str, str]
-    #: node -> why it stays at the weights' dtype although ``quantize`` asked for a format
-    kept: Mapping[str, str]
-    #: format -> how many weight GEMMs run at it (the kept ones at their weights' dtype)
-    counts: Mapping[str, int]
-
-    @property
-    def precision(self) -> dict[str, str] | None:
-        """The ``precision`` argument of :func:`~graphopt.decisions.memory.memory_plan`."""
-        return dict(self.applied) or None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gemm_formats": dict(self.counts), "kept": dict(self.kept)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,100 +144,6 @@ def _batch_range(batch: Any) -> tuple[int, int]:
                         "of 1: plan a single sequence with graphopt.plan)")
 
 
-def _quantize_key(quantize: Any, target: HardwareProfile) -> str:
-    """``quantize`` checked against ``target`` (case 5): "none", "auto" or a format key."""
-    usage = "pass quantize='none', 'auto' or a format: 'fp8', 'int8', 'int4'"
-    if not isinstance(quantize, str):
-        raise GraphoptError(f"quantize must be a string, got {quantize!r}", usage)
-    q = quantize.strip().lower()
-    if q in ("none", "auto"):
-        return q
-    try:
-        fmt = get_format(q)
-    except GraphoptError as e:
-        raise GraphoptError(f"unknown quantize {quantize!r}: {e.problem}", usage) from None
-    if fmt.family == "float":
-        raise GraphoptError(f"quantize={quantize!r} is a float format, not a quantization",
-                            f"load the model in {fmt.display} (model.to(dtype)) and pass "
-                            "quantize='none'")
-    ok, why = runnable(fmt, target)
-    if not ok:
-        alts = [k for k in _SUGGEST if k in FORMATS and runnable(FORMATS[k], target)[0]]
-        raise GraphoptError(
-            f"quantize={quantize!r}: {why}",
-            "pass " + ", ".join(f"quantize={k!r}" for k in alts)
-            + f"{' or ' if alts else ''}quantize='auto' (the plan's choice per GEMM) on "
-            f"{target.name}, or plan a target that runs {fmt.display}")
-    return fmt.key
-
-
-def _weights(inputs: Iterable[TensorInfo | None]) -> list[TensorInfo]:
-    """A GEMM's weight matrices (rank >= 2 params and constants), as gemm_precision reads them."""
-    return [t for t in inputs
-            if t is not None and t.kind in ("param", "constant") and len(t.shape or ()) >= 2]
-
-
-def _weight_gemms(plan: Plan) -> list[NodePlan]:
-    return [n for n in plan.nodes if n.analysis.kernel_class in GEMM_LIKE
-            and n.analysis.kernel_class is not KernelClass.ATTENTION and _weights(n.inputs)]
-
-
-def _sensitive(plan: Plan, gemms: list[NodePlan]) -> dict[str, str]:
-    """gemm_precision case 6 for the weight GEMMs: which stay at the weights' dtype, and why."""
-    producer = {t.name: n for n in plan.nodes for t in n.outputs if t is not None}
-    stack = [producer[o["name"]] for o in plan.model.get("outputs", ())
-             if o.get("name") in producer]
-    live: set[str] = set()
-    while stack:
-        n = stack.pop()
-        if n.name not in live:
-            live.add(n.name)
-            stack += [producer[t.name] for t in n.inputs if t is not None and t.name in producer]
-    if not live:  # the plan names no outputs: every node counts as live
-        live = {n.name for n in plan.nodes}
-    order = {n.name: i for i, n in enumerate(gemms)}
-    out = {n.name: "no graph output depends on it" for n in gemms if n.name not in live}
-    ends = [n.name for n in gemms if n.name in live]
-    if ends and plan.target.is_gpu:
-        why = "weight GEMM of the model: its quantization error is not averaged out by other layers"
-        out[ends[0]] = f"first {why}"
-        out[ends[-1]] = f"last {why}"
-    return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
-
-
-def _low_format(name: Any) -> QuantFormat | None:
-    """The format a precision decision names, when it is a quantization (not a float)."""
-    try:
-        fmt = get_format(str(name))
-    except GraphoptError:
-        return None
-    return None if fmt.family == "float" else fmt
-
-
-def weight_formats(plan: Plan, quantize: str = "none") -> WeightFormats:
-    """The format each weight GEMM of ``plan`` is costed at under ``quantize`` (case 5)."""
-    q = _quantize_key(quantize, plan.target)
-    gemms = _weight_gemms(plan)
-    applied: dict[str, str] = {}
-    kept: dict[str, str] = {}
-    if q == "auto":
-        for n in gemms:
-            d = n.decisions.get("precision")
-            fmt = _low_format(d.fields.get("format")) if d is not None else None
-            if fmt is not None:
-                applied[n.name] = fmt.key
-            else:
-                kept[n.name] = d.reason if d is not None else "no precision decision"
-    elif q != "none":
-        kept = _sensitive(plan, gemms)
-        applied = {n.name: q for n in gemms if n.name not in kept}
-    counts = Counter(applied.get(n.name) or _weights(n.inputs)[0].dtype or "fp32"
-                     for n in gemms)  # the float dtypes are named as their formats
-    logger.debug("%s on %s: weight GEMMs %s", q, plan.target.name, dict(counts))
-    return WeightFormats(q, MappingProxyType(applied), MappingProxyType(kept),
-                         MappingProxyType(dict(counts)))
-
-
 def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
              batch: int | tuple[int, int] = (1, 64), prompt_len: int = 512,
              cache_len: int = 2048, opt_batch: int = 8, quantize: str = "none") -> LLMPlan:
@@ -292,7 +174,7 @@ def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
         raise GraphoptError("plan_llm plans one target at a time",
                             "call it once per target")
     profile = profiles[0]
-    _quantize_key(quantize, profile)  # before the trace
+    quantize_key(quantize, profile)  # before the trace
     low, high = _batch_range(batch)
     for name, v in (("prompt_len", prompt_len), ("cache_len", cache_len)):
         if not isinstance(v, int) or v < 1:
@@ -358,29 +240,6 @@ def _cache_views(graph: Graph) -> set[str]:
     return seen
 
 
-def _cost_dtype(fmt: QuantFormat, carrier: str) -> str:
-    """The dtype a GEMM at ``fmt`` computes in: the format's own (W8A8, W4A4), else the one
-    its weight-only kernel runs (``FORMAT_DTYPE``: tinygemm's INT4 in bf16), else the carrier."""
-    return FORMAT_DTYPE.get(fmt.key, carrier)
-
-
-def _at_format(a: NodeAnalysis, weights: list[TensorInfo], fmt: QuantFormat, carrier: str,
-               target: HardwareProfile) -> NodeCost:
-    """Case 5: the node's roofline with its weights at ``fmt``'s bits per weight and its
-    activations at the carrier, or at the float dtype a weight-only kernel converts them to,
-    as gemm_precision costs a low-precision candidate."""
-    w_bytes = sum(t.nbytes for t in weights)
-    w_bits = DTYPE_BITS.get(weights[0].dtype or "fp32", 32) if weights else 16
-    dtype = _cost_dtype(fmt, carrier)
-    act = dtype if fmt.weight_only and dtype.startswith(("fp", "bf")) else carrier
-    act_scale = DTYPE_BITS.get(act, 16) / DTYPE_BITS.get(a.dtype or "fp32", 32)
-    act_read = max(0, a.bytes_read - w_bytes)
-    scaled = replace(a, bytes_read=math.ceil(act_read * act_scale
-                                             + w_bytes * fmt.bits_per_weight / w_bits),
-                     bytes_written=math.ceil(a.bytes_written * act_scale), dtype=dtype)
-    return estimate(scaled, target, dtype)
-
-
 def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weights: int,
                prompt_len: int, formats: Mapping[str, str], carrier: str) -> dict[str, Any]:
     sized, analyses = _sized(graph, b)
@@ -388,7 +247,8 @@ def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weight
     for n in sized.nodes:
         a, fmt = analyses[n.name], formats.get(n.name)
         costs[n.name] = estimate(a, target) if fmt is None else \
-            _at_format(a, _weights(sized.input_infos(n)), get_format(fmt), carrier, target)
+            format_cost(a, weight_tensors(sized.input_infos(n)), get_format(fmt), carrier,
+                        target)
     step = sum(c.est_time_s for c in costs.values())
     bw = target.bandwidth_bytes_per_s
     weight_gemms = Counter(
@@ -420,7 +280,7 @@ def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weight
         def peak(d: str | None) -> float:
             return target.peak_flops.get(peak_key(d)) or target.peak_flops.get("fp32", 1.0)
 
-        compute = sum(a.flops / peak(_cost_dtype(get_format(formats[name]), carrier)
+        compute = sum(a.flops / peak(cost_dtype(get_format(formats[name]), carrier)
                                      if name in formats else dtype)
                       for name, a in analyses.items() if a.flops)
         floor = max(compute, (weights + kv) / bw)
@@ -431,25 +291,6 @@ def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weight
     row["share_of_bound"] = (row["tokens_per_s"] / row["bound_tokens_per_s"]
                              if row["bound_tokens_per_s"] else 0.0)
     return row
-
-
-def _format_note(formats: Mapping[str, WeightFormats], own: str, carrier: str) -> str:
-    """How the section's weight GEMMs are costed (case 5), for its notes."""
-    d = formats["decode"]
-    if d.quantize == "none":
-        return f"costed at the weights' dtype ({own})"
-    how = ("the format each GEMM's precision decision picked" if d.quantize == "auto"
-           else get_format(d.quantize).display)
-    counts = "; ".join(f"{p}: " + ", ".join(f"{k} x{v}" for k, v in sorted(
-        formats[p].counts.items())) for p in _PHASES)
-    kept = next(iter(d.kept.items()), None)
-    said = f"; {len(d.kept)} kept at {own} in decode (e.g. {kept[0]}: {kept[1]})" if kept else ""
-    wo = sorted({k for p in _PHASES for k in formats[p].applied.values()
-                 if get_format(k).weight_only})
-    computes = "".join(f"; {get_format(k).display} computes at "
-                       f"{_cost_dtype(get_format(k), carrier)}" for k in wo)
-    return (f"weight GEMMs costed at {how} ({counts}){said}{computes}; the other nodes and the "
-            f"KV cache stay {own}")
 
 
 def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph: Graph,
@@ -481,7 +322,7 @@ def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph:
                           limit_by="range" if high < max_fit else "memory")
     first, append = rows["decode"][0], rows["decode"][-1]
     notes = [
-        f"{_format_note(formats, own, carrier)}; the bound is the datasheet "
+        f"{format_note(formats, own, carrier)}; the bound is the datasheet "
         f"bandwidth {target.bandwidth_bytes_per_s / 1e12:g} TB/s",
         f"decode appends each new entry with torch.cat (a copy of the cache per layer): "
         f"{append['cache_append_s'] / append['step_s']:.0%} of the step at batch {high}; a "

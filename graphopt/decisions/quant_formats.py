@@ -81,7 +81,7 @@ __all__ = [
 
 #: a precision or quantization format -> the cost model's dtype for it (GGUF mixes costed at
 #: the integer width their GEMMs run in). torch's weight-only formats compute at the dtype
-#: their GPU kernel runs, where the plan picks them (``gemm_precision`` case 7): tinygemm
+#: their GPU kernel runs, where the plan picks them (``gpu_formats`` case 7): tinygemm
 #: (INT4) in bf16, the only activations it takes; the CUDA 8-bit weight-only kernel in fp32 on
 #: the CUDA cores (it converts the activations, ``torch_quant_kernels`` case 2)
 FORMAT_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",

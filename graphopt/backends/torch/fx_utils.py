@@ -43,6 +43,23 @@ def get_tensor(gm: fx.GraphModule, node: fx.Node | None) -> torch.Tensor | None:
     return obj if isinstance(obj, torch.Tensor) else None
 
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def float_linear(gm: fx.GraphModule, node: fx.Node
+                 ) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """(weight, input value) of an ``aten.linear`` whose weight is a constant 2-D float matrix
+    and whose input is a float tensor, else why it is not one (the quantize passes' common
+    legality)."""
+    w = get_tensor(gm, node.args[1] if len(node.args) > 1 else None)
+    if w is None or w.dim() != 2 or w.dtype not in _FLOATS:
+        return "the weight is not a constant float matrix"
+    x = val(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+    if x is None or x.dtype not in _FLOATS:
+        return "the input is not a float tensor"
+    return w, x
+
+
 def new_param(gm: fx.GraphModule, base: str, tensor: torch.Tensor,
               before: fx.Node) -> fx.Node:
     """Register ``tensor`` as a frozen parameter of ``gm`` and return a get_attr node for it."""

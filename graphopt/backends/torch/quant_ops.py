@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from operator import attrgetter
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import fx
@@ -74,50 +74,33 @@ def _out(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], n))
 
 
-# --- 1. FP8 --------------------------------------------------------------------------------------
-@torch.library.custom_op("graphopt::fp8_linear", mutates_args=(),
-                         schema="(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor")
-def _fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
-    _check_linear("fp8_linear", torch.float8_e4m3fn, x, weight, scale, bias)
-    return qk.fp8_linear(x, weight, scale, bias)
+# --- 1.-3. FP8, INT8 dynamic, INT8 weight-only: (x, weight, scale, bias) ---------------------
+_LINEAR_SCHEMA = "(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor"
 
 
-@_fp8_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-      bias: torch.Tensor | None) -> torch.Tensor:
-    return _out(x, _check_linear("fp8_linear", torch.float8_e4m3fn, x, weight, scale, bias))
+def _scaled_linear_op(name: str, weight_dtype: torch.dtype,
+                      kernel: Callable[..., torch.Tensor]) -> Any:
+    """``graphopt::<name>(x, weight, scale, bias)`` over ``kernel`` (``quant_kernels``), with
+    a fake that makes the real kernels' checks."""
+    def run(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+            bias: torch.Tensor | None) -> torch.Tensor:
+        _check_linear(name, weight_dtype, x, weight, scale, bias)
+        return kernel(x, weight, scale, bias)
+
+    def fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+        return _out(x, _check_linear(name, weight_dtype, x, weight, scale, bias))
+
+    op = torch.library.custom_op(f"graphopt::{name}", run, mutates_args=(),
+                                 schema=_LINEAR_SCHEMA)
+    op.register_fake(fake)
+    return op
 
 
-# --- 2. INT8 dynamic (W8A8) ----------------------------------------------------------------------
-@torch.library.custom_op("graphopt::int8_dynamic_linear", mutates_args=(),
-                         schema="(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor")
-def _int8_dynamic_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                         bias: torch.Tensor | None) -> torch.Tensor:
-    _check_linear("int8_dynamic_linear", torch.int8, x, weight, scale, bias)
-    return qk.int8_dynamic_linear(x, weight, scale, bias)
-
-
-@_int8_dynamic_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-      bias: torch.Tensor | None) -> torch.Tensor:
-    return _out(x, _check_linear("int8_dynamic_linear", torch.int8, x, weight, scale, bias))
-
-
-# --- 3. INT8 weight-only -------------------------------------------------------------------------
-@torch.library.custom_op("graphopt::int8_weight_only_linear", mutates_args=(),
-                         schema="(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor")
-def _int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                             bias: torch.Tensor | None) -> torch.Tensor:
-    """See :func:`.quant_kernels.int8_weight_only_linear` for the CUDA kernel or fallback."""
-    _check_linear("int8_weight_only_linear", torch.int8, x, weight, scale, bias)
-    return qk.int8_weight_only_linear(x, weight, scale, bias)
-
-
-@_int8_weight_only_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-      bias: torch.Tensor | None) -> torch.Tensor:
-    return _out(x, _check_linear("int8_weight_only_linear", torch.int8, x, weight, scale, bias))
+_scaled_linear_op("fp8_linear", torch.float8_e4m3fn, qk.fp8_linear)
+_scaled_linear_op("int8_dynamic_linear", torch.int8, qk.int8_dynamic_linear)
+# the CUDA kernel or the fallback: :func:`.quant_kernels.int8_weight_only_linear`
+_scaled_linear_op("int8_weight_only_linear", torch.int8, qk.int8_weight_only_linear)
 
 
 # --- 4. and 5. INT4 ------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch.context import RewriteContext
-from graphopt.backends.torch.fx_utils import get_tensor, is_aten, val
+from graphopt.backends.torch.fx_utils import float_linear, get_tensor, is_aten, val
+from graphopt.backends.torch.quant_kernels import quantize_rows_int8
 from graphopt.decisions.quantize_choice import auto_quantize_blocked
 from graphopt.hardware import is_this_machine
 
@@ -38,15 +39,15 @@ logger = logging.getLogger(__name__)
 
 
 def pack_int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> object:
-    scale = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
+    """The weight rounded by graphopt's one per-row int8 quantizer, packed for oneDNN/FBGEMM."""
+    q, scale = quantize_rows_int8(weight)
     zero = torch.zeros(weight.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized tensors are deprecated but still the CPU path
         warnings.simplefilter("ignore", UserWarning)
-        q = torch.quantize_per_channel(weight.float(), scale, zero, 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(q, bias)
+        packed = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
+        return torch.ops.quantized.linear_prepack(packed, bias)
 
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _CAST_TAG = "graphopt_int8_cast"  # node.meta key on the casts this pass inserts
 
 
@@ -54,12 +55,9 @@ def can_quantize(gm: fx.GraphModule, node: fx.Node, ctx: RewriteContext) -> str 
     """None if ``node`` may run as dynamic INT8 here, else the reason it may not."""
     if not is_this_machine(ctx.target):
         return "INT8 is applied only for the host CPU target (the kernel must run here)"
-    w = get_tensor(gm, node.args[1] if len(node.args) > 1 else None)
-    if w is None or w.dim() != 2 or w.dtype not in _FLOATS:
-        return "the weight is not a constant float matrix"
-    x = val(node.args[0]) if isinstance(node.args[0], fx.Node) else None
-    if x is None or x.dtype not in _FLOATS:
-        return "the input is not a float tensor"
+    operands = float_linear(gm, node)
+    if isinstance(operands, str):
+        return operands
     if not hasattr(torch.ops.quantized, "linear_dynamic"):
         return "this torch build has no quantized::linear_dynamic kernel"
     return None

@@ -10,7 +10,7 @@ Cases:
 
 1. ``quantize="auto"``: the Linear nodes whose precision decision has ``runs_on="torch"`` and a
    torch ``kernel`` (the plan's format where torch's kernel takes the node on the target,
-   ``decisions/gemm_precision.py``). A CPU INT8 decision without a ``kernel`` is
+   ``decisions/gpu_formats.py``). A CPU INT8 decision without a ``kernel`` is
    :mod:`.quantize`'s dynamic INT8 (``quantized::linear_dynamic``), not this pass's.
 2. A format by name (``fp8``, ``int4``, ``int8_weight_only``, and ``int8_dynamic`` for a GPU
    target): every Linear with a constant 2-D float weight, unless the method is blocked on the
@@ -36,7 +36,7 @@ from torch import fx
 
 from graphopt.backends.driver import PassResult
 from graphopt.backends.torch.context import RewriteContext
-from graphopt.backends.torch.fx_utils import get_tensor, is_aten, val
+from graphopt.backends.torch.fx_utils import float_linear, get_tensor, is_aten, val
 from graphopt.backends.torch.quant_ops import QUANT_OPS, pack_linear
 from graphopt.decisions.quantize_choice import auto_quantize_blocked, method_blocked
 from graphopt.decisions.tolerance import loosest
@@ -51,7 +51,7 @@ __all__ = ["Lowering", "low_bit_linears", "quantize_tolerance"]
 
 logger = logging.getLogger(__name__)
 
-_FLOATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ACT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: modes the host CPU's dynamic INT8 pass (:mod:`.quantize`) runs instead of this one
 _HOST_INT8 = "int8_dynamic"
 
@@ -113,14 +113,12 @@ def _wanted(ctx: RewriteContext, node: fx.Node, k: int) -> Lowering | str | None
 def _refused(gm: fx.GraphModule, node: fx.Node, low: Lowering, ctx: RewriteContext
              ) -> str | None:
     """Case 3: why ``node`` cannot run ``low`` here, else None."""
-    w = get_tensor(gm, node.args[1] if len(node.args) > 1 else None)
-    if w is None or w.dim() != 2 or w.dtype not in _FLOATS:
-        return "the weight is not a constant float matrix"
-    x = val(node.args[0]) if isinstance(node.args[0], fx.Node) else None
-    if x is None or x.dtype not in _FLOATS:
-        return "the input is not a float tensor"
+    operands = float_linear(gm, node)
+    if isinstance(operands, str):
+        return operands
+    w, x = operands
     n, k = w.shape
-    act = _FLOATS[x.dtype]
+    act = _ACT[x.dtype]
     devices = ("cpu", "cuda") if ctx.target.is_gpu else ("cpu",)
     for device in devices:
         why = kernel_refuses(low.kernel, k, n, act, low.group, device=device)
