@@ -148,7 +148,7 @@ def _on_fake_cuda(m: nn.Module) -> nn.Module:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "cnn"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "cnn"])
 @pytest.mark.parametrize("target,mode", sorted(RUNS))
 def test_fake_cuda(built: dict[str, Any], name: str, target: str, mode: str) -> None:
     """Case 2: the GPU artifact places every tensor on the GPU and its layouts pass the CUDA
