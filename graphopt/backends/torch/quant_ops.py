@@ -42,6 +42,7 @@ from torch import fx
 from graphopt.backends.torch import quant_kernels as qk
 from graphopt.decisions.torch_quant_kernels import kernel_refuses
 from graphopt.errors import GraphoptError
+from graphopt.frontends.aten_ops import TORCH_DTYPES
 
 __all__ = ["INT4_LINEAR", "INT4_LINEAR_SAVED", "QUANT_OPS", "has_quantized", "int4_from_saved",
            "int4_to_saved", "move_quantized", "pack_linear", "quantize_rows_int8"]
@@ -172,7 +173,6 @@ QUANT_OPS: dict[str, torch._ops.OpOverload] = {
 INT4_LINEAR = QUANT_OPS["int4_weight_only"]
 INT4_LINEAR_SAVED: torch._ops.OpOverload = torch.ops.graphopt.int4_linear_saved.default
 _ALL_OPS = (*QUANT_OPS.values(), INT4_LINEAR_SAVED)
-_ACT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def pack_linear(kernel: str, weight: torch.Tensor, act_dtype: torch.dtype,
@@ -186,7 +186,7 @@ def pack_linear(kernel: str, weight: torch.Tensor, act_dtype: torch.dtype,
             here too because one of these kernels crashes the process instead of raising.
     """
     n, k = weight.shape
-    reason = kernel_refuses(kernel, k, n, _ACT.get(act_dtype, str(act_dtype)), group)
+    reason = kernel_refuses(kernel, k, n, TORCH_DTYPES.get(act_dtype, str(act_dtype)), group)
     if reason is not None:
         raise ValueError(f"{kernel} cannot run this Linear: {reason}")
     if kernel == "fp8_e4m3":

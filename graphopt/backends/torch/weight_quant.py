@@ -31,7 +31,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import fx
 
 from graphopt.backends.driver import PassResult
@@ -46,12 +45,12 @@ from graphopt.decisions.torch_quant_kernels import (
     kernel_refuses,
     torch_kernel_for,
 )
+from graphopt.frontends.aten_ops import TORCH_DTYPES
 
 __all__ = ["Lowering", "low_bit_linears", "quantize_tolerance"]
 
 logger = logging.getLogger(__name__)
 
-_ACT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: modes the host CPU's dynamic INT8 pass (:mod:`.quantize`) runs instead of this one
 _HOST_INT8 = "int8_dynamic"
 
@@ -118,7 +117,7 @@ def _refused(gm: fx.GraphModule, node: fx.Node, low: Lowering, ctx: RewriteConte
         return operands
     w, x = operands
     n, k = w.shape
-    act = _ACT[x.dtype]
+    act = TORCH_DTYPES[x.dtype]
     devices = ("cpu", "cuda") if ctx.target.is_gpu else ("cpu",)
     for device in devices:
         why = kernel_refuses(low.kernel, k, n, act, low.group, device=device)
