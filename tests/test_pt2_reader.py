@@ -304,3 +304,24 @@ def test_reader_rebuilds_plain_output_containers(tmp_path: Path,
     with pytest.raises(graphopt.GraphoptError, match="returns a container other than"):
         opt.save(tmp_path / "named.pt2")
     assert not (tmp_path / "named.pt2").exists()
+
+
+def _bare_int8_kernel(program: dict[str, Any]) -> None:
+    """graphopt's checked INT8 op renamed to the raw kernel it wraps (a crafted file)."""
+    for node in program["graph_module"]["graph"]["nodes"]:
+        if node["target"] == "torch.ops.graphopt.int8_weight_only_linear.default":
+            node["target"] = "torch.ops.aten._weight_int8pack_mm.default"
+
+
+def test_reader_refuses_a_bare_low_bit_kernel(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file naming ``aten._weight_int8pack_mm`` itself (which segfaults on bf16 with
+    K % 32 != 0, where graphopt's op falls back) is refused before anything runs."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64)).eval()
+    opt = graphopt.optimize(model, torch.randn(2, 64), target="h100",
+                            quantize="int8_weight_only", measure=False)
+    good = opt.save(tmp_path / "good.pt2")
+    assert "int8_weight_only_linear" in str(_load_by_reader(good, monkeypatch).graph_module.code)
+    bad = _edited(good, tmp_path / "bare.pt2", _bare_int8_kernel)
+    with pytest.raises(graphopt.GraphoptError, match="does not check its arguments"):
+        _load_by_reader(bad, monkeypatch)

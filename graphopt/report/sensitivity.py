@@ -50,7 +50,8 @@ def sensitivity_sections(opt: Mapping[str, Any]) -> list[tuple[str, str, list[li
         summary = (f"{fmt_count(sens.get('nodes'))} node(s) measured in {runs} on "
                    f"{fmt_count(sens.get('samples'))} sample(s); "
                    f"{fmt_count(sens.get('kept'))} kept in higher precision"
-                   + (f"; {fmt_count(skipped)} not measured" if skipped else ""))
+                   + (f"; {fmt_count(skipped)} not measured" if skipped else "")
+                   + (f"; nothing lowered: {g['declined']}" if g.get("declined") else ""))
         top = [n for n in sens.get("top") or [] if isinstance(n, Mapping)]
         total = sum(n["contribution"] for n in top
                     if isinstance(n.get("contribution"), (int, float)))

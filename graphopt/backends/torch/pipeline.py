@@ -29,7 +29,11 @@ from graphopt.backends.torch.precision import reduce_precision
 from graphopt.backends.torch.quantize import dynamic_int8, dynamic_int8_without_ends
 from graphopt.backends.torch.result import TorchResult
 from graphopt.backends.torch.verify import compare_outputs
-from graphopt.backends.torch.weight_quant import low_bit_linears, quantize_tolerance
+from graphopt.backends.torch.weight_quant import (
+    host_dynamic_int8,
+    low_bit_linears,
+    quantize_tolerance,
+)
 from graphopt.decisions.memory import memory_plan
 from graphopt.decisions.planner import build_plan
 from graphopt.decisions.precision_format import choose_precision
@@ -111,25 +115,19 @@ def decide_run(ctx: RewriteContext, compute_dtype: str | None = None) -> None:
                                    HostFacts(onednn=torch.backends.mkldnn.is_available()))
 
 
-def _host_dynamic_int8(ctx: RewriteContext) -> bool:
-    """On a CPU target, ``auto`` and ``int8_dynamic`` are the host's dynamic INT8
-    (quantized::linear_dynamic); every other case is a low-bit kernel of torch's own."""
-    return not ctx.target.is_gpu and ctx.options.quantize in ("auto", "int8_dynamic")
-
-
 def quantize(gm: fx.GraphModule, ctx: RewriteContext) -> bool | PassResult[fx.GraphModule]:
     """The quantize pass: the host CPU's dynamic INT8, or the plan's (or the named) low-bit
     format per Linear, guarded node by node (:mod:`.weight_quant`)."""
-    return dynamic_int8(gm, ctx) if _host_dynamic_int8(ctx) else low_bit_linears(gm, ctx)
+    return dynamic_int8(gm, ctx) if host_dynamic_int8(ctx) else low_bit_linears(gm, ctx)
 
 
 def _quantize_without_ends(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     """The host INT8 pass's second try (the low-bit pass's guard chooses its own set)."""
-    return _host_dynamic_int8(ctx) and dynamic_int8_without_ends(gm, ctx)
+    return host_dynamic_int8(ctx) and dynamic_int8_without_ends(gm, ctx)
 
 
 def _quantize_budget(ctx: RewriteContext) -> str:
-    return "int8" if _host_dynamic_int8(ctx) else quantize_tolerance(ctx)
+    return "int8" if host_dynamic_int8(ctx) else quantize_tolerance(ctx)
 
 
 def default_passes() -> list[Pass]:
@@ -152,11 +150,10 @@ def _run(gm: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 @dataclass
 class _TorchBackend:
     """The driver's torch backend: passes edit a private fx copy in place; checks run it on
-    clones of the example inputs (and at the shape range's min and max), timings at opt."""
+    clones of the example inputs (and at the shape range's min and max: ``ctx.references``),
+    timings at opt."""
 
     ctx: RewriteContext
-    #: (inputs, the original model's outputs on them): the example first
-    references: list[tuple[tuple[Any, ...], Any]]
 
     def snapshot(self, gm: fx.GraphModule) -> fx.GraphModule:
         return copy.deepcopy(gm)
@@ -174,7 +171,7 @@ class _TorchBackend:
         return PassResult(gm, True)
 
     def check(self, p: Pass, gm: fx.GraphModule, tol: Tolerance) -> str | None:
-        for i, (args, reference) in enumerate(self.references):
+        for i, (args, reference) in enumerate(self.ctx.references):
             at = "" if i == 0 else f" at {_shapes(args)}"
             try:
                 result = compare_outputs(reference, _run(gm, args), tol)
@@ -210,7 +207,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     ctx.references = references
     measure = measure_here(ctx.options, ctx.target)
     passes = default_passes() if passes is None else passes
-    done = run_passes(_TorchBackend(ctx, references), gm, passes, measure=measure)
+    done = run_passes(_TorchBackend(ctx), gm, passes, measure=measure)
     gm, applied, reverted, final_tol = done.model, done.applied, done.reverted, done.tolerance
     # a pass the user forced (quantize="int8"...) is theirs: never timed away, alone or whole
     forced = [p.name for p in passes if p.name in applied and p.option is not None
@@ -226,7 +223,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         ctx.decisions = mark_reverted({}, ctx.decisions, fallback)
         applied, final_tol = [], tolerance_for("fp32")
     final = compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
-    guard = ctx.notes.pop("guard", None)
+    guard = _guard_notes(ctx.notes.pop("guard", None), applied, reverted)
     info = {"passes_applied": applied, "passes_reverted": reverted,
             **({"guard": guard} if guard else {}),
             **_range_checks(module, ctx, references[1:], final_tol),
@@ -240,6 +237,22 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     flags = ctx.notes.get("precision", {}).get("runtime", {})
     return TorchResult(module, plan, info, tuple(ctx.example_inputs), ctx.shape_range,
                        tuple(ctx.input_names), dict(flags))
+
+
+def _guard_notes(guard: list[dict[str, Any]] | None, applied: list[str],
+                 reverted: list[dict[str, str]]) -> list[dict[str, Any]] | None:
+    """The guard's section as the module is: a pass the driver reverted after its guard kept
+    some layers lowered (a timing, a later check) lowered none of them."""
+    for entry in guard or []:
+        if entry.get("pass") in applied or entry.get("declined"):
+            continue
+        why = next((r["reason"] for r in reverted if r.get("pass") == entry.get("pass")),
+                   "reverted")
+        sens = entry["sensitivity"]
+        entry["declined"] = f"the pass was reverted after the guard: {why}"
+        sens["kept"] = sens["nodes"]
+        sens["top"] = [{**row, "kept": True} for row in sens["top"]]
+    return guard
 
 
 def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:

@@ -23,7 +23,10 @@ Steps:
 
 Runs of the model, each one forward pass of the example: one float run, one with every node
 lowered, ``min(N, GROUPS)`` group runs, and ``ceil(log2(N)) + 1`` at most for the bisection.
-The pipeline then checks the result on every reference point as it checks every pass.
+The ranking is measured on the example inputs; every "within the budget" is checked on every
+reference point (the example and the shape range's min and max), as the pipeline checks a pass.
+The budget is the loosest of the formats lowered (the driver's, if tighter: a user's
+``tolerance``), not of every format the plan named.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from graphopt.backends.driver import PassResult
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.isolation import clone_inputs, preserved_buffers
 from graphopt.backends.torch.verify import compare_outputs
-from graphopt.decisions.tolerance import Tolerance, tolerance_for
+from graphopt.decisions.tolerance import Tolerance, loosest, tolerance_for
 
 __all__ = ["GROUPS", "guard"]
 
@@ -124,21 +127,34 @@ def _contributions(gm: fx.GraphModule, forms: dict[str, dict[str, Any]], order: 
     return out
 
 
+def _budget(ctx: RewriteContext, formats: set[str]) -> Tolerance:
+    """The loosest budget of the formats lowered, or the driver's where that is tighter."""
+    own = ctx.options.lossy_budget(tolerance_for(loosest(formats)))
+    if ctx.tolerance is not None and ctx.tolerance.rel_to_scale < own.rel_to_scale:
+        return ctx.tolerance
+    return own
+
+
+def _within_elsewhere(gm: fx.GraphModule, ctx: RewriteContext, tol: Tolerance) -> bool:
+    """Within ``tol`` at every reference point but the example (the shape range's ends)."""
+    return all(_output_error(gm, args, ref, tol)[1] for args, ref in ctx.references[1:])
+
+
 def guard(gm: fx.GraphModule, ctx: RewriteContext,
           lowered: dict[str, tuple[Any, dict[str, Any]]]) -> bool | PassResult:
     """Steps 1-2 over ``lowered`` (node -> (its ``Lowering``, its float and low-bit forms));
     leaves ``gm`` with the kept set lowered and records every node's decision and numbers."""
-    tol = ctx.tolerance or tolerance_for("int8")
-    args, reference = ctx.references[0] if ctx.references else (ctx.example_inputs, None)
+    if not ctx.references:
+        raise ValueError("the quantize guard needs the original model's outputs "
+                         "(RewriteContext.references)")
+    tol = _budget(ctx, {low.fmt for low, _ in lowered.values()})
+    args, reference = ctx.references[0]
     forms = {name: form for name, (_, form) in lowered.items()}
     order = [n.name for n in gm.graph.nodes if n.name in forms]
-    if reference is None:  # no reference to measure against: the pipeline's check decides
-        _switch(gm, forms, set(order))
-        _record(ctx, lowered, set(order), {}, {}, [], runs=0)
-        return True
     local = _local_errors(gm, forms, args)
     _switch(gm, forms, set(order))
     err, ok = _output_error(gm, args, reference, tol)
+    ok = ok and _within_elsewhere(gm, ctx, tol)
     runs = 2
     contribution = _contributions(gm, forms, order, local, args, reference, tol)
     runs += len(_groups(order))
@@ -149,14 +165,16 @@ def guard(gm: fx.GraphModule, ctx: RewriteContext,
             nonlocal runs
             runs += 1
             _switch(gm, forms, set(ranked[k:]))
-            return _output_error(gm, args, reference, tol)[1]
+            return _output_error(gm, args, reference, tol)[1] and _within_elsewhere(gm, ctx,
+                                                                                   tol)
 
         lo, hi = 1, len(ranked) - 1
         if hi < lo or not within(hi):
             _switch(gm, forms, set())
+            rest = ("" if len(order) == 1 else f" even with all but the least sensitive of the "
+                    f"{len(order)} kept in float")
             reason = (f"declined: the outputs leave the {tol.rel_to_scale:g} budget (every "
-                      f"low-bit Linear lowered: {err:.3g} of the output scale) even with all "
-                      f"but the least sensitive of the {len(order)} kept in float")
+                      f"low-bit Linear lowered: {err:.3g} of the output scale){rest}")
             _record(ctx, lowered, set(), local, contribution, ranked, runs, declined=reason)
             return PassResult(gm, False, declined=reason)
         while lo < hi:
@@ -203,7 +221,7 @@ def _record(ctx: RewriteContext, lowered: dict[str, tuple[Any, dict[str, Any]]],
                      "share": numbers["share"], "kept": name not in on})
     rows.sort(key=lambda r: r["rank"] or 0)
     ctx.notes.setdefault("guard", []).append({
-        "pass": "quantize", "sensitivity": {
+        "pass": "quantize", **({"declined": declined} if declined else {}), "sensitivity": {
             "nodes": len(local), "runs": runs, "samples": 1 if local else 0,
             "kept": sum(r["kept"] for r in rows), "runner": "torch",
             "top": [_plain(r) for r in rows[:REPORT_TOP]]}})

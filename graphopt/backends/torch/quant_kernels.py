@@ -206,14 +206,20 @@ def pack_int4(weight: torch.Tensor, group: int, act_dtype: torch.dtype
     return int4_pack(int4_nibbles(q)), scales_zeros.to(act_dtype)
 
 
-@functools.lru_cache(maxsize=4)
+#: rows whose CPU pack is read back with one learned order: the pack is laid out in blocks of
+#: BLOCK_N rows (64 on AVX-512, 32 on AVX2: int4mm_kernel.cpp), which divide it, so each chunk
+#: of rows packs as a matrix of its own; :func:`int4_unpack` checks that by packing again
+_ROW_CHUNK = 256
+
+
+@functools.lru_cache(maxsize=8)
 def _cpu_int4_order(n: int, k: int) -> torch.Tensor:
     """Where the CPU pack puts each nibble, for (N, K), on this process's ISA: packed nibble
     ``p`` (byte ``p // 2``, low nibble first) holds ``q.flatten()[order[p]]``.
 
     Learned by packing the base-16 digits of each element's index, one digit plane at a time,
-    and reading them back; checked to be a bijection. int32: 4 bytes per weight, so the cache
-    is small (it is needed only to save or move a CPU-packed module).
+    and reading them back; checked to be a bijection. Asked for chunks of at most
+    ``_ROW_CHUNK`` rows, so a cached order is at most 256 x K int32s (4 MiB at K = 4096).
     """
     total = n * k
     if total >= 2 ** 31:
@@ -249,14 +255,34 @@ def _cuda_int4_unpack(packed: torch.Tensor) -> torch.Tensor:
     return int4_nibbles(q.round().to(torch.uint8))
 
 
+def _pack_cpu(q: torch.Tensor) -> torch.Tensor:
+    return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+
+
+def _cpu_int4_unpack(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """The 4-bit values (N, K) of a CPU pack, read ``rows`` rows at a time with the order
+    learned for a chunk of that many rows (and one for the last, shorter chunk)."""
+    n, k = packed.shape[0], packed.shape[1] * 2
+    q = torch.empty(n, k, dtype=torch.uint8)
+    for start in range(0, n, rows):
+        chunk = packed[start:start + rows]
+        h = chunk.shape[0]
+        values = torch.empty(h * k, dtype=torch.uint8)
+        values[_cpu_int4_order(h, k)] = torch.stack([chunk & 15, chunk >> 4], dim=-1).reshape(-1)
+        q[start:start + h] = values.reshape(h, k)
+    return q
+
+
 def int4_unpack(packed: torch.Tensor) -> torch.Tensor:
     """The nibbles form of a packed int4 weight, on the pack's device."""
     if packed.device.type == "cpu" and packed.dim() == 2 and packed.dtype == torch.uint8:
-        n, k = packed.shape[0], packed.shape[1] * 2
-        nib = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(-1)
-        q = torch.empty(n * k, dtype=torch.uint8)
-        q[_cpu_int4_order(n, k)] = nib
-        return int4_nibbles(q.reshape(n, k))
+        q = _cpu_int4_unpack(packed, _ROW_CHUNK)
+        if not torch.equal(_pack_cpu(q), packed):  # not row-chunk-local here: learn it whole
+            q = _cpu_int4_unpack(packed, packed.shape[0])
+            if not torch.equal(_pack_cpu(q), packed):
+                raise RuntimeError("torch's CPU int4 pack could not be read back: packing the "
+                                   "read-back weights does not give the same bytes")
+        return int4_nibbles(q)
     if packed.device.type == "cuda" and packed.dim() == 4 and packed.dtype == torch.int32:
         return _cuda_int4_unpack(packed)
     raise RuntimeError(f"int4_unpack: a {packed.dtype} {tuple(packed.shape)} on {packed.device} "

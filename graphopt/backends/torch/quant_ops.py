@@ -40,7 +40,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch import quant_kernels as qk
-from graphopt.decisions.torch_quant_kernels import kernel_refuses
+from graphopt.decisions.torch_quant_kernels import INT4_GROUPS, kernel_refuses
 from graphopt.errors import GraphoptError
 from graphopt.frontends.aten_ops import TORCH_DTYPES
 
@@ -68,7 +68,12 @@ def _check_linear(op: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Te
     if weight.dtype != dtype or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise RuntimeError(f"graphopt::{op}: weight must be {dtype} (N, {x.shape[-1]}), got "
                            f"{weight.dtype} {tuple(weight.shape)}")
-    return weight.shape[0]
+    n = weight.shape[0]
+    if scale.numel() != n or scale.dim() > 2 or (bias is not None and bias.numel() != n):
+        raise RuntimeError(f"graphopt::{op}: one scale (and one bias) per output row: N={n}, "
+                           f"got scale {tuple(scale.shape)}"
+                           + ("" if bias is None else f", bias {tuple(bias.shape)}"))
+    return n
 
 
 def _out(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -109,7 +114,11 @@ def _check_int4(op: str, x: torch.Tensor, packed: torch.Tensor, scales_zeros: to
                 group: int, bias: torch.Tensor | None, saved: bool) -> int:
     """N, after the checks the real kernels make (devices, the layout for the device)."""
     _same_device(op, x, packed=packed, scales_zeros=scales_zeros, bias=bias)
-    k, n = x.shape[-1], scales_zeros.shape[1]
+    k = x.shape[-1]
+    if group not in INT4_GROUPS or k % group or scales_zeros.dim() != 3:
+        raise RuntimeError(f"graphopt::{op}: group {group} with K={k}: the int4 kernels take "
+                           f"groups of {', '.join(map(str, INT4_GROUPS))} that split K")
+    n = scales_zeros.shape[1]
     if tuple(scales_zeros.shape) != (k // group, n, 2):
         raise RuntimeError(f"graphopt::{op}: scales_zeros must be (K / group, N, 2) = "
                            f"({k // group}, {n}, 2), got {tuple(scales_zeros.shape)}")
@@ -252,6 +261,9 @@ def int4_from_saved(gm: fx.GraphModule, device: torch.device | str | None = None
     (default: where the nibbles are); the count. Only the weight moves: the scales and the bias
     stay where they are (move the whole module with :func:`move_quantized`)."""
     def pack(nibbles: torch.Tensor) -> torch.Tensor:
+        if nibbles.dtype != torch.uint8 or nibbles.dim() != 2:
+            raise RuntimeError(f"int4 saved weight: {nibbles.dtype} {tuple(nibbles.shape)}, "
+                               "not the uint8 (N, K/2) nibbles a save writes")
         to = nibbles.device if device is None else torch.device(device)
         if to.type != nibbles.device.type or to.index not in (None, nibbles.device.index):
             nibbles = nibbles.to(to)  # "cuda" is any CUDA device: a tensor there stays

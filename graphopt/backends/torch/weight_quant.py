@@ -47,12 +47,10 @@ from graphopt.decisions.torch_quant_kernels import (
 )
 from graphopt.frontends.aten_ops import TORCH_DTYPES
 
-__all__ = ["Lowering", "low_bit_linears", "quantize_tolerance"]
+__all__ = ["Lowering", "host_dynamic_int8", "low_bit_linears", "quantize_tolerance"]
 
 logger = logging.getLogger(__name__)
 
-#: modes the host CPU's dynamic INT8 pass (:mod:`.quantize`) runs instead of this one
-_HOST_INT8 = "int8_dynamic"
 
 
 @dataclass(frozen=True)
@@ -65,9 +63,10 @@ class Lowering:
     why: str
 
 
-def _host_int8(ctx: RewriteContext) -> bool:
-    """INT8 by name on the host CPU: :mod:`.quantize`'s quantized::linear_dynamic runs it."""
-    return ctx.options.quantize == _HOST_INT8 and not ctx.target.is_gpu
+def host_dynamic_int8(ctx: RewriteContext) -> bool:
+    """On a CPU target, ``auto`` and ``int8_dynamic`` are :mod:`.quantize`'s dynamic INT8
+    (quantized::linear_dynamic, the plan's CPU INT8) and not this pass's."""
+    return not ctx.target.is_gpu and ctx.options.quantize in ("auto", "int8_dynamic")
 
 
 def _planned(ctx: RewriteContext, node: fx.Node) -> Lowering | None:
@@ -84,7 +83,7 @@ def _planned(ctx: RewriteContext, node: fx.Node) -> Lowering | None:
 def quantize_tolerance(ctx: RewriteContext) -> str:
     """The budget this pass is checked against: the loosest format it may apply."""
     mode = ctx.options.quantize
-    if mode in MODE_FORMAT and not _host_int8(ctx):
+    if mode in MODE_FORMAT:
         return MODE_FORMAT[mode]
     formats = set()
     for plan_node in ctx.plan.nodes:
@@ -152,7 +151,7 @@ def low_bit_linears(gm: fx.GraphModule, ctx: RewriteContext) -> bool | PassResul
     from graphopt.backends.torch.quant_guard import guard
 
     mode = ctx.options.quantize
-    if mode == "none" or _host_int8(ctx):
+    if mode == "none" or host_dynamic_int8(ctx):
         return False
     off = auto_quantize_blocked(ctx.options)
     if off is not None:
