@@ -47,7 +47,10 @@ def sensitivity_sections(opt: Mapping[str, Any]) -> list[tuple[str, str, list[li
                 "kernels" if sens.get("runner") == "torch" else
                 f"{fmt_count(sens.get('runs'))} run(s) of {fmt_count(sens.get('sessions'))} "
                 "ONNX Runtime session(s)")
-        summary = (f"{fmt_count(sens.get('nodes'))} node(s) measured in {runs} on "
+        listed = len(sens.get("top") or [])
+        shown = ("" if not isinstance(sens.get("nodes"), int) or listed >= sens["nodes"] else
+                 f" (the {listed} most sensitive listed; each node's decision has its numbers)")
+        summary = (f"{fmt_count(sens.get('nodes'))} node(s) measured{shown} in {runs} on "
                    f"{fmt_count(sens.get('samples'))} sample(s); "
                    f"{fmt_count(sens.get('kept'))} kept in higher precision"
                    + (f"; {fmt_count(skipped)} not measured" if skipped else "")

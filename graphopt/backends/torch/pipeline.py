@@ -257,7 +257,8 @@ def _guard_notes(guard: list[dict[str, Any]] | None, applied: list[str],
 
 def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:
     """The memory plan of what the module carries: each weight GEMM at the format the
-    quantize pass applied (INT4 at its group's bits), the other weights at the compute dtype
+    quantize pass applied (INT4 at its group's bits, scales and zeros in the activations'
+    dtype), the other weights at the compute dtype
     (the plan's own section assumed its formats, some of which a pass may not apply)."""
     formats: dict[str, str | float] = {}
     for n in plan.nodes:
@@ -266,7 +267,8 @@ def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:
         q = n.decisions.get("quantize")
         fmt = q.fields.get("format") if q is not None and q.applied else None
         group = q.fields.get("group") if q is not None else None
-        formats[n.name] = (4 + 32 / int(group) if fmt == "int4" and group else
+        scale_bits = 2 * (32 if compute_dtype == "fp32" else 16)  # a scale and a zero
+        formats[n.name] = (4 + scale_bits / int(group) if fmt == "int4" and group else
                            str(fmt) if fmt else compute_dtype)
     return memory_plan(plan, formats).to_dict()
 
