@@ -267,9 +267,10 @@ def _mlp() -> nn.Module:
     (1, "h100", "int4"), (1, "a100", "int4"), (1, "v100", "int8_weight_only"),
     (256, "h100", "fp8_e4m3"), (256, "a100", "int8"), (256, "b200", None)])
 def test_auto_applies_what_the_plan_picked(rows: int, target: str, fmt: str | None) -> None:
-    """``quantize="auto"``: the module carries the plan's torch formats (the first and last
-    GEMMs stay float), runs here within budget and on fake CUDA. NVFP4 on a B200 prefill is
-    plan-only (no torch FP4 kernel): nothing is lowered and the plan says so."""
+    """``quantize="auto"``: the module carries the plan's torch formats, runs here within budget
+    and on fake CUDA. The first and last GEMMs stay float in the plan (its prior) with their
+    format as a ``candidate`` where one pays: the guard measures those. NVFP4 on a B200
+    prefill is plan-only (no torch FP4 kernel): nothing is lowered and the plan says so."""
     model, x = _mlp(), torch.randn(rows, 1024, generator=torch.Generator().manual_seed(3))
     opt = graphopt.optimize(model, x, target=target, measure=False)
     planned = {n.name: n.decisions["precision"].fields
@@ -284,8 +285,12 @@ def test_auto_applies_what_the_plan_picked(rows: int, target: str, fmt: str | No
         assert all(f["runs_on"] == "plan-only" for f in planned.values()
                    if f["format"] == "nvfp4")
         return
-    assert lowered and lowered <= picked == {"linear_1", "linear_2"}
+    candidates = {name for name, f in planned.items() if f.get("candidate")}
+    assert picked == {"linear_1", "linear_2"} and candidates <= {"linear", "linear_3"}
+    assert lowered and lowered <= picked | candidates
     assert {planned[n]["format"] for n in picked} == {fmt}
+    assert all(planned[n]["candidate"] == fmt and planned[n]["edge"] in ("first", "last")
+               for n in candidates)
     budget = tolerance_for(fmt)
     with torch.no_grad():
         ref, got = model(x), opt.module(x).float()

@@ -54,7 +54,7 @@ from graphopt.decisions.cpu_int8 import (
     can_int8_on_cpu,
     should_int8_on_cpu,
 )
-from graphopt.decisions.gpu_formats import MIN_GAIN, WEIGHT_HEAVY, GpuNode, gpu_format
+from graphopt.decisions.gpu_formats import MIN_GAIN, WEIGHT_HEAVY, GpuChoice, GpuNode, gpu_format
 from graphopt.decisions.precision_cost import cost_at_format, is_weight_gemm, node_weights
 from graphopt.decisions.precision_format import native_format
 from graphopt.decisions.precision_plan import island_reason, node_island
@@ -145,7 +145,9 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
                        f"({carrier_why}); nothing to quantize")
     edge = _edge(is_first, is_last)
     keep = _sensitive(kc, w_bytes, live, edge, target)
-    if keep:
+    prior = keep is not None and edge is not None and target.is_gpu and live and w_bytes > 0 \
+        and kc is not KernelClass.ATTENTION  # case 6's GPU prior: measured by torch's guard
+    if keep and not prior:
         return _decide(carrier, model, f"stays {carrier} ({carrier_why}): {keep}")
     w_bits = DTYPE_BITS.get(w_dtype or model.key, int(model.bits_per_weight))
     act_bits = DTYPE_BITS.get(a.dtype or "fp32", 32)
@@ -157,7 +159,24 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
                          w_bytes, w_bits, act_bits, op_type, edge)
     c = gpu_format(GpuNode(a, op_type, w_bytes, w_bits, act_bits), target, model,
                    (carrier, carrier_why, hi.est_time_s, hi.bottleneck))
+    if prior:
+        return _edge_prior(carrier, carrier_why, keep or "", model, edge or "", c)
     return _decide(c.format, model, c.reason, c.runs_on, **c.fields)
+
+
+def _edge_prior(carrier: str, why: str, keep: str, model: QuantFormat, edge: str,
+                c: GpuChoice) -> Decision:
+    """Case 6 on a GPU: the first or last weight GEMM stays at the carrier in the plan (its
+    predictions assume the usual outcome), and the format it would get is recorded as a
+    ``candidate`` that torch's guard measures (``backends/torch/quant_guard.py``), lowering
+    it where the outputs stay within the budget: measured, not assumed."""
+    if c.runs_on != "torch" or not c.fields.get("kernel"):
+        return _decide(carrier, model, f"stays {carrier} ({why}): {keep}", edge=edge)
+    fields = {"candidate": c.format, "candidate_kernel": c.fields["kernel"],
+              "candidate_group": c.fields.get("group")}
+    return _decide(carrier, model, f"stays {carrier} ({why}): {keep}; the plan counts it at "
+                   f"{carrier}, and optimize's guard measures it at {c.format} and lowers it "
+                   "if the outputs stay within the budget", edge=edge, **fields)
 
 
 def _cpu_where(a: NodeAnalysis, op_type: str | None) -> tuple[str, str]:

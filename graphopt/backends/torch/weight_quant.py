@@ -10,8 +10,10 @@ Cases:
 
 1. ``quantize="auto"``: the Linear nodes whose precision decision has ``runs_on="torch"`` and a
    torch ``kernel`` (the plan's format where torch's kernel takes the node on the target,
-   ``decisions/gpu_formats.py``). A CPU INT8 decision without a ``kernel`` is
-   :mod:`.quantize`'s dynamic INT8 (``quantized::linear_dynamic``), not this pass's.
+   ``decisions/gpu_formats.py``), and the first and last weight GEMMs, which the plan keeps
+   float by its prior, with the format they would get as a ``candidate``: measured by the
+   guard, not assumed. A CPU INT8 decision without a ``kernel`` is :mod:`.quantize`'s dynamic
+   INT8 (``quantized::linear_dynamic``), not this pass's.
 2. A format by name (``fp8``, ``int4``, ``int8_weight_only``, and ``int8_dynamic`` for a GPU
    target): every Linear with a constant 2-D float weight, unless the method is blocked on the
    target (``quantize_choice.method_blocked``: FP8 without FP8 tensor cores, INT8 without int8
@@ -73,7 +75,15 @@ def _planned(ctx: RewriteContext, node: fx.Node) -> Lowering | None:
     """Case 1: the plan's torch format for ``node``, if it has one."""
     plan_node = ctx.plan_node(node)
     d = plan_node.decisions.get("precision") if plan_node else None
-    if d is None or d.fields.get("runs_on") != "torch" or not d.fields.get("kernel"):
+    if d is None or d.fields.get("runs_on") != "torch":
+        return None
+    if d.fields.get("candidate"):  # a first or last GEMM: the plan's prior, measured here
+        group = d.fields.get("candidate_group")
+        return Lowering(str(d.fields["candidate"]), str(d.fields["candidate_kernel"]),
+                        int(group) if group else None,
+                        f"the {d.fields.get('edge')} weight GEMM, measured by the guard "
+                        "(the plan keeps it float by default)")
+    if not d.fields.get("kernel"):
         return None
     group = d.fields.get("group")
     return Lowering(str(d.fields["format"]), str(d.fields["kernel"]),
@@ -88,8 +98,11 @@ def quantize_tolerance(ctx: RewriteContext) -> str:
     formats = set()
     for plan_node in ctx.plan.nodes:
         d = plan_node.decisions.get("precision")
-        if d is not None and d.fields.get("runs_on") == "torch" and d.fields.get("kernel"):
-            formats.add(str(d.fields["format"]))
+        if d is not None and d.fields.get("runs_on") == "torch":
+            fmt = d.fields.get("candidate") or (d.fields["format"] if d.fields.get("kernel")
+                                                else None)
+            if fmt:
+                formats.add(str(fmt))
     return loosest(formats) if formats else "int8"
 
 
