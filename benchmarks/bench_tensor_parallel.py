@@ -29,8 +29,15 @@ with every candidate's latency and throughput. On 4 and 8 GPUs ``auto`` also run
 LlamaForCausalLM's own prefill with the module given, where tensor parallelism may use sequence
 parallelism (the emitter can emit it for that module, not for PrefillStep's own layer loop).
 
+The emitted 2-D plan (issue 23): on the LlamaForCausalLM's own prefill with the module given,
+the 2-D split put on decoder-layer boundaries (:func:`graphopt.partition.two_d_emit.
+on_module_boundaries`): each stage's modules, the cuts moved onto a module boundary and the
+latency re-costed there, an uneven split, the micro-batches and schedule, plain and with
+sequence parallelism inside the stages, and ``auto``'s pick with the module. ``--only-2d``
+traces that prefill alone and runs this part only.
+
 Usage: python benchmarks/bench_tensor_parallel.py [--layers 80] [--gpus 4,8] [--prompt 1024]
-       [--cache 1024] [--decode-batch 1,32] [--nodes 2x4]
+       [--cache 1024] [--decode-batch 1,32] [--nodes 2x4] [--only-2d]
 """
 
 from __future__ import annotations
@@ -104,8 +111,9 @@ def auto_choice(plan, devices, source, module=None) -> dict:
     print(f"  auto ({time.perf_counter() - t0:.1f} s): picked {win.name}: {section['why']}")
     for c in section["candidates"]:
         if c["feasible"]:
+            shown = f" [costed, not emitted: {c['not_emitted']}]" if c.get("not_emitted") else ""
             print(f"    {c['strategy']:8s} latency {c['latency_s'] * 1e3:7.1f} ms, throughput "
-                  f"{c['throughput_per_s']:6.2f} prompts/s ({c['detail']})")
+                  f"{c['throughput_per_s']:6.2f} prompts/s ({c['detail']}){shown}")
         else:
             print(f"    {c['strategy']:8s} could not run: {c['why_not'][:160]}")
     return section
@@ -172,6 +180,43 @@ def multi_node(prefill, g_pre, decodes, shape: str, params: int) -> None:
     auto_choice(prefill, devices, g_pre)
 
 
+def two_d_emitted(plan, graph, model, shape: str) -> None:
+    """The 2-D split of the model's own prefill on module boundaries, as emitted."""
+    from graphopt.partition.two_d_emit import on_module_boundaries
+
+    devices = parse_devices(nodes_spec(shape))
+    print(f"\n== emitted 2-D on {shape} H100, LlamaForCausalLM prefill (module given) ==")
+    for sp in (False, True):
+        t0 = time.perf_counter()
+        res = two_d(plan, devices, source=graph, sequence_parallel=sp)
+        out = on_module_boundaries(res, plan, model, source=graph)
+        took = time.perf_counter() - t0
+        print(f"2-D {'with sequence parallelism' if sp else 'plain'}: costed latency "
+              f"{res.latency_s * 1e3:.1f} ms (slowest stage {res.bottleneck_s * 1e3:.1f} ms); "
+              f"on module boundaries {out.latency_s * 1e3:.1f} ms (slowest stage "
+              f"{out.bottleneck_s * 1e3:.1f} ms, {out.throughput_per_s:.2f} prompts/s); "
+              f"{out.micro_batches} micro-batch(es), {out.pipeline_schedule} ({took:.1f} s); "
+              f"fits: {'yes' if out.feasible else 'NO: ' + out.overflow_text()}")
+        for st, mods in zip(out.stages, out.layout.stages, strict=True):
+            a, b = mods.layers
+            print(f"  stage {st.index + 1} on {'+'.join(st.group)}: "
+                  f"{'embedding + ' if mods.embed else ''}layers {a}..{b - 1} ({b - a})"
+                  f"{' + norm + lm_head' if mods.head else ''}; nodes {st.first}..{st.end - 1},"
+                  f" {len(st.tp.splits)} blocks split x{st.tp.degree}, "
+                  f"{st.tp.makespan_s * 1e3:.1f} ms, send {st.send_bytes / 1e6:.1f} MB in "
+                  f"{st.send_s * 1e6:.0f} us; {max(st.tp.memory_used.values()) / GB:.1f} GB "
+                  "per device")
+        for c in out.moved_cuts:
+            print(f"  moved cut: planned after {c.planned_after} ({c.why}) -> {c.at}, after "
+                  f"{c.moved_after}")
+        if not out.moved_cuts:
+            print("  no cut moved: the cost model's cuts were on decoder-layer boundaries")
+        if out.notes.get("uneven"):
+            print(f"  uneven: {out.notes['uneven']}")
+        print(f"  schedule: {out.schedule_why}")
+    auto_choice(plan, devices, graph, module=model)
+
+
 def baseline(plan, devices, strategy: str) -> tuple[str, float | None]:
     t0 = time.perf_counter()
     try:
@@ -196,9 +241,15 @@ def main() -> None:
     ap.add_argument("--cache", type=int, default=1024)
     ap.add_argument("--decode-batch", default="1,32")
     ap.add_argument("--nodes", default="2x4", help="machines x GPUs each ('' to skip)")
+    ap.add_argument("--only-2d", action="store_true",
+                    help="trace the model's own prefill only and run the emitted 2-D part")
     args = ap.parse_args()
     print(machine())
     model = model_70b(args.layers)
+    if args.only_2d:
+        g_model, model_plan = model_prefill(model, args.prompt)
+        two_d_emitted(model_plan, g_model, model, args.nodes or "2x4")
+        return
     cfg = model.config
     params = sum(p.numel() for p in model.parameters())
     print(f"Llama-70B shape: {args.layers} layers, hidden {cfg.hidden_size}, "
@@ -295,6 +346,7 @@ def main() -> None:
         model_auto(model_plan, g_model, model, devices)
     if args.nodes:
         multi_node(prefill, g_pre, decodes, args.nodes, params)
+        two_d_emitted(model_plan, g_model, model, args.nodes)
 
 
 if __name__ == "__main__":

@@ -175,8 +175,12 @@ def test_auto_picks_the_lowest_latency_and_keeps_the_losers(llama):
     assert set(cands) == {"heft", "pipeline", "tensor", "2d"}
     assert all(c["feasible"] and c["latency_s"] > 0 and c["throughput_per_s"] > 0
                for c in cands.values())
-    best = min(cands.values(), key=lambda c: c["latency_s"])
+    # no nn.Module given (the traced graph only): the 2-D split is costed, shown, never picked
+    assert not cands["2d"]["emittable"] and "no nn.Module" in cands["2d"]["not_emitted"]
+    assert all(c["emittable"] for name, c in cands.items() if name != "2d")
+    best = min((c for c in cands.values() if c["emittable"]), key=lambda c: c["latency_s"])
     assert st["winner"] == best["strategy"] and st["picked_by"] == "latency for one request"
+    assert "costed but not emitted, so never picked: 2d" in st["why"]
     assert st["why"].startswith(f"{best['strategy']} has the lowest latency")
     # pipeline and 2-D overlap micro-batches: their stream beats one request at a time
     assert cands["pipeline"]["throughput_per_s"] > 1 / cands["pipeline"]["latency_s"]
@@ -248,10 +252,12 @@ def test_two_d_report_has_stages_and_transfers(llama):
     out = attach_split(plan, res, {"winner": "2d", "candidates": []}, source=graph)
     data = json.loads(out.to_json())
     md = render_markdown(data)
-    assert "### Stages (pipeline across groups)" in md and "2-D:" in md
+    assert "### Stages (pipeline across groups)" in md
+    assert "### 2-D plan (pipeline stages x tensor parallel)" in md and "micro-batches" in md
+    assert "parallelize_module(model, mesh" not in md  # not the one-group plan
     assert data["partition"]["stage_devices"] == ["cuda:0+cuda:1", "cuda:2+cuda:3"]
     assert math.isclose(data["partition"]["makespan_s"], res.latency_s)
     assert len(data["partition"]["transfers"]) == 2
     page = render_html(data)
     assert 'class="gc"' in page and "Stages (pipeline across groups)" in page
-    assert "2-D: 2-D parallelism" in page
+    assert "2-D plan (pipeline stages × tensor parallel)" in page and "GPipe" in page

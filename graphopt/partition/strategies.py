@@ -10,11 +10,20 @@ comparison on one clock.
    if a device overflows its memory (which device, by how much).
    Costed plain and, when :mod:`.tp_emit` can emit it for the user's module
    (:func:`sequence_parallel_emittable`), with sequence parallelism; the faster is kept and
-   the candidate's detail says which. The 2-D split costs plain tensor parallelism only.
+   the candidate's detail says which.
 3. ``auto``: heft, pipeline, tensor over all devices and, with several NVLink groups, the 2-D
    split (:func:`.two_d.two_d`), each on latency for one request and throughput for a stream
-   of micro-batches, within every device's memory. The lowest latency wins (ties: the
-   higher throughput); the losers' numbers and why any could not run are kept.
+   of micro-batches, within every device's memory. The lowest latency among the plans
+   graphopt can emit for the given module wins (ties: the higher throughput); the losers'
+   numbers, why any could not run and why any costed plan cannot be emitted are kept.
+4. **Emittable** (legality, apart from the cost): heft and pipeline are emitted from the traced
+   graph (:mod:`.emit`, :mod:`.pipeline_stages`). Tensor parallelism is emittable when
+   :mod:`.tp_emit` can split every block the cost model split (module paths, ``nn.Linear``,
+   no block note). The 2-D split is emittable for a Llama-layout decoder given as an
+   ``nn.Module`` (:func:`.two_d_emit.on_module_boundaries`, which moves its cuts onto module
+   boundaries and re-costs them); it is costed plain and, when :mod:`.tp_emit` can emit it, with
+   sequence parallelism inside the stages, and the faster is kept. A plan that cannot be
+   emitted is shown with the reason and never picked.
 
 Throughput per strategy: heft runs one request at a time (1 / makespan); pipeline and 2-D
 overlap micro-batches across stages (1 / slowest stage); tensor parallelism runs every
@@ -25,7 +34,7 @@ micro-batch, at best 1 / max(compute, collectives), shown beside it).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from graphopt.errors import GraphoptError
@@ -38,7 +47,7 @@ from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
 from graphopt.partition.two_d import TwoD, nvlink_groups, two_d
 
 __all__ = ["STRATEGY_CHOICES", "Candidate", "compare", "run_strategy",
-           "sequence_parallel_emittable", "torch_module"]
+           "sequence_parallel_emittable", "tensor_not_emitted", "torch_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +68,20 @@ class Candidate:
     why_not: str
     result: Partition | TensorParallel | TwoD | None
     detail: str = ""
+    not_emitted: str = ""  # case 4: why graphopt cannot emit this costed plan ("" if it can)
 
     @property
     def feasible(self) -> bool:
         return self.result is not None and not self.why_not
 
+    @property
+    def emittable(self) -> bool:
+        return not self.not_emitted
+
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.name, "latency_s": self.latency_s,
                 "throughput_per_s": self.throughput_per_s, "feasible": self.feasible,
+                "emittable": self.emittable, "not_emitted": self.not_emitted or None,
                 "why_not": self.why_not or None, "detail": self.detail}
 
 
@@ -139,6 +154,21 @@ def _tensor_variant(plan: Plan, devices: DeviceSet, source: Any, module: Any
                  f"{human_s(plain.makespan_s)} plain")
 
 
+def tensor_not_emitted(plan: Plan, tp: TensorParallel, source: Any, module: Any = None) -> str:
+    """Case 4: why :mod:`.tp_emit` cannot split every block ``tp`` split ("" when it can)."""
+    from graphopt.partition.tp_blocks import find_tp_blocks
+    from graphopt.partition.tp_styles import emittable
+
+    split = {b.block for b in tp.splits}
+    blocks = [b for b in find_tp_blocks(plan, source=source)[0] if b.name in split]
+    _, unsplit = emittable(blocks, torch_module(source, module))
+    if not unsplit and len(blocks) == len(split):
+        return ""
+    first = unsplit[0] if unsplit else "a split block has no module paths"
+    return (f"costed with {len(split)} blocks split, of which parallelize_module cannot split "
+            f"{max(len(unsplit), 1)}: {first}")
+
+
 def _tensor_candidate(plan: Plan, devices: DeviceSet, source: Any, module: Any = None
                       ) -> Candidate:
     tp, variant = _tensor_variant(plan, devices, source, module)
@@ -146,17 +176,74 @@ def _tensor_candidate(plan: Plan, devices: DeviceSet, source: Any, module: Any =
     detail = (f"{len(tp.splits)} block{plural} split {tp.degree} ways, "
               f"{human_s(tp.makespan_s - tp.compute_s)} of collectives; "
               f"{tp.throughput_overlapped_per_s:,.1f}/s with collectives overlapped; {variant}")
-    return Candidate("tensor", tp.makespan_s, tp.throughput_per_s, "", tp, detail)
+    return Candidate("tensor", tp.makespan_s, tp.throughput_per_s, "", tp, detail,
+                     tensor_not_emitted(plan, tp, source, module))
 
 
-def _two_d_candidate(plan: Plan, devices: DeviceSet, source: Any) -> Candidate:
-    res = two_d(plan, devices, source=source)
+def _two_d_costed(plan: Plan, devices: DeviceSet, source: Any, sp: bool, mod: Any = None
+                  ) -> TwoD:
+    """The 2-D split, on ``mod``'s module boundaries when given (raises why not)."""
+    res = two_d(plan, devices, source=source, sequence_parallel=sp)
+    if res.feasible and mod is not None:
+        from graphopt.partition.two_d_emit import on_module_boundaries
+
+        res = on_module_boundaries(res, plan, mod, source=source)
     if not res.feasible:
         raise GraphoptError(f"the 2-D split overflows memory: {res.overflow_text()}", _MEM_FIX)
+    return res
+
+
+def _two_d_candidate(plan: Plan, devices: DeviceSet, source: Any, module: Any = None
+                     ) -> Candidate:
+    mod = torch_module(source, module)
+    res = _two_d_costed(plan, devices, source, False)
+    why = "" if mod is not None else ("no nn.Module given: the 2-D stages are built from the "
+                                      "model's own embedding, decoder layers, norm and head")
+    if mod is not None:
+        from graphopt.partition.two_d_emit import on_module_boundaries
+
+        try:
+            res = on_module_boundaries(res, plan, mod, source=source)
+        except GraphoptError as e:
+            why = e.problem
+    if not res.feasible:
+        raise GraphoptError(f"the 2-D split overflows memory: {res.overflow_text()}", _MEM_FIX)
+    if why:  # costed only: shown, never picked
+        res = replace(res, not_emitted=why)
+        return Candidate("2d", res.latency_s, res.throughput_per_s, "", res,
+                         _two_d_detail(res, "plain tensor parallelism in each stage"), why)
+    ok, no_sp = sequence_parallel_emittable(plan, len(res.stages[0].group), source, mod)
+    variant = f"plain (no sequence parallelism: {no_sp})"
+    if ok:
+        try:
+            seq: TwoD | None = _two_d_costed(plan, devices, source, True, mod)
+            variant = "plain"
+        except GraphoptError as e:
+            seq, variant = None, f"plain (with sequence parallelism: {e.problem})"
+        if seq is not None and seq.latency_s < res.latency_s:
+            res, variant = seq, (f"sequence parallel in each stage: {human_s(seq.latency_s)} "
+                                 f"against {human_s(res.latency_s)} plain")
+        elif seq is not None:
+            variant = (f"plain: {human_s(res.latency_s)}, not slower than with sequence "
+                       f"parallelism ({human_s(seq.latency_s)})")
+    return Candidate("2d", res.latency_s, res.throughput_per_s, "", res,
+                     _two_d_detail(res, variant))
+
+
+def _two_d_detail(res: TwoD, variant: str) -> str:
     detail = (f"{len(res.stages)} stages over groups "
               f"{', '.join('+'.join(s.group) for s in res.stages)}; slowest stage "
-              f"{human_s(res.bottleneck_s)}")
-    return Candidate("2d", res.latency_s, res.throughput_per_s, "", res, detail)
+              f"{human_s(res.bottleneck_s)}; {res.micro_batches} micro-batch"
+              f"{'es' if res.micro_batches != 1 else ''}, {res.pipeline_schedule}")
+    if res.layout is not None:
+        detail += "; decoder layers per stage " + ", ".join(
+            f"{a}-{b - 1}" if b > a + 1 else (str(a) if b > a else "none")
+            for a, b in (s.layers for s in res.layout.stages))
+        if res.notes.get("uneven"):
+            detail += " (uneven)"
+    for c in res.moved_cuts:
+        detail += f"; cut moved {c.at} (planned after {c.planned_after}, {c.why})"
+    return f"{detail}; {variant}"
 
 
 def compare(plan: Plan, devices: DeviceSet, *, source: Any = None, module: Any = None
@@ -169,7 +256,7 @@ def compare(plan: Plan, devices: DeviceSet, *, source: Any = None, module: Any =
         ("tensor", lambda: _tensor_candidate(plan, devices, source, module)),
     ]
     if len(nvlink_groups(devices)) > 1:
-        runs.append(("2d", lambda: _two_d_candidate(plan, devices, source)))
+        runs.append(("2d", lambda: _two_d_candidate(plan, devices, source, module)))
     out = []
     for name, run in runs:
         try:
@@ -180,10 +267,10 @@ def compare(plan: Plan, devices: DeviceSet, *, source: Any = None, module: Any =
 
 
 def _pick(cands: list[Candidate]) -> tuple[Candidate, str]:
-    ok = [c for c in cands if c.feasible and c.latency_s is not None]
+    ok = [c for c in cands if c.feasible and c.emittable and c.latency_s is not None]
     if not ok:
-        raise GraphoptError("no strategy fits: " + "; ".join(f"{c.name}: {c.why_not}"
-                                                             for c in cands), _MEM_FIX)
+        raise GraphoptError("no strategy fits and can be emitted: " + "; ".join(
+            f"{c.name}: {c.why_not or c.not_emitted}" for c in cands), _MEM_FIX)
     ok.sort(key=lambda c: (c.latency_s, -(c.throughput_per_s or 0.0)))
     win = ok[0]
     why = f"{win.name} has the lowest latency for one request, {human_s(win.latency_s)}"
@@ -201,6 +288,10 @@ def _pick(cands: list[Candidate]) -> tuple[Candidate, str]:
     bad = [c for c in cands if not c.feasible]
     if bad:
         why += "; could not run: " + "; ".join(f"{c.name} ({c.why_not})" for c in bad)
+    shown = [c for c in cands if c.feasible and not c.emittable]
+    if shown:
+        why += "; costed but not emitted, so never picked: " + "; ".join(
+            f"{c.name} {human_s(c.latency_s)} ({c.not_emitted})" for c in shown)
     return win, why
 
 
@@ -223,8 +314,9 @@ def run_strategy(plan: Plan, devices: DeviceSet, strategy: str, *, source: Any =
         win, why = cands[0], f"requested with --strategy {strategy}"
     logger.info("strategy %s: %s", win.name, why)
     tp = win.result if isinstance(win.result, TensorParallel) else None
-    section = {"requested": strategy, "winner": win.name,
-               "sequence_parallel": bool(tp and tp.notes["sequence_parallel"]["enabled"]),
+    seq = bool(tp and tp.notes["sequence_parallel"]["enabled"]) or bool(
+        isinstance(win.result, TwoD) and win.result.sequence_parallel)
+    section = {"requested": strategy, "winner": win.name, "sequence_parallel": seq,
                "picked_by": "latency for one request" if strategy == "auto" else "request",
                "why": why, "groups": [list(g) for g in nvlink_groups(devices)],
                "candidates": [c.to_dict() for c in cands]}

@@ -79,7 +79,8 @@ class TPBlock:
     given to :func:`find_tp_blocks`; empty otherwise. ``weight_layout`` is ``"linear"``
     (weight ``N x K``, ``nn.Linear``) or ``"k_by_n"`` (``addmm``/GPT-2 ``Conv1D``).
     ``kv_inputs``: graph inputs holding the KV cache this attention reads (split by heads).
-    ``note``: why an emitter cannot use plain Colwise/RowwiseParallel here ("" if it can).
+    ``note``: why an emitter cannot use plain Colwise/RowwiseParallel here ("" if it can); a
+    ``k_by_n`` block's Conv1Ds are split by :mod:`.tp_fused_qkv`'s styles instead.
     """
 
     kind: BlockKind
@@ -253,7 +254,8 @@ def _note(layout: str, fused: bool) -> str:
                    "so each shard holds whole heads of q, k and v")
     if layout != "linear":
         why.append("the weight is K x N (addmm / Conv1D), not an nn.Linear: "
-                   "ColwiseParallel/RowwiseParallel shard nn.Linear and nn.Embedding only")
+                   "ColwiseParallel/RowwiseParallel shard nn.Linear and nn.Embedding only "
+                   "(tp_fused_qkv's styles split a Conv1D, its fused QKV regrouped by heads)")
     return "; ".join(why)
 
 

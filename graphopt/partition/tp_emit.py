@@ -32,7 +32,8 @@ Cases the emitter handles:
 5. Sequence parallelism (``sequence_parallel=True``): norms on token shards, an all-gather
    before each block and a reduce-scatter after it in place of the all-reduce; laid out as
    torchtitan's Llama plan (:mod:`.tp_sequence`), found from the blocks and the module's
-   structure, or why not.
+   structure (the transformers model, a module wrapping it, or a plain module of the same
+   shape), or why not.
 6. The vocabulary-parallel LM head (an ``"lm_head"`` block, when the cost model found it
    worth its all-gather): ``ColwiseParallel(output_layouts=Replicate())``, so each device
    computes ``vocab / t`` logits and the caller gets all of them (:mod:`.tp_styles`).
@@ -75,6 +76,7 @@ from graphopt.partition.tp_styles import (
     check_linears,
     emittable,
     style_code,
+    style_imports,
     style_specs,
     submodule,
 )
@@ -172,7 +174,7 @@ def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, blocks: Sequence[
     plan = parallelize_plan(blocks, sequence_parallel=sequence_parallel, module=copied)
     layout = sequence_parallel_layout(blocks, copied) if sequence_parallel else None
     if isinstance(layout, SPLayout):
-        guard_tokens(copied.get_submodule(layout.layers[0].fqn), degree)
+        guard_tokens(copied.get_submodule(layout.layers[0].fqn), degree, layout.layer_call)
     parallelize_module(copied, mesh, plan)
     logger.info("tensor parallel over %d devices: %d Linears split in %d blocks", degree,
                 len(plan), len(blocks))
@@ -189,8 +191,7 @@ def plan_snippet(blocks: Sequence[TPBlockLike], degree: int, device_type: str = 
     return "\n".join([
         "from torch.distributed.device_mesh import init_device_mesh",
         *([f"from torch.distributed.tensor import {', '.join(layouts)}"] if layouts else []),
-        "from torch.distributed.tensor.parallel import (",
-        f"    {', '.join(styles)}, parallelize_module)",
+        *style_imports(styles),
         "",
         f'mesh = init_device_mesh("{device_type}", ({degree},), mesh_dim_names=("tp",))',
         "parallelize_module(model, mesh, {", *lines, "})",
@@ -240,39 +241,40 @@ def describe_plan(blocks: Sequence[TPBlockLike], degree: int, *, module: nn.Modu
 
 def two_d_support() -> dict[str, Any]:
     """What torch's engine allows for tensor parallelism inside a group with pipeline stages
-    across groups, and why graphopt does not emit it from its pipeline stages.
+    across groups, and where graphopt emits it.
 
     torch allows it on a 2-D mesh ``init_device_mesh(dev, (pp, tp), mesh_dim_names=("pp",
-    "tp"))``: each rank keeps its stage as an ``nn.Module`` (the model with other stages'
-    layers removed, as torchtitan does), calls ``parallelize_module(stage, mesh["tp"], plan)``,
-    and wraps it in ``PipelineStage(stage, i, n, device, group=mesh["pp"].get_group())``.
+    "tp"))``: each rank keeps its stage as an ``nn.Module`` (the model's own layers of that
+    stage, as torchtitan does), calls ``parallelize_module(stage, mesh["tp"], plan)``, and wraps
+    it in ``PipelineStage(stage, i, n, device, group=mesh["pp"].get_group())``.
 
-    graphopt's pipeline stages (:mod:`graphopt.partition.pipeline_stages`) are fx
-    ``GraphModule`` parts cut from ``torch.export``'s graph, where every Linear is an
-    ``aten.linear`` call on a parameter: no ``nn.Linear`` submodule is left for
-    ``ColwiseParallel``/``RowwiseParallel`` to take, and the parts cut at fx nodes, not at
-    module boundaries (``parallelize_module`` on such a part raises ``NotImplementedError``,
-    torch 2.13). The other order fails too: ``torch.export`` of a parallelized module rejects
-    the DTensor parameters (``DTensorSpec`` is not an fx-graphable type, torch 2.13).
-    Combining the two needs module-level stages, which graphopt does not build yet.
+    graphopt emits it with module-level stages (:mod:`.two_d_emit`: cuts on decoder-layer
+    boundaries, ``apply_two_d`` and the code) for Llama-layout decoders (transformers' Llama,
+    Mistral and Qwen2, possibly wrapped), not from its fx pipeline stages
+    (:mod:`graphopt.partition.pipeline_stages`): those are ``GraphModule`` parts cut from
+    ``torch.export``'s graph, where every Linear is an ``aten.linear`` call on a parameter, so
+    no ``nn.Linear`` is left for ``ColwiseParallel``/``RowwiseParallel``, and exporting a
+    parallelized module rejects its DTensor parameters (torch 2.13).
     """
     return {
         "torch_allows": True,
-        "emitted": False,
+        "emitted": True,
+        "emitter": "graphopt.partition.two_d_emit",
+        "models": "Llama-layout decoders: transformers' LlamaModel, MistralModel, Qwen2Model "
+                  "and their *ForCausalLM, possibly wrapped by modules without parameters",
         "statement": (
             "2-D parallelism (tensor parallel within a group, pipeline stages across groups) "
-            "runs in torch on a 2-D DeviceMesh (pp, tp): parallelize_module(stage, "
-            "mesh['tp'], plan) on each stage's nn.Module, then PipelineStage(..., "
-            "group=mesh['pp'].get_group()). graphopt does not emit it: its pipeline stages "
-            "are fx graphs cut from torch.export, where Linear layers are aten.linear calls "
-            "on parameters, so parallelize_module finds no nn.Linear to split; exporting an "
-            "already parallelized model fails on its DTensor parameters (torch 2.13). Only "
-            "the 1-D tensor-parallel plan and the pipeline stages are emitted, separately."),
+            "is emitted for Llama-layout decoders (transformers' Llama, Mistral, Qwen2, "
+            "possibly wrapped): stages cut on decoder-layer boundaries (the embedding with the "
+            "first, the norm and LM head with the last), each stage a deep copy of its "
+            "modules with the cost model's parallelize_module plan on mesh['tp'], wrapped in "
+            "PipelineStage(..., group=mesh['pp'].get_group()) and run by ScheduleGPipe "
+            "(graphopt.partition.two_d_emit.apply_two_d). Other models get the 2-D split "
+            "costed, not emitted: graphopt's fx pipeline stages leave no nn.Linear for "
+            "parallelize_module."),
         "recipe": "\n".join([
             'mesh = init_device_mesh("cuda", (pp, tp), mesh_dim_names=("pp", "tp"))',
-            "stage = model_with_only_this_stages_layers  # nn.Module, not an fx cut",
-            'parallelize_module(stage, mesh["tp"], plan)',
-            "PipelineStage(stage, stage_index, pp, device, "
-            'group=mesh["pp"].get_group())',
+            "run = apply_two_d(model, two_d_result, mesh)  # graphopt.partition.two_d_emit",
+            "logits = run.run(input_ids)  # on the last stage; None on the others",
         ]),
     }

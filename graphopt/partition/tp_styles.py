@@ -12,6 +12,9 @@ Block kinds (``graphopt.partition.tp_blocks.TPBlock`` and any object with the sa
    gathered at once (``ColwiseParallel(output_layouts=Replicate())``): each device computes
    ``vocab / t`` of the logits from the whole hidden state, one all-gather joins them. It has no
    row side and its vocabulary must divide by the degree.
+3. Blocks whose GEMMs read a K x N weight (``weight_layout == "k_by_n"``: GPT-2's
+   ``Conv1D``, its QKV fused): the same pairs with :mod:`.tp_fused_qkv`'s styles, which place
+   the transposed weight and regroup the fused QKV by heads; the modules must be Conv1Ds.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from torch import nn
 
 from graphopt.errors import GraphoptError
 from graphopt.partition.tp_blocks import LM_HEAD
+from graphopt.partition.tp_fused_qkv import STYLES as CONV1D_STYLES
+from graphopt.partition.tp_fused_qkv import conv1d_problem, conv1d_specs, qkv_permutation
 from graphopt.partition.tp_roles import BlockKind
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = ["KINDS", "LM_HEAD", "TPBlockLike", "attention_module", "block_label", "build_styles",
-           "check_degree", "check_linears", "emittable", "not_emittable", "style_code",
-           "style_specs", "submodule"]
+           "check_degree", "check_linears", "emittable", "k_by_n", "not_emittable",
+           "style_code", "style_imports", "style_specs", "submodule"]
 
 KINDS = tuple(BlockKind)  # mlp, attention, lm_head
 
@@ -77,16 +82,30 @@ def block_label(block: TPBlockLike) -> str:
     return f"{block.kind} block {getattr(block, 'name', None) or first}"
 
 
+def k_by_n(block: TPBlockLike) -> bool:
+    """Case 3: the block's GEMMs read K x N weights (a block without ``weight_layout``, as
+    hand-written ones, is ``nn.Linear``)."""
+    return getattr(block, "weight_layout", "linear") == "k_by_n"
+
+
+def _fused_qkv(block: TPBlockLike) -> bool:
+    """Case 3's fused QKV: an attention block with one K x N column projection."""
+    return k_by_n(block) and block.kind == BlockKind.ATTENTION and len(block.column_modules) == 1
+
+
 def not_emittable(block: TPBlockLike) -> str:
-    """Why plain ColwiseParallel/RowwiseParallel cannot split ``block`` ("" when they can)."""
+    """Why neither the plain styles nor the Conv1D ones (case 3) can split ``block`` ("" when
+    one can); a block's ``note`` says why the plain ones cannot."""
     rows_needed = block.kind != LM_HEAD
     if not block.column_modules or (rows_needed and not block.row_modules):
         return ("no torch module paths (find_tp_blocks fills them when given the model as "
                 "source=)")
-    return str(getattr(block, "note", "") or "")
+    return "" if k_by_n(block) else str(getattr(block, "note", "") or "")
 
 
 def _not_linear(module: nn.Module, block: TPBlockLike) -> str:
+    if k_by_n(block):
+        return conv1d_problem(module, (*block.column_modules, *block.row_modules))
     for name in (*block.column_modules, *block.row_modules):
         try:
             mod = submodule(module, name)
@@ -99,9 +118,10 @@ def _not_linear(module: nn.Module, block: TPBlockLike) -> str:
 
 def emittable(blocks: Sequence[TPBlockLike], module: nn.Module | None = None
               ) -> tuple[list[TPBlockLike], list[str]]:
-    """The blocks plain ``ColwiseParallel``/``RowwiseParallel`` can split, and why each other
-    block runs unsplit (no module paths, the block's ``note``: a fused QKV, a K x N weight;
-    with ``module``, a path that is not an ``nn.Linear`` there).
+    """The blocks ``ColwiseParallel``/``RowwiseParallel`` (or case 3's Conv1D styles) can split,
+    and why each other block runs unsplit (no module paths, the block's ``note``: a fused QKV
+    in an ``nn.Linear``; with ``module``, a path that is not an ``nn.Linear``, or for case 3 not
+    a Conv1D, there).
     """
     kept: list[TPBlockLike] = []
     unsplit: list[str] = []
@@ -167,7 +187,7 @@ def check_degree(blocks: Sequence[TPBlockLike], degree: int) -> None:
 
 
 def style_specs(blocks: Sequence[TPBlockLike]) -> Specs:
-    """The plain plan (kinds 1, 2) as FQN -> (style class name, keyword arguments)."""
+    """The plan (kinds 1-3) as FQN -> (style class name, keyword arguments)."""
     from torch.distributed.tensor import Replicate
 
     specs: Specs = {}
@@ -176,6 +196,13 @@ def style_specs(blocks: Sequence[TPBlockLike]) -> Specs:
         if why:
             raise GraphoptError(f"{block_label(b)}: {why}", "leave it unsplit: pass "
                                 "emittable(blocks)[0]")
+        if k_by_n(b):
+            fused = _fused_qkv(b)
+            specs.update(conv1d_specs(
+                b.kind, b.column_modules, b.row_modules, heads=b.heads or 0,
+                kv_heads=b.kv_heads or 0, fused=fused,
+                attention=attention_module(b) if fused else ""))
+            continue
         if b.kind == LM_HEAD:
             specs[b.column_modules[0]] = ("ColwiseParallel", {"output_layouts": Replicate()})
             continue
@@ -185,10 +212,22 @@ def style_specs(blocks: Sequence[TPBlockLike]) -> Specs:
 
 
 def build_styles(specs: Specs) -> dict[str, ParallelStyle]:
-    """The ``parallelize_module`` plan: each spec as its ``ParallelStyle`` object."""
+    """The ``parallelize_module`` plan: each spec as its ``ParallelStyle`` object (torch's, or
+    case 3's from :mod:`.tp_fused_qkv`)."""
     import torch.distributed.tensor.parallel as tp_styles
 
-    return {name: getattr(tp_styles, cls)(**kwargs) for name, (cls, kwargs) in specs.items()}
+    return {name: (CONV1D_STYLES.get(cls) or getattr(tp_styles, cls))(**kwargs)
+            for name, (cls, kwargs) in specs.items()}
+
+
+def style_imports(styles: Sequence[str]) -> list[str]:
+    """The snippet's import lines for the style class names ``styles``."""
+    ours = sorted(s for s in styles if s in CONV1D_STYLES)
+    torch_ones = sorted(s for s in styles if s not in CONV1D_STYLES)
+    return ["from torch.distributed.tensor.parallel import (",
+            f"    {', '.join([*torch_ones, 'parallelize_module'])})",
+            *([f"from graphopt.partition.tp_fused_qkv import {', '.join(ours)}"] if ours
+              else [])]
 
 
 def style_code(cls: str, kwargs: dict[str, Any]) -> str:
@@ -207,17 +246,25 @@ def submodule(root: nn.Module, fqn: str) -> nn.Module:
 
 
 def check_linears(module: nn.Module, blocks: Sequence[TPBlockLike], degree: int) -> None:
-    """Every split module is an ``nn.Linear`` whose split width divides by ``degree``."""
+    """Every split module is an ``nn.Linear`` (case 3: a Conv1D, its fused QKV of whole heads)
+    whose split width divides by ``degree``."""
     for b in blocks:
-        for name, dim in ([(n, "out_features") for n in b.column_modules]
-                          + [(n, "in_features") for n in b.row_modules]):
+        conv = k_by_n(b)
+        for name, dim in ([(n, "nf" if conv else "out_features") for n in b.column_modules]
+                          + [(n, "nx" if conv else "in_features") for n in b.row_modules]):
             lin = submodule(module, name)
-            if not isinstance(lin, nn.Linear):
+            if conv and (why := conv1d_problem(module, (name,))):
+                raise GraphoptError(why, "leave this block unsplit, or find the blocks on this "
+                                    "model's own plan")
+            if not conv and not isinstance(lin, nn.Linear):
                 raise GraphoptError(
                     f"{name} is a {type(lin).__name__}, not nn.Linear; ColwiseParallel and "
                     "RowwiseParallel only split nn.Linear (and nn.Embedding)",
-                    "leave this block unsplit (e.g. GPT-2's fused Conv1D c_attn)")
+                    "leave this block unsplit, or mark a Conv1D block weight_layout='k_by_n' "
+                    "(find_tp_blocks does)")
             size = getattr(lin, dim)
+            if _fused_qkv(b) and name in b.column_modules:
+                qkv_permutation(b.heads or 0, b.kv_heads or b.heads or 0, size, degree)
             if size % degree:
                 raise GraphoptError(f"{name}: {dim}={size} does not divide over {degree} "
                                     "devices", f"use a degree that divides {size}")

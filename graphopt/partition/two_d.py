@@ -22,6 +22,13 @@ block needs the fast link, while a pipeline sends one activation per stage bound
    memory per device.
 5. **Clock**: one request's latency = sum of stage times + transfers; a stream of
    micro-batches runs at 1 / the slowest stage (its compute + its outgoing transfer).
+6. **Run**: the micro-batch count and the schedule (:func:`pipeline_rule`).
+7. **Sequence parallelism** (``sequence_parallel=True``): each stage costed with it
+   (:func:`.tensor_parallel.tensor_parallel` case 8); between stages each rank sends its token
+   shard, 1/t of the cut.
+
+:func:`cost_split` runs cases 4-7 on given cuts: :mod:`.two_d_emit` moves a cut onto a module
+boundary and re-costs it there.
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
 from graphopt.partition.tp_blocks import find_tp_blocks, splittable
 from graphopt.partition.two_d_result import Stage2D, TwoD
 
-__all__ = ["Stage2D", "TwoD", "nvlink_groups", "sub_devices", "two_d"]
+__all__ = ["Stage2D", "TwoD", "cost_split", "nvlink_groups", "pipeline_rule", "sub_devices",
+           "two_d"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,38 +167,28 @@ def _dp(pre: list[np.ndarray], mem: list[tuple[np.ndarray, np.ndarray, int]],
 
 
 def two_d(plan: Plan, devices: DeviceSet | str, *, groups: list[tuple[str, ...]] | None = None,
-          source: Any = None) -> TwoD:
+          source: Any = None, sequence_parallel: bool = False) -> TwoD:
     """Split ``plan`` into pipeline stages over the NVLink groups of ``devices``, each stage
-    tensor-parallel within its group (cases 1-5)."""
-    if isinstance(devices, str):
-        from graphopt.partition.parse import parse_devices
-
-        devices = parse_devices(devices)
-    groups = [tuple(g) for g in (groups or nvlink_groups(devices))]
-    if len(groups) < 2:
-        raise GraphoptError(
-            f"2-D parallelism needs several NVLink groups; all {len(devices.devices)} devices "
-            "are one group", "use strategy 'tensor', or declare machines with @HOST and net=")
+    tensor-parallel within its group (cases 1-6); ``sequence_parallel`` costs each stage
+    with it (case 7)."""
+    devices, groups = _resolve(devices, groups)
     pb = build_problem(plan, devices)
     cut = cut_bytes(pb)
+    send = _sends(devices, groups, cut, sequence_parallel)
     live = np.asarray(live_profile(pb), dtype=np.float64)
-    tps, pre, mem, send = [], [], [], []
+    pre, mem = [], []
     memo: dict[tuple[Any, ...], TensorParallel] = {}
     all_blocks, _ = find_tp_blocks(plan)
-    for gi, g in enumerate(groups):
+    for g in groups:
         sub = sub_devices(devices, g)
         key = (tuple(id(d.profile) for d in sub.devices),
                tuple(sorted(v.bandwidth_bytes_per_s for v in sub.links.values())))
         if key not in memo:
-            memo[key] = tensor_parallel(plan, sub, source=source)
-        tp = memo[key]
-        tps.append(tp)
-        pre.append(np.concatenate([[0.0], np.cumsum(_node_times(tp, pb.names))]))
+            memo[key] = tensor_parallel(plan, sub, source=source,
+                                        sequence_parallel=sequence_parallel)
+        pre.append(np.concatenate([[0.0], np.cumsum(_node_times(memo[key], pb.names))]))
         blocks, _ = splittable(all_blocks, len(g))
         mem.append(_memory_bound(pb, blocks, len(g), live, sub))
-        nxt = groups[(gi + 1) % len(groups)]
-        link = _between(devices, g, nxt)
-        send.append(np.where(cut > 0, link.latency_s + cut / link.bandwidth_bytes_per_s, 0.0))
     cuts = _cut_points(plan, all_blocks)
     best: tuple[float, list[int]] | None = None
     tried: dict[int, float | None] = {}
@@ -204,17 +202,96 @@ def two_d(plan: Plan, devices: DeviceSet | str, *, groups: list[tuple[str, ...]]
             f"no 2-D split keeps every group within its memory ({len(groups)} groups of "
             f"{', '.join(str(len(g)) for g in groups)} devices)",
             "add devices or raise their memory caps, or quantize the weights")
-    bounds = best[1]
+    return _costed(plan, devices, groups, best[1], pb, cut, send, source, sequence_parallel,
+                   {"stage_counts_tried": {str(m): v for m, v in tried.items()}})
+
+
+def cost_split(plan: Plan, devices: DeviceSet | str, bounds: list[int], *,
+               groups: list[tuple[str, ...]] | None = None, source: Any = None,
+               sequence_parallel: bool = False, notes: dict[str, Any] | None = None) -> TwoD:
+    """Cases 4-6 for given cuts: stage ``i`` runs plan nodes ``[bounds[i], bounds[i + 1])`` on
+    group ``i``; how :mod:`.two_d_emit` re-costs a cut it moved onto a module boundary."""
+    devices, groups = _resolve(devices, groups)
+    n = len(plan.nodes)
+    if len(bounds) < 3 or bounds[0] != 0 or bounds[-1] != n or len(bounds) - 1 > len(groups) \
+            or any(a >= b for a, b in zip(bounds, bounds[1:], strict=False)):
+        raise GraphoptError(f"cuts {bounds} do not split {n} nodes into 2 to {len(groups)} "
+                            "non-empty stages", "give 0 < cut_1 < ... < the node count")
+    pb = build_problem(plan, devices)
+    cut = cut_bytes(pb)
+    return _costed(plan, devices, groups, bounds, pb, cut,
+                   _sends(devices, groups, cut, sequence_parallel), source, sequence_parallel,
+                   notes or {})
+
+
+def _resolve(devices: DeviceSet | str, groups: list[tuple[str, ...]] | None
+             ) -> tuple[DeviceSet, list[tuple[str, ...]]]:
+    if isinstance(devices, str):
+        from graphopt.partition.parse import parse_devices
+
+        devices = parse_devices(devices)
+    groups = [tuple(g) for g in (groups or nvlink_groups(devices))]
+    if len(groups) < 2:
+        raise GraphoptError(
+            f"2-D parallelism needs several NVLink groups; all {len(devices.devices)} devices "
+            "are one group", "use strategy 'tensor', or declare machines with @HOST and net=")
+    return devices, groups
+
+
+def _sends(devices: DeviceSet, groups: list[tuple[str, ...]], cut: np.ndarray,
+           sequence_parallel: bool) -> list[np.ndarray]:
+    """Case 2's transfer after each position, per group to the next (case 7: a token shard)."""
+    out = []
+    for gi, g in enumerate(groups):
+        link = _between(devices, g, groups[(gi + 1) % len(groups)])
+        nbytes = cut / len(g) if sequence_parallel else cut
+        out.append(np.where(cut > 0, link.latency_s + nbytes / link.bandwidth_bytes_per_s, 0.0))
+    return out
+
+
+def _costed(plan: Plan, devices: DeviceSet, groups: list[tuple[str, ...]], bounds: list[int],
+            pb: Any, cut: np.ndarray, send: list[np.ndarray], source: Any,
+            sequence_parallel: bool, notes: dict[str, Any]) -> TwoD:
+    """Case 4: each stage re-costed exactly on its own nodes, then case 5's clock."""
     stages = []
     for s in range(len(bounds) - 1):
         i, j = bounds[s], bounds[s + 1]
         g = groups[s]
-        tp = tensor_parallel(_sub_plan(plan, i, j, pb), sub_devices(devices, g), source=source)
+        tp = tensor_parallel(_sub_plan(plan, i, j, pb), sub_devices(devices, g), source=source,
+                             sequence_parallel=sequence_parallel)
         last = s == len(bounds) - 2
-        nbytes = 0 if last else int(cut[j])
+        nbytes = 0 if last else int(cut[j] // (len(g) if sequence_parallel else 1))
         secs = 0.0 if last or nbytes == 0 else float(send[s][j])
         stages.append(Stage2D(s, g, i, j, tp, nbytes, secs))
-    return _assemble(devices, groups, stages, pb, tried)
+    m, schedule, why = pipeline_rule(_batch(plan), len(stages))
+    out = _assemble(devices, groups, stages, pb, notes)
+    return replace(out, micro_batches=m, pipeline_schedule=schedule, schedule_why=why,
+                   sequence_parallel=sequence_parallel)
+
+
+def _batch(plan: Plan) -> int | None:
+    """The batch size: the first input's leading dim, when the plan records one."""
+    ins = plan.model.get("inputs") or []
+    shape = ins[0].get("shape") if ins and isinstance(ins[0], dict) else None
+    return shape[0] if shape and isinstance(shape[0], int) and shape[0] > 0 else None
+
+
+def pipeline_rule(batch: int | None, stages: int) -> tuple[int, str, str]:
+    """Case 6: (micro-batches, schedule, why). The micro-batches are the largest divisor of the
+    batch up to ``4 x stages``: GPipe's bubble is ``(p - 1) / (m + p - 1)`` of a batch's time,
+    negligible at ``m >= 4p`` (Huang et al. 2019, GPipe, section 2.2), and the schedule splits
+    the batch evenly. The schedule is GPipe: graphopt plans inference, a forward pass only, and
+    1F1B differs from GPipe only in where the backward passes go (to hold at most ``p``
+    micro-batches' activations)."""
+    cap = 4 * stages
+    m = max((d for d in range(1, min(batch, cap) + 1) if batch % d == 0), default=1) \
+        if batch else 1
+    size = f"batch {batch}" if batch else "an unknown batch"
+    bubble = (stages - 1) / (m + stages - 1)
+    why = (f"{m} micro-batch{'es' if m != 1 else ''}: the largest divisor of {size} up to "
+           f"4 x {stages} stages (GPipe's bubble (p-1)/(m+p-1) = {bubble:.0%}); GPipe: a "
+           "forward pass only (inference), where 1F1B runs the same forwards")
+    return m, "GPipe", why
 
 
 def _segments(live: np.ndarray, cuts: list[int]) -> np.ndarray:
@@ -242,7 +319,7 @@ def _memory_bound(pb: Any, blocks: list[Any], t: int, live: np.ndarray, sub: Dev
 
 
 def _assemble(devices: DeviceSet, groups: list[tuple[str, ...]], stages: list[Stage2D],
-              pb: Any, tried: dict[int, float | None]) -> TwoD:
+              pb: Any, extra: dict[str, Any]) -> TwoD:
     """Case 5: the request's clock, the schedule and the stage-boundary transfers."""
     schedule, transfers, t = [], [], 0.0
     for s in stages:
@@ -265,7 +342,7 @@ def _assemble(devices: DeviceSet, groups: list[tuple[str, ...]], stages: list[St
         "throughput_is": "1 / the slowest stage (compute + collectives + its outgoing transfer)",
         "transfer_model": "each rank sends the replicated cut to its counterpart in the next "
                           "group, in parallel, over the link between the groups",
-        "stage_counts_tried": {str(m): v for m, v in tried.items()},
+        **extra,
     }
     logger.info("2-D split: %d stages over %s; latency %s, slowest stage %s", len(stages),
                 ", ".join("+".join(g) for g in groups), human_s(t), human_s(bottleneck))

@@ -2,7 +2,8 @@
 losers' numbers, per device memory / busy / collective time, the stages of a 2-D split, each
 block's split and the ``parallelize_module`` code. Rows come from :mod:`.tp_md`, so both
 renderers print the same values; every text is escaped. The timeline (with the collectives)
-is the partition panel's Gantt chart."""
+is the partition panel's Gantt chart. A 2-D split shows its run and its emitted code in place of
+the one-group ``parallelize_module`` plan."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from graphopt.report.tp_md import (
     strategy_of,
     tp_device_rows,
     tp_of,
+    two_d_code,
+    two_d_facts,
 )
 
 __all__ = ["tp_panel"]
@@ -62,12 +65,15 @@ def tp_panel(plan: Mapping[str, Any]) -> str:
                  "compute split / whole", "collective"], "llrllrrr", splits, "tp-splits"))
         pm = tp.get("parallelize_module")
         pm = pm if isinstance(pm, Mapping) else {}
-        if pm.get("code"):
+        facts = two_d_facts(tp)
+        if facts:
+            code = two_d_code(tp)
+            out.append("<h4>2-D plan (pipeline stages × tensor parallel)</h4><ul>"
+                       + "".join(f"<li><b>{esc(k)}:</b> {esc(v)}</li>" for k, v in facts)
+                       + "</ul>" + (f'<pre class="tpcode">{esc(code)}</pre>' if code else ""))
+        elif pm.get("code"):
             out.append(f'<h4>parallelize_module plan</h4><pre class="tpcode">'
                        f"{esc(pm['code'])}</pre>")
-            two_d = pm.get("two_d") if isinstance(pm.get("two_d"), Mapping) else {}
-            if tp.get("strategy") == "2d" and two_d.get("statement"):
-                out.append(f'<p class="faint">2-D: {esc(two_d["statement"])}</p>')
         elif pm.get("unavailable"):
             out.append(f'<p class="faint">No parallelize_module plan: '
                        f"{esc(pm['unavailable'])}</p>")

@@ -5,7 +5,9 @@ are shared with the HTML renderer (``tp_html``).
 candidate's latency and throughput (or why it could not run). ``tensor_parallel``
 (:meth:`TensorParallel.to_dict` or the 2-D one): per device memory, busy and collective time,
 each block's split (degree, dims), the stages of a 2-D split, and the ``parallelize_module``
-plan. Both renderers print the same values from the same functions.
+plan; for a 2-D split, its run (micro-batches, schedule, stage modules, moved and uneven cuts)
+and the emitted code (:mod:`graphopt.partition.two_d_emit`) or why it is not emitted. Both
+renderers print the same values from the same functions.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from graphopt.report.format import finite, fmt_bytes, fmt_seconds, md_code, md_t
 from graphopt.report.partition_md import items
 
 __all__ = ["TPDeviceRow", "candidate_rows", "split_rows", "stage2d_rows", "strategy_of",
-           "tp_device_rows", "tp_md", "tp_of"]
+           "tp_device_rows", "tp_md", "tp_of", "two_d_code", "two_d_facts"]
 
 
 class TPDeviceRow(NamedTuple):
@@ -60,7 +62,9 @@ def candidate_rows(st: Mapping[str, Any]) -> list[list[str]]:
              fmt_seconds(c.get("latency_s")) if finite(c.get("latency_s")) else "—",
              _rate(c.get("throughput_per_s")),
              "yes" if c.get("feasible") else "no",
-             str(c.get("why_not") or c.get("detail") or "")] for c in cands]
+             str(c.get("why_not") or (f"not emitted, never picked: {c['not_emitted']}; "
+                                      if c.get("not_emitted") else "")
+                 + str(c.get("detail") or ""))] for c in cands]
 
 
 def tp_device_rows(tp: Mapping[str, Any]) -> list[TPDeviceRow]:
@@ -102,6 +106,56 @@ def stage2d_rows(tp: Mapping[str, Any]) -> list[list[str]]:
              (f"{fmt_bytes(s.get('send_bytes'))} in {fmt_seconds(s.get('send_s'))}"
               if finite(s.get("send_bytes")) else "—"), fmt_seconds(s.get("stage_s"))]
             for s in items(tp, "stages")]
+
+
+def _pipeline(tp: Mapping[str, Any]) -> Mapping[str, Any]:
+    value = tp.get("pipeline") if tp.get("strategy") == "2d" else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def two_d_facts(tp: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) lines of a 2-D split's run: micro-batches and schedule, each stage's
+    modules, an uneven split and every cut moved onto a module boundary."""
+    pipe = _pipeline(tp)
+    if not pipe:
+        return []
+    out = [("run", f"{pipe.get('micro_batches', '?')} micro-batches, "
+                   f"{pipe.get('schedule', '?')}"
+                   f"{', sequence parallel in each stage' if pipe.get('sequence_parallel') else ''}"
+                   f": {pipe.get('schedule_why', '')}")]
+    emitted = pipe.get("emitted") if isinstance(pipe.get("emitted"), Mapping) else {}
+    for st in items(emitted, "stages"):
+        out.append((f"stage {int(st.get('stage', 0)) + 1}",
+                    ", ".join(str(m) for m in st.get("modules") or []) or "—"))
+    notes = tp.get("notes") if isinstance(tp.get("notes"), Mapping) else {}
+    if notes.get("uneven"):
+        out.append(("uneven", str(notes["uneven"])))
+    for c in items(pipe, "moved_cuts"):
+        pair = "–".join(str(x) for x in c.get("between_stages") or [])
+        out.append(("moved cut", f"stages {pair}: planned after {c.get('planned_after')} "
+                                 f"({c.get('why')}), moved {c.get('at')} (after "
+                                 f"{c.get('moved_after')}); re-costed: latency "
+                                 f"{fmt_seconds(tp.get('makespan_s'))}, planned "
+                                 f"{fmt_seconds(notes.get('planned_latency_s'))}"))
+    if pipe.get("not_emitted"):
+        out.append(("not emitted", str(pipe["not_emitted"])))
+    return out
+
+
+def two_d_code(tp: Mapping[str, Any]) -> str:
+    """The emitted 2-D code ("" when there is none)."""
+    emitted = _pipeline(tp).get("emitted")
+    return str(emitted.get("code") or "") if isinstance(emitted, Mapping) else ""
+
+
+def _two_d_md(tp: Mapping[str, Any], h: str) -> list[str]:
+    facts = two_d_facts(tp)
+    if not facts:
+        return []
+    out = [f"{h}# 2-D plan (pipeline stages x tensor parallel)", ""]
+    out += [f"- **{label}:** {md_text(text)}" for label, text in facts] + [""]
+    code = two_d_code(tp)
+    return out + (["```python", code, "```", ""] if code else [])
 
 
 def _strategy_md(st: Mapping[str, Any], h: str) -> list[str]:
@@ -154,11 +208,10 @@ def tp_md(plan: Mapping[str, Any], h: str) -> list[str]:
         out += [f"_Not split:_ {md_text('; '.join(fallbacks))}", ""]
     pm = tp.get("parallelize_module") if isinstance(tp.get("parallelize_module"),
                                                      Mapping) else {}
-    if pm.get("code"):
+    if tp.get("strategy") == "2d":
+        out += _two_d_md(tp, h)
+    elif pm.get("code"):
         out += [f"{h}# parallelize_module plan", "", "```python", str(pm["code"]), "```", ""]
-        two_d = pm.get("two_d") if isinstance(pm.get("two_d"), Mapping) else {}
-        if tp.get("strategy") == "2d" and two_d.get("statement"):
-            out += [f"_2-D:_ {md_text(two_d['statement'])}", ""]
     elif pm.get("unavailable"):
         out += [f"_No parallelize\\_module plan:_ {md_text(pm['unavailable'])}", ""]
     return out
