@@ -125,7 +125,7 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
                          reason=f"stage {i + 1}: {s.reason}"), g, i) for s, g, i in rows]
         section = res.to_dict()
         makespan, degree = res.latency_s, max(len(g) for g in res.groups)
-        seq = False  # the 2-D split costs plain tensor parallelism
+        seq = res.sequence_parallel  # the 2-D split is costed plain and with SP
         split = {b.block for st in res.stages for b in st.tp.splits}
     section["parallelize_module"] = parallelize_section(plan, degree, source,
                                                         sequence_parallel=seq, module=module,
