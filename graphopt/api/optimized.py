@@ -104,8 +104,10 @@ class Optimized:
         runtime settings and shape range inside), whole or not at all; ``graphopt.load(path)``
         reads it back in a process that never saw the model (``graphopt.backends.torch.saved``)."""
         from graphopt.backends.torch.saved import save
+        from graphopt.files.progress import progress
 
-        return save(self, path, protect=self.input_files)
+        with progress(f"saving {os.fspath(path)}"):
+            return save(self, path, protect=self.input_files)
 
     def save_report(self, json: str | None = None, md: str | None = None,
                     html: str | None = None) -> list[str]:

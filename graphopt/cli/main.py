@@ -14,6 +14,7 @@ from graphopt.cli import calibrate, cost, lint, llm, optimize, plan, profile, ta
 from graphopt.cli.args import add_reports
 from graphopt.cli.terminal import SafeFormatter, SafeStream, terminal_safe
 from graphopt.errors import GraphoptError, UserCodeExit
+from graphopt.files.progress import set_quiet
 
 __all__ = ["build_parser", "main"]
 
@@ -21,6 +22,8 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="graphopt", description="Plan and optimize ML models.")
     p.add_argument("-v", "--verbose", action="store_true", help="log what each pass does")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr for long steps (tracing, export, save)")
     sub = p.add_subparsers(dest="command", required=True)
     plan.add_parser(sub)
     lint.add_parser(sub)
@@ -35,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    set_quiet(args.quiet)
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -42,6 +42,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from graphopt.files.progress import progress
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.measure.calibrate_ort import ort_fixed_costs
 from graphopt.measure.calibrate_rates import achievable_rates, time_call
@@ -280,7 +281,7 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
 
     base = base or host_cpu_profile()
     started = time.perf_counter()
-    with intra_op_threads(threads) as used:
+    with intra_op_threads(threads) as used, progress("calibrating this CPU"):
         blocks, chunks, rounds = reference_blocks(), [], []
         for _ in range(_CHUNKS):  # spread over the calibration: a burst must cover them all
             with torch.inference_mode():

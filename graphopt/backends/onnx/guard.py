@@ -61,6 +61,7 @@ from graphopt.backends.onnx.sensitivity import (
 )
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
+from graphopt.files.progress import progress
 from graphopt.ir.plan import Decision
 
 __all__ = ["MAX_CHECKS", "MAX_TRIES", "GuardReport", "LossyPass", "OutputError", "compare", "guard",
@@ -208,6 +209,16 @@ def guard(pass_name: str, run_pass: LossyPass, model: onnx.ModelProto, ctx: Onnx
           kind: str, tolerance: Tolerance, original: onnx.ModelProto,
           reference: list[list[np.ndarray]], samples: Sequence[dict[str, np.ndarray]]
           ) -> tuple[onnx.ModelProto | None, GuardReport]:
+    """:func:`_guard`, with a progress line when it runs long (its sessions and probe runs)."""
+    with progress(f"accuracy guard on the {pass_name} pass"):
+        return _guard(pass_name, run_pass, model, ctx, kind=kind, tolerance=tolerance,
+                      original=original, reference=reference, samples=samples)
+
+
+def _guard(pass_name: str, run_pass: LossyPass, model: onnx.ModelProto, ctx: OnnxContext, *,
+           kind: str, tolerance: Tolerance, original: onnx.ModelProto,
+           reference: list[list[np.ndarray]], samples: Sequence[dict[str, np.ndarray]]
+           ) -> tuple[onnx.ModelProto | None, GuardReport]:
     """Run a lossy pass under the guard; returns (model or None if reverted/unchanged, report).
 
     ``original`` is the model before any lossy pass and ``reference`` its outputs on

@@ -44,6 +44,7 @@ from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.isolation import clone_inputs, preserved_buffers
 from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import Tolerance, loosest, tolerance_for
+from graphopt.files.progress import progress
 
 __all__ = ["GROUPS", "guard"]
 
@@ -144,6 +145,12 @@ def guard(gm: fx.GraphModule, ctx: RewriteContext,
           lowered: dict[str, tuple[Any, dict[str, Any]]]) -> bool | PassResult:
     """Steps 1-2 over ``lowered`` (node -> (its ``Lowering``, its float and low-bit forms));
     leaves ``gm`` with the kept set lowered and records every node's decision and numbers."""
+    with progress(f"accuracy guard on {len(lowered)} low-bit Linear layers"):
+        return _guard(gm, ctx, lowered)
+
+
+def _guard(gm: fx.GraphModule, ctx: RewriteContext,
+           lowered: dict[str, tuple[Any, dict[str, Any]]]) -> bool | PassResult:
     if not ctx.references:
         raise ValueError("the quantize guard needs the original model's outputs "
                          "(RewriteContext.references)")
