@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT := out
 
-.PHONY: setup demo test test-quick lint bench gpu clean
+.PHONY: setup demo test test-quick readme-check lint bench gpu clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,10 @@ test: setup
 # everything but the real-architecture zoo (tests/test_architectures.py, a few minutes)
 test-quick: setup
 	$(PY) -m pytest -q -m "not zoo"
+
+# the README's quoted command outputs against what the commands print now (make test runs it too)
+readme-check: setup
+	$(PY) -m tests.readme_check
 
 lint: setup
 	$(VENV)/bin/ruff check graphopt tests benchmarks examples

@@ -43,6 +43,8 @@ _NORM_FLOPS_PER_ELEMENT = {"LayerNormalization": 8, "GroupNormalization": 8,
                            "RMSNormalization": 4,
                            "SkipLayerNormalization": 9, "SkipSimplifiedLayerNormalization": 5,
                            "LpNormalization": 3}
+# torch _weight_norm: square and sum for ||v||, then v / ||v|| * g
+_WEIGHT_NORM_FLOPS_PER_ELEMENT = 4
 
 
 class OpWork:
@@ -239,9 +241,13 @@ def _rowwise(per_element: int | None):
         cols = shape[axis] if shape and -len(shape) <= axis < len(shape) else 1
         if node.op_type in ("LayerNormalization", "RMSNormalization"):
             cols = math.prod(shape[axis:]) if shape else 1  # normalizes axis..end
-        rows = numel // cols if cols else 0
         rate = per_element if per_element is not None else _NORM_FLOPS_PER_ELEMENT.get(
             node.op_type, 8)
+        if node.attrs.get("variant") == "weight_norm":  # one norm per slice along dim
+            dim = int(node.attrs.get("dim", 0))
+            rows = shape[dim] if shape and 0 <= dim < len(shape) else 1  # -1: the whole tensor
+            cols, rate = (numel // rows if rows else 0), _WEIGHT_NORM_FLOPS_PER_ELEMENT
+        rows = numel // cols if cols else 0
         return {"numel": numel, "rows": rows, "cols": cols}, rate * numel, read
     return handler
 
@@ -261,7 +267,8 @@ def _reduction(node, ins, out, numel, read):
 
 def _data_movement(node, ins, out, numel, read):
     if node.op_type in ("Gather", "GatherElements", "GatherND", "Slice", "Embedding",
-                        "IndexSelect") and out is not None:
+                        "IndexSelect") and out is not None and node.attrs.get(
+                            "variant") != "im2col":  # im2col reads each input once (reuse)
         # reads only the gathered rows (plus the indices), not the whole table
         idx = sum(t.nbytes for t in ins[1:] if t is not None and t.dtype in ("int64", "int32"))
         read = out.nbytes + idx

@@ -120,9 +120,11 @@ class Optimized:
 
         From a torch model the original is exported once per opset
         (``graphopt.frontends.onnx_export``:
-        the fast TorchScript exporter, ``dynamo=True`` if that fails; ``opset=None`` takes the
-        exporter's own) and graphopt's decisions are applied at the ONNX level
-        (``backends.onnx.pipeline``), checked in ONNX Runtime. An ONNX input keeps its opset.
+        the fast TorchScript exporter, ``dynamo=True`` with the ``dynamic_shapes`` given to
+        optimize if that fails or does not hold at the shape range's min, opt and max in ONNX
+        Runtime; ``opset=None`` takes the exporter's own) and graphopt's decisions are
+        applied at the ONNX level (``backends.onnx.pipeline``), checked in ONNX Runtime. An ONNX
+        input keeps its opset.
         """
         from graphopt.backends.onnx.pipeline import save_onnx
 
@@ -142,12 +144,16 @@ class Optimized:
         elif self.onnx_model is None or opset not in (None, self.info["onnx"]["opset"]):
             from graphopt.backends.onnx.pipeline import optimize_onnx
             from graphopt.backends.torch.isolation import clone_inputs
+            from graphopt.files.progress import progress
             from graphopt.frontends.onnx_export import export_torch
 
-            model, inputs, opts, _ = self._source
-            # exporters run forward on real tensors: never on the user's model or inputs
-            exported = export_torch(model, clone_inputs(inputs), opset=opset,
-                                    shape_range=self.shape_range)
+            model, inputs, opts, dynamic_shapes = self._source
+            # exporters run forward on real tensors: never on the user's model or inputs;
+            # dynamo=True (the fallback) gets the user's own spec, which torch.export took
+            with progress("exporting to ONNX"):
+                exported = export_torch(model, clone_inputs(inputs), opset=opset,
+                                        shape_range=self.shape_range,
+                                        dynamic_shapes=dynamic_shapes)
             done = optimize_onnx(exported.model, self.plan.target, opts,
                                  samples=[exported.feeds], dynamic_shapes=exported.dim_sizes)
             self.onnx_model, self.onnx_session, onnx_plan = done.model, done.session, done.plan

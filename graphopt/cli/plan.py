@@ -34,6 +34,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     plans = result.plans if isinstance(result, PlanSet) else (result,)
+    for w in plans[0].warnings:  # first: a fallback's cause qualifies every number below
+        print(f"warning: {w}")
     for p in plans:
         s = p.summary
         fused = s.get("est_latency_fused_s")
@@ -52,8 +54,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         for n in s["costliest_nodes"][:5]:
             print(f"  {n['share']:6.1%}  {fmt_time(n['est_time_s']):>10}  "
                   f"{n['kernel_class']:<13} {n['name']}")
-    for w in plans[0].warnings:
-        print(f"  warning: {w}")
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -20,6 +20,10 @@ Choices worth knowing:
   ``_scaled_mm`` is ``MatMul`` with ``scaled=True`` (the fp8 dtypes are on its tensors).
 * ``_flash_attention_forward``/``_efficient_attention_forward`` take ``[B, S, H, D]``: their
   ``Attention`` carries ``layout="BSHD"``. ``baddbmm`` is ``MatMul(b1, b2, addend)``.
+* Ops ONNX lacks keep a canonical name and say what they are in ``variant``: ``im2col``
+  (F.unfold) is a ``Gather``, ``col2im`` a ``ScatterElements`` add, ``meshgrid`` an aliasing
+  ``Expand``, ``_weight_norm`` an ``LpNormalization`` scaled by ``g``. ``fill_`` is
+  ``ConstantOfShape`` (the kernel of ``full``) writing into ``attrs["dst"]``, as ``copy_`` does.
 """
 
 from __future__ import annotations
@@ -356,9 +360,20 @@ _reg("native_group_norm")(_op("GroupNormalization", "input weight bias", num_gro
                               epsilon=A("eps", 1e-5)))
 _reg("instance_norm")(_op("InstanceNormalization", "input weight bias", epsilon=A("eps", 1e-5)))
 
+
+@_reg("_weight_norm", "_weight_norm_interface")
+def _weight_norm(c: Call) -> MapResult:
+    """``g * v / ||v||``, the 2-norm over every dim of ``v`` but ``dim``: an LpNormalization
+    scaled by ``g`` (``variant="weight_norm"``; ``dim=-1`` normalizes the whole tensor)."""
+    return "LpNormalization", _trim([c.t("v"), c.t("g")]), {
+        "p": 2, "dim": c.v("dim", 0), "variant": "weight_norm"}
+
+
 # --- elementwise; every entry is also registered as its in-place "op_" with inplace=True -----
 _ELEMENTWISE: dict[str, MapFn] = {
     "add": _nary("Add"), "sub": _nary("Sub"), "mul": _nary("Mul"), "div": _nary("Div"),
+    "multiply": _nary("Mul"), "subtract": _nary("Sub"), "divide": _nary("Div"),  # aliases
+    "true_divide": _nary("Div"),
     "rsub": _nary("Sub", ("other", "self")), "pow": _nary("Pow", ("self", "exponent")),
     "maximum": _nary("Max"), "minimum": _nary("Min"), "fmax": _nary("Max"), "fmin": _nary("Min"),
     "eq": _nary("Equal"), "ne": _nary("Equal", negate=True), "lt": _nary("Less"),
@@ -517,6 +532,18 @@ _reg("index_select")(_op("Gather", "self index", axis=A("dim")))
 _reg("gather")(_op("GatherElements", "self index", axis=A("dim")))
 # contiguous: a copy unless the tensor already is (the cost model assumes the copy)
 _reg("clone", "copy", "contiguous")(_op("Copy"))
+
+
+# fill_ writes every element of ``self`` and reads none: the kernel of full/zeros, in place
+@_reg("fill", "fill_")
+def _fill(c: Call) -> MapResult:
+    attrs: dict[str, Any] = {"value": None if c.t("value") else c.v("value"), "shape": plain(
+        c.outputs[0].shape) if c.outputs and c.outputs[0] else c.shape()}
+    if c.packet == "aten.fill_":
+        attrs.update(inplace=True, dst=c.t("self"))
+    return "ConstantOfShape", _trim([c.t("value")]), attrs
+
+
 _reg("copy_")(lambda c: ("Copy", [c.t("src") or c.t("other")], {"inplace": True,
                                                                  "dst": c.t("self")}))
 _reg("repeat")(_op("Tile", repeats=A("repeats")))
@@ -538,6 +565,18 @@ def _indexed(c: Call) -> tuple[list[str], list[int]]:
     idx = c.args.get("indices") or []
     pos = [i for i, x in enumerate(idx) if isinstance(x, Ref)]
     return [idx[i].name for i in pos], pos
+
+
+@_reg("im2col", "col2im")
+def _im2col(c: Call) -> MapResult:
+    """F.unfold: ``[N, C, H, W] -> [N, C*kh*kw, L]``, a gather of the kernel taps (torch's own
+    decomposition is an index op); ``col2im`` (F.fold) sums the taps back: a scatter-add."""
+    attrs = {k: c.v(k) for k in ("kernel_size", "dilation", "padding", "stride")}
+    if c.packet == "aten.col2im":
+        return "ScatterElements", [c.t("self")], {**attrs, "variant": "col2im",
+                                                  "output_size": c.v("output_size"),
+                                                  "reduction": "add"}
+    return "Gather", [c.t("self")], {**attrs, "variant": "im2col"}
 
 
 @_reg("index", "_unsafe_index")
@@ -634,6 +673,17 @@ def _reshape(c: Call) -> MapResult:
     if c.overload == "dtype":  # view(dtype) reinterprets bits
         return "Alias", [c.t("self")], {"dtype": c.v("dtype"), "alias": True}
     return "Reshape", [c.t("self")], {"shape": c.v("size", c.v("shape")), "alias": True}
+
+
+_reg("reshape_as", "view_as")(lambda c: ("Reshape", [c.t("self")], {
+    "shape": list(c.shape("other")) if c.shape("other") is not None else None, "alias": True}))
+
+
+@_reg("meshgrid")
+def _meshgrid(c: Call) -> MapResult:
+    """Each output is a 1-D input viewed and expanded to the grid: views, no copy."""
+    return "Expand", c.ts("tensors"), {"variant": "meshgrid", "indexing": c.v("indexing", "ij"),
+                                       "alias": True}
 
 
 _reg("unflatten")(_view("Reshape", dim=A("dim"), sizes=A("sizes")))

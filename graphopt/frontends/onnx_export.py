@@ -51,6 +51,7 @@ from graphopt.frontends.onnx_opsets import (
     supported_opsets,
 )
 from graphopt.frontends.onnx_safety import default_opset
+from graphopt.frontends.torch_inputs import without_cache
 from graphopt.ir.shape_range import ShapeRange
 
 __all__ = ["ExportResult", "export_torch", "supported_opsets", "torch_feeds"]
@@ -236,10 +237,10 @@ def _legacy(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
 def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             names: list[str], out_names: list[str], opset: int,
-            dyn: ExportRange | None = None) -> onnx.ModelProto:
+            dynamic_shapes: Any = None) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True,
-                                    dynamic_shapes=dyn.dynamic_shapes if dyn else None,
+                                    dynamic_shapes=dynamic_shapes,
                                     custom_translation_table=dynamo_translations() or None,
                                     opset_version=opset, verbose=False,
                                     input_names=names, output_names=out_names, optimize=True)
@@ -261,6 +262,7 @@ def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
     try:
         options = ort.SessionOptions()  # no graph rewrites: check the export as written,
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # fast
+        options.log_severity_level = 4  # a failed run is a reason returned here, not a log
         sess = ort.InferenceSession(proto.SerializeToString(), options,
                                     providers=["CPUExecutionProvider"])
         wanted = {i.name for i in sess.get_inputs()}
@@ -294,6 +296,21 @@ def _mismatch_all(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
     return problem
 
 
+def _both_failed(name: str, why: str, e: BaseException, newest_legacy: int) -> GraphoptError:
+    """The error when the TorchScript export was not used (``why``) and dynamo=True raised."""
+    op = _missing_op(e)
+    if op is not None:
+        return GraphoptError(f"ONNX export of {name} failed: {why}; and "
+                             f"torch.onnx.export(dynamo=True) has no ONNX function for {op}",
+                             f"export at opset {newest_legacy} or older (the TorchScript "
+                             "exporter, with graphopt's symbolics), or register a translation "
+                             f"for {op} (custom_translation_table)")
+    return GraphoptError(f"ONNX export of {name} failed: {why}; and "
+                         f"torch.onnx.export(dynamo=True): {first_line(e)}",
+                         "make forward() exportable with torch.export (see the error), "
+                         "or export the model yourself and pass the .onnx file")
+
+
 def _name(proto: onnx.ModelProto, model: torch.nn.Module) -> None:
     # the exporters call every graph "main_graph"; reports read better with the class name
     if proto.graph.name in ("", "main_graph"):
@@ -301,9 +318,16 @@ def _name(proto: onnx.ModelProto, model: torch.nn.Module) -> None:
 
 
 def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | None = None,
-                 verify: bool = True, shape_range: ShapeRange | None = None) -> ExportResult:
+                 verify: bool = True, shape_range: ShapeRange | None = None,
+                 dynamic_shapes: Any = None) -> ExportResult:
     """Export ``model`` (eval mode, never modified) for ``example_inputs``' shapes, or over
     ``shape_range`` (its dims stay symbolic; the export is checked at min, opt and max).
+
+    Over a range, the TorchScript exporter may bake a traced size into a Reshape; that export
+    then fails the check at min or max in ONNX Runtime, and ``dynamo=True`` exports again with
+    ``dynamic_shapes`` (the user's own torch.export spec, which torch.export accepted when
+    the module was optimized; else one made from ``shape_range``). The check decides which
+    export is kept; when both fail, the error gives both reasons.
 
     ``opset``: exactly this ai.onnx opset (:func:`supported_opsets`), converting the dynamo
     exporter's model down where it writes a newer one; None: each exporter's own
@@ -323,6 +347,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     check_opset(opset)
     model = copy.deepcopy(model)  # tracing runs forward, and some forwards write to self
     args, kwargs = _split(example_inputs)
+    model = without_cache(model, kwargs)[0]  # a causal LM as configured: no cache output
     with torch.no_grad():
         out = model(*args, **kwargs)
     expected = [t.detach().cpu().numpy() for t in pytree.tree_leaves(out)
@@ -353,20 +378,12 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     name = type(model).__name__
     logger.info("TorchScript export of %s not used: %s; trying dynamo=True", name, why)
     try:
+        spec = (dynamic_shapes if dynamic_shapes is not None else dyn.dynamic_shapes) \
+            if dyn else None
         proto = _dynamo(model, args, kwargs, names, out_names,
-                        max(opset or 0, ranges["dynamo"][0]), dyn)
+                        max(opset or 0, ranges["dynamo"][0]), spec)
     except Exception as e:
-        op = _missing_op(e)
-        if op is not None:
-            raise GraphoptError(f"ONNX export of {name} failed: {why}; and "
-                                f"torch.onnx.export(dynamo=True) has no ONNX function for {op}",
-                                f"export at opset {ranges['TorchScript'][1]} or older (the "
-                                "TorchScript exporter, with graphopt's symbolics), or register "
-                                f"a translation for {op} (custom_translation_table)") from None
-        raise GraphoptError(f"ONNX export of {name} failed: {why}; and "
-                            f"torch.onnx.export(dynamo=True): {first_line(e)}",
-                            "make forward() exportable with torch.export (see the error), "
-                            "or export the model yourself and pass the .onnx file") from None
+        raise _both_failed(name, why, e, ranges["TorchScript"][1]) from None
     if opset is not None:
         proto = at_opset(proto, opset, f"ONNX export of {name} at opset {opset} failed: {why}")
     problem = _mismatch_all(proto, feeds, expected, dyn) if verify else None

@@ -9,6 +9,7 @@ same runs give the inputs and outputs the export is checked at, besides the exam
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ class ExportRange:
     shape_range: ShapeRange
     #: ONNX input/output name -> {axis: dim name}, for ``torch.onnx.export(dynamic_axes=...)``
     dynamic_axes: dict[str, dict[int, str]]
-    #: torch.export's ``dynamic_shapes`` for ``(args, kwargs)``, for ``dynamo=True``
+    #: torch.export's ``dynamic_shapes``, keyed by forward's parameters, for ``dynamo=True``
     dynamic_shapes: Any
     #: (feeds, expected outputs) at the range's min and max
     checks: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = field(default_factory=list)
@@ -74,7 +75,7 @@ def export_range(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
         if k < len(out_names):
             axes[out_names[k]] = {axis: _axis_name(rng, expected[k].shape[axis], sizes, k, axis)
                                   for axis, sizes in out_axes.items()}
-    return ExportRange(rng, axes, _dynamic_shapes(args, kwargs, shapes, rng), checks)
+    return ExportRange(rng, axes, _dynamic_shapes(model, args, kwargs, shapes, rng), checks)
 
 
 def _axis_name(rng: ShapeRange, opt: int, sizes: list[tuple[dict[str, int], int]], k: int,
@@ -87,20 +88,30 @@ def _axis_name(rng: ShapeRange, opt: int, sizes: list[tuple[dict[str, int], int]
     return f"output_{k}_dim{axis}"
 
 
-def _dynamic_shapes(args: tuple[Any, ...], kwargs: dict[str, Any],
+def _dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                     shapes: list[tuple[int | str, ...]], rng: ShapeRange) -> Any:
     """torch.export's ``dynamic_shapes`` for (args, kwargs): one ``Dim`` per range dim,
-    shared by every axis it sizes."""
+    shared by every axis it sizes, keyed by ``forward``'s parameter names.
+
+    Why keyed by name: torch.export binds ``(args, kwargs)`` to ``forward``'s signature and
+    matches the spec against that binding, so an ``(args, kwargs)`` pair is read as two inputs
+    ("`inputs` has 1 elements, but `dynamic_shapes` has 2"). Binding the specs the same way gives
+    the structure torch expects (a ``*args`` parameter a tuple, ``**kwargs`` a dict)."""
     from torch.export import Dim
 
     dims = {d.name: Dim(d.name, min=d.min, max=d.max) if d.max is not None
             else Dim(d.name, min=d.min) for d in rng.dims}
-    it = iter(shapes)
+    it = iter(shapes)  # the tensor leaves' shapes, in pytree order
 
-    def spec(value: Any) -> Any:
+    def leaf(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             shape = next(it, ())
             return {i: dims[str(d)] for i, d in enumerate(shape) if str(d) in dims} or None
-        return pytree.tree_map(lambda _: None, value)
+        return None
 
-    return (tuple(spec(a) for a in args), {k: spec(v) for k, v in kwargs.items()})
+    arg_specs = tuple(pytree.tree_map(leaf, a) for a in args)
+    kw_specs = {k: pytree.tree_map(leaf, v) for k, v in kwargs.items()}
+    try:
+        return dict(inspect.signature(model.forward).bind(*arg_specs, **kw_specs).arguments)
+    except (TypeError, ValueError):  # forward's signature is unreadable: torch's flat order
+        return (*arg_specs, *kw_specs.values()) if kw_specs else arg_specs

@@ -17,6 +17,10 @@ Strategy, first success wins:
 3. Both fail: :class:`TraceError` with the first lines of each error and what to change.
 
 The user's model is never changed: no ``.eval()``/``.train()``, no writes to parameters or buffers.
+A ``forward`` that takes ``use_cache`` with the cache on (transformers' default) is traced with
+``use_cache=False`` by keyword (:func:`graphopt.frontends.torch_inputs.without_cache`; its config
+is untouched): the graph, and the module ``optimize`` returns, give every output but
+``past_key_values``, and the plan's warnings say so.
 This module traces; :mod:`graphopt.frontends.fx_convert` turns the traced graph into the IR (its
 two entry points are re-exported here, where callers have always imported them).
 """
@@ -37,9 +41,11 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from graphopt.errors import TraceError, first_line, user_code
+from graphopt.files.progress import progress
 from graphopt.frontends.fx_convert import graph_from_exported_program, graph_from_graph_module
 from graphopt.frontends.output_types import as_plain, register_dataclasses
 from graphopt.frontends.range_check import check_against
+from graphopt.frontends.torch_inputs import without_cache
 from graphopt.ir.graph import Graph, TensorKind
 from graphopt.ir.shape_range import DimRange, ShapeRange
 
@@ -51,10 +57,10 @@ logger = logging.getLogger(__name__)
 TRAINING_WARNING = ("model is in training mode: dropout/batchnorm are traced in training form; "
                     "call model.eval() before planning for deployment")
 _FIX = ("pass example inputs that match forward's signature (a tensor, a tuple of positional "
-        "args, or a dict of keyword args); for transformers models such as GPT-2 set "
-        "use_cache=False in the config; remove data-dependent Python control flow "
-        "(`if x.sum() > 0:`) or wrap it in torch.cond; for sizes that vary give "
-        "dynamic_shapes (torch.export.Dim)")
+        "args, or a dict of keyword args); a model that returns a KV cache must not (graphopt "
+        "passes use_cache=False when forward takes it; otherwise turn the cache off); remove "
+        "data-dependent Python control flow (`if x.sum() > 0:`) or wrap it in torch.cond; "
+        "for sizes that vary give dynamic_shapes (torch.export.Dim)")
 
 
 def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = None) -> Graph:
@@ -66,10 +72,13 @@ def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = 
     args, kwargs = _split_inputs(model, example_inputs)
     check_against(dynamic_shapes, model, args, kwargs)  # an unknown input is an error
     warnings = [TRAINING_WARNING] if model.training else []
+    traced, no_cache = without_cache(model, kwargs)
+    warnings += [no_cache] if no_cache else []
     modes = [(m, m.training) for m in model.modules()]
     try:
-        with user_code(f"{type(model).__name__}.forward"):
-            return _trace(model, args, kwargs, dynamic_shapes, warnings)
+        with user_code(f"{type(model).__name__}.forward"), \
+                progress(f"tracing {type(model).__name__} with torch.export"):
+            return _trace(traced, args, kwargs, dynamic_shapes, warnings)
     finally:
         for m, was in modes:  # tracing must not flip modes; restore if some forward did
             if m.training != was:
@@ -103,16 +112,39 @@ def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dyna
                 f"{_first_lines(fx_err)}", _FIX) from None
         ep = _export_again(model, args, kwargs, dynamic_shapes, found, warnings)
         if ep is None:
-            warnings.append(
-                f"torch.export failed ({first_line(export_err)}); traced with make_fx on "
-                "the example inputs instead: Python control flow is specialized to them (the "
-                "graph holds only the branch they took) and shapes are static"
-                + (" (dynamic_shapes could not be kept)" if dynamic_shapes else ""))
+            cause = _export_cause(model, export_err, dynamic_shapes)
+            gm.meta["export_error"] = cause  # prepare's error names it: optimize has no plan
+            warnings.insert(0, f"{cause}; traced with make_fx on the example inputs instead: "
+                            "Python control flow is specialized to them (the graph holds only "
+                            "the branch they took) and shapes are static"
+                            + (" (dynamic_shapes could not be kept)" if dynamic_shapes else ""))
             return graph_from_graph_module(gm, name=name, kinds=kinds, warnings=warnings)
     names = _dim_names(model, ep, dynamic_shapes)
     graph = graph_from_exported_program(ep, name=name, warnings=warnings, dim_names=names)
     graph.shape_range = export_range(ep, names) if dynamic_shapes else None
     return graph
+
+
+def _export_cause(model: nn.Module, err: BaseException, dynamic_shapes: Any) -> str:
+    """Torch's reason, first: the warning the fallback leads with, and optimize's error.
+
+    A spec torch.export rejects gets torch's own lines (they say what in its structure is
+    wrong), and for ``forward(*args)`` the shape it wants: one entry per parameter, so the
+    ``*args`` entry is itself a tuple.
+    """
+    if not (dynamic_shapes and "dynamic_shapes" in str(err)):
+        return f"torch.export failed ({first_line(err)})"
+    cause = f"torch.export rejected dynamic_shapes: {_first_lines(err, 1)}"
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return cause
+    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+    if star is not None and isinstance(dynamic_shapes, (tuple, list)):
+        cause += (f" (forward takes *{star}: torch.export reads dynamic_shapes by forward's "
+                  f"parameters, so give *{star}'s specs as one tuple, e.g. "
+                  f"dynamic_shapes=(({{0: batch, 1: seq}},),))")
+    return cause
 
 
 def _export_again(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -4,18 +4,21 @@
 the module it returns many times, and they take their inputs by position (the returned module
 also by the same names). Binding the keywords to ``forward``'s signature once, up front, lets a
 user pass ``optimize(model, (), {"input_ids": ids, "attention_mask": mask})`` as they would call
-``torch.export.export``.
+``torch.export.export``. :func:`without_cache` is the model as traced when ``forward`` would
+return a KV cache torch.export cannot.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from graphopt.errors import GraphoptError
 
-__all__ = ["positional_inputs"]
+__all__ = ["positional_inputs", "without_cache"]
 
 _FIX = ("pass the inputs as forward takes them: a tensor, a tuple of positional inputs, "
         "and kwargs={name: tensor} for keyword inputs (as torch.export.export takes them)")
@@ -71,3 +74,32 @@ def positional_inputs(model: Any, example_inputs: Any, kwargs: Mapping[str, Any]
         else:  # a gap between given inputs: forward's own default fills it
             out.append(p.default)
     return tuple(out)
+
+
+def without_cache(model: Any, kwargs: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """``model`` as torch.export can trace it when ``forward`` would return a KV cache.
+
+    A transformers causal LM returns a ``DynamicCache`` when ``use_cache`` is on (its config's
+    default), and torch.export cannot return one. When ``forward`` takes ``use_cache``, the
+    caller did not give it and it would be on, this returns a shallow copy of ``model`` whose
+    ``forward`` passes ``use_cache=False`` by keyword, and the warning that says so. The copy
+    shares the submodules, parameters and config (none is written); the user's model and its
+    config are untouched. Otherwise ``(model, None)``.
+    """
+    try:
+        param = inspect.signature(model.forward).parameters.get("use_cache")
+    except (TypeError, ValueError):
+        return model, None
+    if param is None or "use_cache" in kwargs or param.kind is param.POSITIONAL_ONLY:
+        return model, None
+    on = (param.default if isinstance(param.default, bool)
+          else bool(getattr(getattr(model, "config", None), "use_cache", False)))
+    if not on:
+        return model, None
+    traced = copy.copy(model)  # shares _modules/_parameters/config: nothing is written to them
+    traced.forward = functools.partial(type(model).forward, traced, use_cache=False)
+    name = type(model).__name__
+    return traced, (f"{name}.forward takes use_cache and it is on (its config's use_cache is "
+                     "left as it is): traced with use_cache=False, because torch.export cannot "
+                     "return a KV cache; the graph and the optimized module return the other "
+                     "outputs without past_key_values")

@@ -42,6 +42,7 @@ from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.frontends.range_inputs import range_points
 from graphopt.frontends.torch_frontend import trace_torch
+from graphopt.frontends.torch_inputs import without_cache
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
@@ -88,8 +89,10 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
     graph = trace_torch(model, args, dynamic_shapes=dynamic_shapes)
     ep = graph.source_model
     if not isinstance(ep, torch.export.ExportedProgram):
-        raise GraphoptError(f"{type(model).__name__} could not be captured by torch.export, "
-                            "only traced by make_fx: its graph cannot be re-run like the module",
+        cause = getattr(ep, "meta", {}).get("export_error")  # torch's reason, first
+        raise GraphoptError(f"{type(model).__name__} could not be captured by torch.export"
+                            + (f": {cause}" if cause else "") + "; it was only traced by make_fx,"
+                            " whose graph cannot be re-run like the module",
                             "make forward() exportable (see the plan's warnings) to optimize it")
     plan = build_plan(graph, profile)
     gm = copy.deepcopy(ep.module())  # cloned parameters: passes may never alias the user's
@@ -201,9 +204,10 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     the model itself: never slower on the target it was optimized for.
     """
     gm, ctx = prepare(model, example_inputs, target, options, dynamic_shapes)
-    reference = run_isolated(model, ctx.example_inputs)
+    traced = without_cache(model, {})[0]  # as trace_torch ran it: no KV cache among outputs
+    reference = run_isolated(traced, ctx.example_inputs)
     references = [(ctx.example_inputs, reference)] + [
-        (args, run_isolated(model, args)) for _, _, args in ctx.range_points]
+        (args, run_isolated(traced, args)) for _, _, args in ctx.range_points]
     ctx.references = references
     measure = measure_here(ctx.options, ctx.target)
     passes = default_passes() if passes is None else passes
