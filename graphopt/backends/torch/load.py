@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from graphopt._version import __version__
 from graphopt.backends.torch.quant_ops import INT4_LINEAR, int4_from_saved
@@ -24,11 +25,13 @@ from graphopt.backends.torch.saved_format import (
     FORMAT,
     INPUTS,
     MARKER,
+    OUTPUTS,
     PLAN,
     RESAVE,
     RUNTIME,
     VERSION,
     repack_int8,
+    structure_spec,
 )
 from graphopt.errors import GraphoptError, first_line
 
@@ -137,6 +140,57 @@ def _inputs(inputs: dict[str, Any]) -> tuple[list[str], list[tuple[int, ...] | N
     return names, [None if s is None else tuple(s) for s in shapes], shape_range
 
 
+def _outputs(ar: Any, path: Path) -> dict[str, Any] | None:
+    """The output record (None in a file written before it), after checking that this process
+    has every model-library op the graph calls (:func:`.saved._library_ops`)."""
+    name = f"{ar.root}extra/{OUTPUTS}"
+    if name not in ar.names:
+        return None
+    data = _json({OUTPUTS: ar.member(name).decode("utf-8", "replace")}, OUTPUTS, path)
+    ops = data.get("library_ops") or {}
+    if not isinstance(ops, dict):
+        raise GraphoptError(f"{path}: graphopt's record {OUTPUTS} lists its ops as "
+                            f"{str(ops)[:40]}", RESAVE)
+    for op, module in ops.items():
+        if _registered(str(op)):
+            continue
+        where = f"import {module}" if isinstance(module, str) else \
+            f"import the module that registers the '{str(op).split('::')[0]}' ops"
+        raise GraphoptError(f"{path} calls the op {str(op)[:120]}, a model library's op that "
+                            "this process has not registered (the file holds no code, and "
+                            "graphopt.load never imports a module a file names)",
+                            f"{where[:160]} before graphopt.load")
+    return data
+
+
+def _registered(op: str) -> bool:
+    """Whether this process has the op ``ns::name[.overload]`` (nothing is imported)."""
+    ns, _, rest = op.partition("::")
+    name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        return isinstance(getattr(packet, overload or "default"), torch._ops.OpOverload)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _restructure(gm: torch.fx.GraphModule, record: Any) -> None:
+    """The model's own output structure on ``gm``, whose program returns its leaves flat
+    (:func:`.saved_format.structure_spec`: the user's class if registered here, else a dict)."""
+    from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+
+    spec = structure_spec(record)
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    flat = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    if spec.num_leaves != len(flat) or any(isinstance(a, (tuple, list, dict)) for a in flat):
+        raise ValueError(f"output structure of {spec.num_leaves} leaves for {len(flat)} "
+                         "outputs")
+    out.args = (list(flat),)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    in_spec = pytree.tree_structure((tuple(range(len(names))), {}))
+    gm.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(names, in_spec, spec))
+
+
 def _check_device(device: Any) -> None:
     try:
         torch.empty(0, device=torch.device(device))
@@ -163,6 +217,7 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
     if device is not None:
         _check_device(device)
     archive = _check_archive(file)
+    outputs = _outputs(archive, file)
     extra: dict[str, Any] = {PLAN: "", RUNTIME: "", INPUTS: ""}
     gm = pt2_reader.build(file, archive, extra, device, compile=False)  # strip_unused compiles
     inputs, runtime = _json(extra, INPUTS, file), _json(extra, RUNTIME, file)
@@ -172,6 +227,8 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
         settings, flags = _settings(runtime["settings"]), dict(runtime["flags"])
         if not all(isinstance(k, str) and isinstance(v, bool) for k, v in flags.items()):
             raise TypeError(f"runtime flags {str(flags)[:60]}")
+        if outputs is not None and outputs.get("flat") is True:  # else the archive's own
+            _restructure(gm, outputs.get("structure"))
     except (KeyError, TypeError, ValueError, AttributeError, GraphoptError) as e:
         raise GraphoptError(f"{file}: graphopt's records are damaged ({first_line(e)})",
                             RESAVE) from None
@@ -186,8 +243,10 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
         module = OptimizedModule(gm, shapes, flags, shape_range=shape_range, input_names=names)
     except (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError,
             SyntaxError) as e:
-        raise GraphoptError(f"{file} is a damaged graphopt archive: its graph does not build "
-                            f"({first_line(e)})", RESAVE) from None
+        raise GraphoptError(f"{file}: the saved graph does not build with this process's "
+                            f"torch {torch.__version__} ({first_line(e)})",
+                            "load it where the torch version that saved it is installed, or "
+                            + RESAVE) from None
     module.plan = plan
     module.runtime_settings = settings
     logger.info("loaded %s (%d graph nodes)", file, len(gm.graph.nodes))

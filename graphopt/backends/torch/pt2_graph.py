@@ -118,6 +118,10 @@ def _target(name: str) -> Any:
                 return fn
     except (AttributeError, RuntimeError):
         pass
+    if parts[:2] == ["torch", "ops"] and len(parts) == 5 and parts[2] != "aten":
+        raise Unhandled(f"the op {parts[2]}::{parts[3]}"[:140] + ", not registered in this "
+                        f"process (a model library's op: import the module that registers "
+                        f"the '{parts[2][:40]}' ops before graphopt.load)")
     raise Unhandled(f"the op {name[:120]} (not an op this process has registered)")
 
 

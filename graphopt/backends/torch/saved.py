@@ -8,6 +8,9 @@ its weights, and graphopt's records as JSON extra files (no pickled Python objec
 - ``graphopt_plan.json``: the plan report (``Plan.to_json``);
 - ``graphopt_runtime.json``: the runtime settings and the CUDA flags the module sets per call;
 - ``graphopt_inputs.json``: input names and shapes, and the shape range (``ShapeRange.to_dict``).
+- ``graphopt_outputs.json``: the output structure with its field names (a ModelOutput's program
+  returns its leaves flat; ``load`` rebuilds the class if registered there, else a dict), and the
+  model-library ops left in the graph with the module that registers each (:func:`_library_ops`).
 
 The INT8 linear's saved form and the record names are in :mod:`.saved_format`; :mod:`.load`
 reads the file back with graphopt's own reader (:mod:`.pt2_reader`) and nothing else: it never
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 
 from graphopt._version import __version__
@@ -37,9 +41,11 @@ from graphopt.backends.torch.saved_format import (
     FORMAT,
     INPUTS,
     MARKER,
+    OUTPUTS,
     PLAN,
     RUNTIME,
     VERSION,
+    structure_record,
     unpack_int8,
 )
 from graphopt.errors import GraphoptError, first_line
@@ -50,6 +56,8 @@ __all__ = ["save", "stage"]
 logger = logging.getLogger(__name__)
 
 _GRAD_WRAP = torch.ops.higher_order.wrap_with_set_grad_enabled
+# op namespaces every process with torch and graphopt has (graphopt's own ops register on import)
+_OWN = frozenset({"aten", "prims", "graphopt", "quantized", "_quantized", "higher_order"})
 
 
 def _inline_grad_wraps(gm: fx.GraphModule) -> int:
@@ -137,7 +145,7 @@ def _dynamic_shapes(shape_range: Any, names: list[str], args: tuple[Any, ...]) -
     return tuple(spec)
 
 
-def _exported(opt: Any) -> torch.export.ExportedProgram:
+def _exported(opt: Any) -> tuple[torch.export.ExportedProgram, Any]:
     from graphopt.backends.torch.optimized_module import OptimizedModule
 
     module = opt.module
@@ -160,31 +168,81 @@ def _exported(opt: Any) -> torch.export.ExportedProgram:
                             "optimize again with the pass that added the failing op turned "
                             "off (e.g. quantize='none', precision='fp32'), then save") from e
     _check_structure(ep.call_spec.in_spec, ep.call_spec.out_spec)
-    return ep
+    ep, ops = _library_ops(ep)
+    return ep, {**_flat_outputs(ep), "library_ops": ops}
 
 
 def _check_structure(in_spec: Any, out_spec: Any) -> None:
     """What :func:`load` rebuilds, refused here rather than in a file it cannot read: flat
-    positional inputs, and outputs in plain tuples, lists and dicts (it imports no class)."""
-    def plain(spec: Any) -> bool:
-        return spec.is_leaf() or (spec.type in (tuple, list, dict) and
-                                  all(plain(c) for c in spec.children()))
-
+    positional inputs. Any output structure is kept (:func:`_flat_outputs`)."""
     args, kwargs = in_spec.children() if in_spec.num_children == 2 else (None, None)
     if args is None or args.type is not tuple or kwargs.num_children or \
             not all(c.is_leaf() for c in args.children()):
         raise GraphoptError("save writes a model that takes its inputs as positional tensors; "
                             "this one takes nested containers or keywords",
                             "wrap the model so forward takes each tensor as an argument")
-    if not plain(out_spec):
-        odd = out_spec
-        while odd.type in (tuple, list, dict):
-            odd = next(c for c in odd.children() if not plain(c))
-        raise GraphoptError("the model returns a container other than a tuple, list or dict "
-                            f"(a {getattr(odd.type, '__name__', odd.type)}): graphopt.load "
-                            "rebuilds only those, and never imports a class a file names",
-                            "return a tuple, list or dict of tensors from forward, then "
-                            "optimize and save again")
+
+
+def _foreign(ep: torch.export.ExportedProgram) -> dict[str, Any]:
+    """The ops of a model library (``transformers::grouped_mm_fallback``) in the program, by
+    qualified name: a loading process has them only if it imported their module."""
+    return {n.target.name(): n.target for n in ep.graph.nodes if n.op == "call_function" and
+            isinstance(n.target, torch._ops.OpOverload) and n.target.namespace not in _OWN}
+
+
+def _registrar(op: Any) -> str | None:
+    """The Python module that registers ``op`` (its ``custom_op`` function's), if known."""
+    from torch._library.custom_ops import OPDEFS
+
+    fns = [getattr(OPDEFS.get(op.name()), "_init_fn", None), *op.py_kernels.values()]
+    return next((f.__module__ for f in fns if isinstance(getattr(f, "__module__", None), str)
+                 and not f.__module__.startswith("torch.")), None)
+
+
+def _library_ops(ep: torch.export.ExportedProgram
+                 ) -> tuple[torch.export.ExportedProgram, dict[str, str | None]]:
+    """Each model-library op decomposed to aten where its Python implementation traces (1);
+    the ones that do not (2: a data-dependent loop, numpy) stay, with a warning that names the
+    module registering them, which the loading process must import (recorded for ``load``)."""
+    from torch._library.custom_ops import OPDEFS
+
+    ops = _foreign(ep)
+    table = {op: OPDEFS[name]._init_fn for name, op in ops.items()
+             if getattr(OPDEFS.get(name), "_init_fn", None) is not None}
+    for op, fn in table.items():  # one at a time: an op that does not trace keeps the rest
+        try:
+            ep = ep.run_decompositions({op: fn})
+            logger.debug("decomposed %s to aten for save", op.name())
+        except Exception as e:  # noqa: BLE001 - case 2: whatever tracing its code raised
+            logger.debug("%s does not decompose: %s", op.name(), first_line(e))
+    left = {name: _registrar(op) for name, op in _foreign(ep).items()}
+    for name, module in left.items():
+        where = f"module {module}" if module else \
+            f"module that registers the '{name.split('::')[0]}' ops"
+        warnings.warn(f"the saved graph calls {name}, a model library's op whose Python code "
+                      f"does not trace to aten ops; a process that loads the file must import "
+                      f"the {where} first", UserWarning, stacklevel=4)
+    return ep, left
+
+
+def _flat_outputs(ep: torch.export.ExportedProgram) -> dict[str, Any]:
+    """The program's output structure as graphopt's JSON record (:data:`OUTPUTS`). Outputs in
+    containers other than tuple, list and dict (a ModelOutput) are made one flat tuple
+    (``flat``): torch's own record of such a class needs it registered to load, graphopt's
+    needs nothing. Plain containers stay in the program, as before."""
+    spec = ep.call_spec.out_spec
+
+    def plain(s: Any) -> bool:
+        return s.is_leaf() or (s.type in (tuple, list, dict) and
+                               all(plain(c) for c in s.children()))
+
+    if plain(spec):
+        return {"flat": False, "structure": structure_record(spec)}
+    flat = pytree.tree_structure(tuple(range(spec.num_leaves)))
+    for entry in ep.module_call_graph:
+        if entry.fqn == "" and entry.signature is not None:
+            entry.signature.out_spec = flat
+    return {"flat": True, "structure": structure_record(spec)}
 
 
 def _input_names(opt: Any) -> list[str]:
@@ -195,7 +253,7 @@ def _input_names(opt: Any) -> list[str]:
     return names or [f"input_{i}" for i in range(len(opt.example_inputs))]
 
 
-def _records(opt: Any) -> dict[str, str]:
+def _records(opt: Any, outputs: Any) -> dict[str, str]:
     module = opt.module
     shapes = [list(a.shape) if isinstance(a, torch.Tensor) else None
               for a in opt.example_inputs]
@@ -206,7 +264,8 @@ def _records(opt: Any) -> dict[str, str]:
     marker = {"format": FORMAT, "version": VERSION, "graphopt": __version__,
               "torch": torch.__version__}
     return {MARKER: json.dumps(marker), PLAN: opt.plan.to_json(),
-            RUNTIME: json.dumps(runtime), INPUTS: json.dumps(inputs)}
+            RUNTIME: json.dumps(runtime), INPUTS: json.dumps(inputs),
+            OUTPUTS: json.dumps(outputs)}
 
 
 def _model_source(opt: Any) -> list[Path]:
@@ -229,8 +288,8 @@ def stage(opt: Any, outputs: OutputSet, path: str | os.PathLike[str]) -> Path:
         raise GraphoptError("save writes an optimized torch module; this result came from an "
                             "ONNX model", "write it with export_onnx(path) instead")
     target = outputs.claim(path, "saved model") if not outputs.claimed(path) else Path(path)
-    ep = _exported(opt)
-    extra = _records(opt)
+    ep, structure = _exported(opt)
+    extra = _records(opt, structure)
 
     def write(tmp: Path) -> None:
         try:  # a file object: given the temp path, torch warns it does not end in .pt2

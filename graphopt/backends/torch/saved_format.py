@@ -10,22 +10,25 @@ the archive stores (:func:`unpack_int8`), and loading packs those once and puts
 
 from __future__ import annotations
 
+import json
 import warnings
 from operator import attrgetter
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 
 from graphopt.errors import GraphoptError
 
-__all__ = ["FORMAT", "INPUTS", "MARKER", "PLAN", "RESAVE", "RUNTIME", "VERSION", "repack_int8",
-           "unpack_int8"]
+__all__ = ["FORMAT", "INPUTS", "MARKER", "OUTPUTS", "PLAN", "RESAVE", "RUNTIME", "VERSION",
+           "repack_int8", "structure_record", "structure_spec", "unpack_int8"]
 
 #: the marker a graphopt archive carries; ``version`` rises when the layout changes
 FORMAT, VERSION = "graphopt.optimized", 1  # the file marker: fixed, not a module path
 MARKER, PLAN, RUNTIME, INPUTS = ("graphopt_format.json", "graphopt_plan.json",
                                      "graphopt_runtime.json", "graphopt_inputs.json")
+OUTPUTS = "graphopt_outputs.json"  # the output structure (structure_record), field names kept
 _LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
 RESAVE = "save it again with Optimized.save (graphopt.optimize(...).save(path))"
 
@@ -113,3 +116,70 @@ def repack_int8(gm: fx.GraphModule) -> int:
         gm.graph.erase_node(node)
         count += 1
     return count
+
+
+# --- the output structure as graphopt's own JSON (record OUTPUTS) --------------------------------
+def _fields(spec: Any) -> list[Any]:
+    """A container's field names: a dict's keys, a ModelOutput's or named tuple's fields, else
+    the positions as text."""
+    n, ctx, typ = spec.num_children, spec.context, spec.type
+    if typ is dict or (isinstance(ctx, (list, tuple)) and len(ctx) == n and
+                       all(isinstance(k, str) for k in ctx)):
+        return [k if type(k) in (str, int) else str(k) for k in ctx]
+    names = list(getattr(ctx, "_fields", None) or getattr(typ, "_fields", None) or
+                 [f.name for f in getattr(typ, "__dataclass_fields__", {}).values()])
+    return names if len(names) == n else [str(i) for i in range(n)]
+
+
+def structure_record(spec: Any) -> Any:
+    """A pytree spec as JSON: None for a leaf, else the container's serialized type name, its
+    field names (None for a tuple or list), its context as pytree's JSON (None if it has none
+    JSON can hold) and its children. :func:`structure_spec` reads it back."""
+    if spec.is_leaf():
+        return None
+    typ = spec.type
+    node = pytree.SUPPORTED_SERIALIZED_TYPES.get(typ)
+    name = node.serialized_type_name if node is not None and \
+        node.serialized_type_name != pytree.NO_SERIALIZED_TYPE_NAME_FOUND else \
+        f"{typ.__module__}.{typ.__qualname__}"
+    if isinstance(spec.context, type) and hasattr(spec.context, "_fields"):  # a named tuple
+        name = f"{spec.context.__module__}.{spec.context.__qualname__}"
+    context = None
+    if typ not in (tuple, list, dict):
+        try:
+            dump = getattr(node, "to_dumpable_context", None)
+            context = dump(spec.context) if dump is not None else json.dumps(spec.context)
+        except Exception:  # noqa: BLE001 - a context pytree cannot write: loads as a dict
+            context = None
+    return {"type": name, "fields": None if typ in (tuple, list) else _fields(spec),
+            "context": context, "children": [structure_record(c) for c in spec.children()]}
+
+
+def structure_spec(record: Any) -> Any:
+    """The pytree spec a :func:`structure_record` describes, in this process: a container type
+    this process has registered (the user imported it) comes back as itself; any other is a
+    dict of the same field names, in order. No module the record names is imported."""
+    if record is None:
+        return pytree.tree_structure(0)
+    if not isinstance(record, dict) or not isinstance(record.get("children"), list):
+        raise TypeError(f"output structure {str(record)[:60]}")
+    children = [structure_spec(c) for c in record["children"]]
+    name, fields = record.get("type"), record.get("fields")
+    if name in ("builtins.tuple", "builtins.list"):
+        return pytree.TreeSpec(tuple if name == "builtins.tuple" else list, None, children)
+    if not isinstance(fields, list) or len(fields) != len(children) or \
+            any(type(k) not in (str, int) for k in fields):
+        raise TypeError(f"output fields {str(fields)[:60]}")
+    typ = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) if isinstance(name, str) else None
+    context = record.get("context")
+    if typ is not None and typ in pytree.SUPPORTED_NODES and isinstance(context, str):
+        load = getattr(pytree.SUPPORTED_SERIALIZED_TYPES.get(typ), "from_dumpable_context",
+                       None)
+        try:
+            ctx = load(context) if load is not None else json.loads(context)
+            spec = pytree.TreeSpec(typ, ctx, children)
+            pytree.tree_unflatten([0] * spec.num_leaves, spec)  # it rebuilds, or a dict
+            return spec
+        except Exception:  # noqa: BLE001 - a type of the same name that differs: a dict
+            pass
+    return pytree.TreeSpec(dict, list(fields), children)
