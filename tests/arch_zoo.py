@@ -38,6 +38,17 @@ class LastHidden(nn.Module):
         return getattr(self.model(x, return_dict=True, **kwargs), self.field)
 
 
+class Logits(nn.Module):
+    """The usual ``forward(ids) -> logits`` wrapper around a causal LM (its FQNs gain ``lm.``)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(ids).logits
+
+
 class MaskedEncoder(nn.Module):
     """An encoder called with ``(input_ids, attention_mask)``, as BERT-style models are."""
 

@@ -31,23 +31,13 @@ from graphopt.partition.tp_fused_qkv import (
 )
 from graphopt.partition.tp_roles import BlockKind
 from graphopt.partition.tp_styles import build_styles
+from tests.arch_zoo import Logits
 from tests.gloo_run import every_rank_equals, gloo_mesh, needs_gloo, save_rank, spawn
 
 transformers = pytest.importorskip("transformers")
 
 LAYERS, HEADS, HIDDEN = 2, 4, 64
 TWO = "cuda:0=h100,cuda:1=h100"
-
-
-class Logits(nn.Module):
-    """The usual ``forward(ids) -> logits`` wrapper around the transformers model."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(ids).logits
 
 
 def tiny_gpt2(heads: int = HEADS, hidden: int = HIDDEN) -> Logits:

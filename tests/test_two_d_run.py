@@ -23,6 +23,7 @@ from graphopt.partition.two_d_emit import (
     module_boundaries,
     on_module_boundaries,
 )
+from tests.arch_zoo import Logits
 from tests.gloo_run import init_gloo, needs_gloo, spawn, state_unchanged
 
 transformers = pytest.importorskip("transformers")
@@ -116,17 +117,6 @@ def test_two_d_on_four_gloo_processes_equals_the_model(tmp_path: Path) -> None:
 
 # --- stage modules and boundaries (one process) ----------------------------------------------
 
-class Wrapped(nn.Module):
-    """The usual ``forward(ids) -> logits`` wrapper around a causal LM."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(ids).logits
-
-
 @pytest.mark.parametrize(("kind", "extra"), [
     ("Llama", {}),
     ("Mistral", {"sliding_window": 4}),  # 8 tokens: the window masks
@@ -137,7 +127,7 @@ def test_stage_modules_chained_equal_the_model(kind: str, extra: dict[str, objec
     model = tiny(kind, **extra)
     if kind == "Qwen2":  # a full and a sliding-window layer in the same stage
         assert set(model.config.layer_types) == {"full_attention", "sliding_attention"}
-    for m, wrap in ((model, False), (Wrapped(model), True)):
+    for m, wrap in ((model, False), (Logits(model), True)):
         x = _ids()
         for spans in ([(0, 1), (1, 3)], [(0, 0), (0, 3)], [(0, 3), (3, 3)]):
             h = x
@@ -146,7 +136,7 @@ def test_stage_modules_chained_equal_the_model(kind: str, extra: dict[str, objec
             with torch.no_grad():
                 torch.testing.assert_close(h, m(x) if wrap else m(x).logits, rtol=1e-5,
                                            atol=1e-5)
-    dec = decoder_of(Wrapped(model))
+    dec = decoder_of(Logits(model))
     assert (dec.fqn, dec.lm_head) == ("lm.model", "lm.lm_head")
 
 
@@ -259,8 +249,8 @@ def test_auto_compares_only_what_it_can_emit() -> None:
         n_embd=64, n_head=4, n_layer=2, vocab_size=256, n_positions=32, use_cache=False))
     import graphopt
 
-    gplan = graphopt.plan(Wrapped(gpt2), (_ids(),), target="h100-sxm")
-    g = {c.name: c for c in compare(gplan, ds, source=Wrapped(gpt2))}["2d"]
+    gplan = graphopt.plan(Logits(gpt2), (_ids(),), target="h100-sxm")
+    g = {c.name: c for c in compare(gplan, ds, source=Logits(gpt2))}["2d"]
     assert g.feasible and not g.emittable and "Llama/Mistral/Qwen2" in g.not_emitted
     assert g.result.not_emitted == g.not_emitted
     out = with_partition(plan, NODES, "auto", source=model, module=model)

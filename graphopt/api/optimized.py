@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphopt.errors import GraphoptError
+from graphopt.files.progress import progress
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.kinds import REWRITE_KINDS
@@ -104,7 +105,6 @@ class Optimized:
         runtime settings and shape range inside), whole or not at all; ``graphopt.load(path)``
         reads it back in a process that never saw the model (``graphopt.backends.torch.saved``)."""
         from graphopt.backends.torch.saved import save
-        from graphopt.files.progress import progress
 
         with progress(f"saving {os.fspath(path)}"):
             return save(self, path, protect=self.input_files)
@@ -144,7 +144,6 @@ class Optimized:
         elif self.onnx_model is None or opset not in (None, self.info["onnx"]["opset"]):
             from graphopt.backends.onnx.pipeline import optimize_onnx
             from graphopt.backends.torch.isolation import clone_inputs
-            from graphopt.files.progress import progress
             from graphopt.frontends.onnx_export import export_torch
 
             model, inputs, opts, dynamic_shapes = self._source

@@ -163,9 +163,6 @@ _ALIASES: dict[str, str] = {
     "w8a16": "int8_weight_only",
 }
 
-#: bits of one group's scale and zero (two bf16 values), spread over the group (``int4``)
-_INT4_GROUP_BITS = 32
-
 
 def get_format(name: str) -> QuantFormat:
     """The format for a name or alias (case-insensitive); unknown names raise with the fix."""
@@ -181,12 +178,13 @@ def get_format(name: str) -> QuantFormat:
                         f"{hint}use one of: {', '.join(FORMATS)}")
 
 
-def int4_bits_per_weight(group: int) -> float:
-    """Stored bits per weight of ``int4`` at group size ``group``: 4 + a bf16 scale and zero
-    per group."""
+def int4_bits_per_weight(group: int, scale_bits: int = 16) -> float:
+    """Stored bits per weight of ``int4`` at group size ``group``: 4 + a scale and a zero per
+    group, each ``scale_bits`` wide (the activations' dtype: bf16 on GPUs, fp32 in an fp32
+    module)."""
     if group <= 0:
         raise ValueError(f"group must be positive, got {group}")
-    return 4 + _INT4_GROUP_BITS / group
+    return 4 + 2 * scale_bits / group
 
 
 def runs_natively(fmt: QuantFormat, target: HardwareProfile) -> tuple[bool, str]:

@@ -45,6 +45,7 @@ from graphopt.ir.plan import Plan
 from graphopt.partition.assemble import human_bytes, human_s
 from graphopt.partition.collectives import slowest_link
 from graphopt.partition.devices import DeviceSet
+from graphopt.partition.parse import parse_devices
 from graphopt.partition.pipeline_dp import cut_bytes
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import Transfer
@@ -227,8 +228,6 @@ def cost_split(plan: Plan, devices: DeviceSet | str, bounds: list[int], *,
 def _resolve(devices: DeviceSet | str, groups: list[tuple[str, ...]] | None
              ) -> tuple[DeviceSet, list[tuple[str, ...]]]:
     if isinstance(devices, str):
-        from graphopt.partition.parse import parse_devices
-
         devices = parse_devices(devices)
     groups = [tuple(g) for g in (groups or nvlink_groups(devices))]
     if len(groups) < 2:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from graphopt.backends.torch.quant_ops import has_quantized, move_quantized
 from graphopt.errors import GraphoptError
 
 __all__ = ["OptimizedModule"]
@@ -98,8 +99,6 @@ class OptimizedModule(torch.nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         """``.to(device)``, ``.cuda()``, ``.half()``: low-bit weights keep their dtypes and an
         INT4 weight is re-packed in its new device's layout (``quant_ops.move_quantized``)."""
-        from graphopt.backends.torch.quant_ops import has_quantized, move_quantized
-
         gm = self._modules.get("graph_module")
         if not isinstance(gm, fx.GraphModule) or not has_quantized(gm):
             return super()._apply(fn, recurse)

@@ -37,6 +37,7 @@ from graphopt.backends.torch.weight_quant import (
 from graphopt.decisions.memory import memory_plan
 from graphopt.decisions.planner import build_plan
 from graphopt.decisions.precision_format import choose_precision
+from graphopt.decisions.quant_formats import int4_bits_per_weight
 from graphopt.decisions.rewrites import HostFacts, decide_run_layout
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.errors import GraphoptError
@@ -271,9 +272,9 @@ def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:
         q = n.decisions.get("quantize")
         fmt = q.fields.get("format") if q is not None and q.applied else None
         group = q.fields.get("group") if q is not None else None
-        scale_bits = 2 * (32 if compute_dtype == "fp32" else 16)  # a scale and a zero
-        formats[n.name] = (4 + scale_bits / int(group) if fmt == "int4" and group else
-                           str(fmt) if fmt else compute_dtype)
+        scale_bits = 32 if compute_dtype == "fp32" else 16
+        formats[n.name] = (int4_bits_per_weight(int(group), scale_bits)
+                           if fmt == "int4" and group else str(fmt) if fmt else compute_dtype)
     return memory_plan(plan, formats).to_dict()
 
 

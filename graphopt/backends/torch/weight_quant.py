@@ -38,6 +38,7 @@ from torch import fx
 from graphopt.backends.driver import PassResult
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import float_linear, get_tensor, is_aten, val
+from graphopt.backends.torch.quant_guard import guard
 from graphopt.backends.torch.quant_ops import QUANT_OPS, pack_linear
 from graphopt.decisions.quantize_choice import auto_quantize_blocked, method_blocked
 from graphopt.decisions.tolerance import loosest
@@ -161,8 +162,6 @@ def _lower(gm: fx.GraphModule, node: fx.Node, low: Lowering) -> dict[str, Any]:
 
 def low_bit_linears(gm: fx.GraphModule, ctx: RewriteContext) -> bool | PassResult:
     """Cases 1-4 on ``gm`` in place; False when no node was asked for or could take it."""
-    from graphopt.backends.torch.quant_guard import guard
-
     mode = ctx.options.quantize
     if mode == "none" or host_dynamic_int8(ctx):
         return False
