@@ -66,6 +66,7 @@ from graphopt.decisions.planner import build_plan
 from graphopt.decisions.precision_cost import weight_tensors
 from graphopt.decisions.quant_formats import get_format
 from graphopt.errors import GraphoptError
+from graphopt.hardware.detect import host_cpu_info
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET, resolve_targets
 from graphopt.ir.graph import Graph
@@ -182,6 +183,8 @@ def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
     layers, kv_heads, head_dim = cache_layout(model)
     weight = next(model.parameters())
     opt = min(high, max(low, 2, opt_batch))
+    _check_trace_cache(layers * opt * kv_heads * cache_len * head_dim * weight.element_size(),
+                       cache_len)
     dim = torch.export.Dim("batch", min=low, max=high)
     ids = dict(dtype=torch.long, device=weight.device)
     # two tensors: export merges one tensor passed twice into one input, so the decode graph
@@ -201,6 +204,20 @@ def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
              "heads": model.config.num_attention_heads,
              "dtype": str(weight.dtype).removeprefix("torch.")}
     return _costed(plans, graphs, quantize, (low, opt, high), prompt_len, cache_len, shape)
+
+
+def _check_trace_cache(one: int, cache_len: int) -> None:
+    """The decode trace holds a keys and a values cache of ``one`` bytes each on this host: a
+    GraphoptError before allocating more than half its memory (torch's own error is a storage
+    overflow, or the machine swaps)."""
+    limit = host_cpu_info().ram_bytes // 2
+    if 2 * one > limit:
+        raise GraphoptError(f"cache_len={cache_len} needs a {2 * one / 2**30:.3g} GiB KV cache to "
+                            f"trace the decode step, more than half this host's memory "
+                            f"({limit / 2**30:.3g} GiB)",
+                            "plan with a smaller cache_len (the decode step's cost grows "
+                            "linearly in it, so a shorter cache shows the same bound), or a "
+                            "smaller opt_batch")
 
 
 def _costed(plans: Mapping[str, Plan], graphs: Mapping[str, Graph], quantize: str,

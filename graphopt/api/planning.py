@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,7 @@ __all__ = ["dry_run", "plan", "with_partition"]
 
 
 def plan(model: Any, example_inputs: Any = None, target: TargetSpec = DEFAULT_TARGET, *,
-         devices: str | None = None, strategy: str = "heft",
+         devices: str | Sequence[str] | None = None, strategy: str = "heft",
          dynamic_shapes: Any = None) -> Plan | PlanSet:
     """Trace or load ``model`` once and plan it for each target.
 
@@ -30,9 +31,9 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = DEFAULT_TA
         example_inputs: a tensor, tuple of tensors, or dict of keyword inputs (torch only).
         target: a target name (``graphopt targets`` lists them), a ``HardwareProfile``, or
             several (``"a100,h100,b200"`` or a list): then a :class:`PlanSet` side by side.
-        devices: split the model across devices (``"cuda:0=h100,cuda:1=a100:40GB,cpu:8GB"``);
-            each node's ``decisions.device`` and the report's ``partition`` section say where
-            it runs. The plan itself is for ``target``.
+        devices: split the model across devices (``"cuda:0=h100,cuda:1=a100:40GB,cpu:8GB"``,
+            or those items as a list); each node's ``decisions.device`` and the report's
+            ``partition`` section say where it runs. The plan itself is for ``target``.
         strategy: "heft" (list scheduling over the DAG), "pipeline" (contiguous stages),
             "tensor" (tensor parallelism over every device: the ``tensor_parallel`` section
             with the ``parallelize_module`` plan) or "auto" (compares those and, with several
@@ -75,7 +76,7 @@ def dry_run(plan_: Plan, graph: Graph, options: Options | None = None) -> Plan:
                          host=HostFacts(onednn=torch.backends.mkldnn.is_available()))
 
 
-def with_partition(plan_: Plan, devices: str | None, strategy: str = "heft", *,
+def with_partition(plan_: Plan, devices: str | Sequence[str] | None, strategy: str = "heft", *,
                    source: Any = None, module: Any = None) -> Plan:
     """``plan_`` with its nodes assigned to ``devices`` (unchanged when devices is None);
     ``source`` (the traced Graph or the module) names the layers of the tensor-parallel plan;

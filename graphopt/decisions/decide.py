@@ -29,13 +29,27 @@ logger = logging.getLogger(__name__)
 
 # the precision format names node_precision emits -> the cost model's dtype names
 
+#: a weight's stored dtype -> the weight format it is (:data:`quant_formats.FORMATS` keys); a
+#: pre-quantized model's uint8 weights (ORT's ``MatMulInteger``, ``QLinearConv``) are INT8
+_DTYPE_FORMAT = {"fp64": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16",
+                 "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e4m3", "int8": "int8",
+                 "uint8": "int8", "int4": "int4", "uint4": "int4", "fp4": "nvfp4"}
+#: ops whose packed uint8 weight holds 4-bit values (ORT's MatMulNBits, bits=4 by default)
+_NIBBLE_OPS = frozenset({"com.microsoft::MatMulNBits", "MatMulNBits"})
+
+
 def model_format(plan: Plan) -> str:
-    """The model's own weight format: the dtype most of its parameters have (fp32 if none)."""
+    """The model's own weight format: the format most of its weight elements are stored in
+    (fp32 if it has none), read from each weight's dtype and the op that consumes it."""
     counts: Counter[str] = Counter()
     for n in plan.nodes:
         for t in n.inputs:
-            if t is not None and t.kind == "param" and t.dtype:
-                counts[t.dtype] += t.numel
+            if t is None or t.kind != "param" or not t.dtype:
+                continue
+            fmt = "int4" if n.op_type in _NIBBLE_OPS and t.dtype == "uint8" else \
+                _DTYPE_FORMAT.get(t.dtype)
+            if fmt is not None:
+                counts[fmt] += t.numel
     return counts.most_common(1)[0][0] if counts else "fp32"
 
 

@@ -275,6 +275,11 @@ def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
         if r.shape != np.shape(o):
             return f"output {i} has shape {np.shape(o)}, torch {r.shape}"
         if r.dtype.kind == "f":
+            o, ok = np.asarray(o), np.isfinite(r)
+            if not (np.array_equal(ok, np.isfinite(o)) and
+                    np.array_equal(r[~ok], o[~ok], equal_nan=True)):
+                return f"output {i} has inf or NaN where torch's has none or another"
+            r, o = r[ok], o[ok]  # torch's own inf/NaN, matched, count as equal
             scale = float(np.max(np.abs(r))) if r.size else 0.0
             err = float(np.max(np.abs(r.astype(np.float64) - o))) if r.size else 0.0
             if not err <= _EXPORT_RTOL * max(scale, 1e-30):

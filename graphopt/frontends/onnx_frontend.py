@@ -43,6 +43,7 @@ from onnx import helper
 from graphopt.errors import GraphoptError, ModelLoadError
 from graphopt.frontends.onnx_attrs import ConstValue, attr_value, fill_defaults
 from graphopt.frontends.onnx_fold import fold_constants
+from graphopt.frontends.onnx_normalize import free_negative_dims, weights_as_initializers
 from graphopt.frontends.onnx_safety import (
     check_structure,
     load_external_data,
@@ -125,7 +126,10 @@ def load_onnx(model: str | os.PathLike[str] | onnx.ModelProto, *,
         proto = upgrade(proto, warnings)
         if len(proto.functions):
             proto = _inline_functions(proto, warnings)
+        if free_negative_dims(proto):
+            warnings.append("-1 dims read as free (symbolic) dims, as ONNX Runtime runs them")
         graph = _build(proto, name, warnings)
+        weights_as_initializers(proto, _is_weight)  # after _build named the nodes
     except GraphoptError:
         raise
     except Exception as exc:  # a malformed proto must end as a GraphoptError, not a traceback
@@ -206,6 +210,12 @@ def _type_info(tp: onnx.TypeProto) -> tuple[Shape | None, str | None]:
 def _value_kind(dtype: str | None, shape: Shape) -> TensorKind:
     numel = math.prod(d if isinstance(d, int) else 1 for d in shape)
     return "param" if dtype in _WEIGHT_DTYPES and numel > 1 else "constant"
+
+
+def _is_weight(t: onnx.TensorProto) -> bool:
+    """A ``Constant`` node's tensor that the param rule calls a weight."""
+    dtype = ONNX_DTYPES.get(t.data_type)
+    return _value_kind(dtype, tuple(t.dims)) == "param"
 
 
 def _constant_value(node: onnx.NodeProto) -> tuple[Shape | None, str | None, ConstValue | None]:

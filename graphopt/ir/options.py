@@ -65,11 +65,16 @@ class Options:
                                     f"use one of: {', '.join(allowed)}")
         if self.quantize == "int8":
             object.__setattr__(self, "quantize", "int8_dynamic")
-        if self.tolerance is not None and not (
-                isinstance(self.tolerance, (int, float)) and math.isfinite(self.tolerance)
+        if self.tolerance is not None and not (  # a bool is an int to Python, not a budget
+                isinstance(self.tolerance, (int, float)) and
+                not isinstance(self.tolerance, bool) and math.isfinite(self.tolerance)
                 and self.tolerance > 0):
             raise GraphoptError(f"tolerance={self.tolerance!r} must be a positive number",
                                 "give the budget as a fraction of each output's scale, e.g. 0.01")
+        if self.measure is not None and not isinstance(self.measure, bool):
+            raise GraphoptError(f"measure={self.measure!r} is not True, False or None",
+                                "pass measure=True to time each pass here, False not to, or "
+                                "leave it out (timed only when the target is this CPU)")
 
     def lossy_budget(self, base: T) -> T:
         """``base`` (a format's Tolerance) with the user's ``tolerance`` as its budget, when

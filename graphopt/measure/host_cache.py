@@ -192,7 +192,13 @@ def _model(profile: HardwareProfile) -> str:
 def _read(path: Path, key: dict[str, Any]) -> HardwareProfile | None:
     """The cached profile at ``path`` if it is whole, of ``key`` and of this CPU; else None
     (logged: the caller remakes it)."""
-    if not path.exists():
+    try:
+        if not path.exists():
+            return None
+    except OSError as e:  # a path the OS refuses (too long, a file as a folder): made anew
+        logger.warning("cannot read the host calibration cache at %s (%s): calibrating for "
+                       "this run; set XDG_CACHE_HOME to a usable folder", path.parent,
+                       e.strerror or e)
         return None
     try:
         profile, extra = read_profile_file(path, frozenset({_KEY_FIELD, _MADE_FIELD}))

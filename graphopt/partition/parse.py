@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import math
 import re
+from collections.abc import Sequence
 
 from graphopt.cost.transfer import link_between
 from graphopt.decisions.memory import usable_memory
@@ -169,8 +170,14 @@ def make_device_set(devices: list[Device], hosts: dict[str, str] | None = None,
     return DeviceSet(tuple(devices), links)
 
 
-def parse_devices(spec: str) -> DeviceSet:
-    """Parse ``--devices`` (``cuda:0=h100,cuda:1=a100:40GB,cpu:8GB``) into a DeviceSet."""
+def parse_devices(spec: str | Sequence[str]) -> DeviceSet:
+    """Parse ``--devices`` (``cuda:0=h100,cuda:1=a100:40GB,cpu:8GB``) into a DeviceSet; a
+    list or tuple of such items (Python's natural form) reads as the items joined by commas."""
+    if isinstance(spec, (list, tuple)) and all(isinstance(s, str) for s in spec):
+        spec = ",".join(spec)
+    if spec is not None and not isinstance(spec, str):
+        raise GraphoptError(f"devices={str(spec)[:80]!r} is a {type(spec).__name__}, not a "
+                            "device list", f"give a string or a list of strings, {_EXAMPLE}")
     items = [s for s in (spec or "").split(",") if s.strip()]
     if not items:
         raise GraphoptError("--devices is empty", f"list the devices, {_EXAMPLE}")

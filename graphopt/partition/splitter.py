@@ -45,7 +45,7 @@ def split(plan: Plan | Graph, devices: DeviceSet | str, strategy: str = "heft", 
           refine_moves: bool = True) -> Partition:
     """Assign every node of ``plan`` to one of ``devices`` (a DeviceSet or a ``--devices``
     string); a Graph is planned on the first device first."""
-    if isinstance(devices, str):
+    if not isinstance(devices, DeviceSet):  # a --devices string, or a list of items
         from graphopt.partition.parse import parse_devices
 
         devices = parse_devices(devices)

@@ -82,7 +82,7 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         source: passed to :func:`find_tp_blocks` for the blocks' module paths.
         sequence_parallel: also split the replicated per-token nodes by tokens (case 8).
     """
-    if isinstance(devices, str):
+    if not isinstance(devices, DeviceSet):  # a --devices string, or a list of items
         from graphopt.partition.parse import parse_devices
 
         devices = parse_devices(devices)

@@ -227,7 +227,7 @@ def cost_split(plan: Plan, devices: DeviceSet | str, bounds: list[int], *,
 
 def _resolve(devices: DeviceSet | str, groups: list[tuple[str, ...]] | None
              ) -> tuple[DeviceSet, list[tuple[str, ...]]]:
-    if isinstance(devices, str):
+    if not isinstance(devices, DeviceSet):  # a --devices string, or a list of items
         devices = parse_devices(devices)
     groups = [tuple(g) for g in (groups or nvlink_groups(devices))]
     if len(groups) < 2:

@@ -95,7 +95,10 @@ def compare(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]]
             errors.append(OutputError(name, math.inf, math.inf, 0.0, -math.inf, 0.0, False, tol))
             continue
         bad = int(np.count_nonzero(np.isfinite(r) & ~np.isfinite(c)))
-        finite = bad == 0 and bool(np.array_equal(np.isfinite(c), np.isfinite(r)))
+        # the reference's own inf/NaN count as equal where the candidate has the same one
+        finite = bad == 0 and bool(np.array_equal(r[~np.isfinite(r)], c[~np.isfinite(r)],
+                                                  equal_nan=True)) and \
+            bool(np.array_equal(np.isfinite(c), np.isfinite(r)))
         ok = np.isfinite(r) & np.isfinite(c)
         r, c = r[ok], c[ok]
         if r.size == 0:

@@ -38,12 +38,14 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from graphopt.backends.driver import PassResult
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.isolation import clone_inputs, preserved_buffers
 from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import Tolerance, loosest, tolerance_for
+from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
 
 __all__ = ["GROUPS", "guard"]
@@ -158,6 +160,9 @@ def _guard(gm: fx.GraphModule, ctx: RewriteContext,
     args, reference = ctx.references[0]
     forms = {name: form for name, (_, form) in lowered.items()}
     order = [n.name for n in gm.graph.nodes if n.name in forms]
+    if not _measurable(reference):
+        _switch(gm, forms, set())
+        return _unmeasurable(gm, ctx, lowered, order)
     local = _local_errors(gm, forms, args)
     _switch(gm, forms, set(order))
     err, ok = _output_error(gm, args, reference, tol)
@@ -197,6 +202,32 @@ def _guard(gm: fx.GraphModule, ctx: RewriteContext,
     logger.info("quantize: %d of %d Linear layers lowered, %d kept in float (%d runs)",
                 len(on), len(order), len(kept), runs)
     return True
+
+
+def _measurable(reference: Any) -> bool:
+    """Whether the example's outputs hold a floating value to measure an error on."""
+    return any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+               for t in pytree.tree_leaves(reference))
+
+
+def _unmeasurable(gm: fx.GraphModule, ctx: RewriteContext,
+                  lowered: dict[str, tuple[Any, dict[str, Any]]], order: list[str]
+                  ) -> PassResult:
+    """A named format on an example with no values is the user's to fix; ``auto`` declines
+    (a format the guard cannot measure is not applied)."""
+    shapes = ", ".join(str(tuple(a.shape)) for a in ctx.references[0][0]
+                       if isinstance(a, torch.Tensor))
+    problem = (f"the example's outputs hold no values to measure the low-bit error on "
+               f"(example input shapes {shapes})")
+    if ctx.options.quantize != "auto":
+        raise GraphoptError(f"quantize={ctx.options.quantize!r}: the accuracy guard measures "
+                            f"each lowered layer on the example inputs, and {problem}",
+                            "give an example batch with at least one row (the module still "
+                            "runs a batch of 0 where its shape range allows it), or "
+                            "quantize='none'")
+    reason = f"declined: {problem}"
+    _record(ctx, lowered, set(), {}, {}, order, 0, declined=reason)
+    return PassResult(gm, False, declined=reason)
 
 
 def _record(ctx: RewriteContext, lowered: dict[str, tuple[Any, dict[str, Any]]], on: set[str],

@@ -52,7 +52,8 @@ class Comparison:
 
 
 def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comparison]:
-    """Compare every tensor leaf of two output pytrees."""
+    """Compare every tensor leaf of two output pytrees; an inf or NaN in the reference must be
+    the same inf or NaN in the candidate, and the finite values are compared."""
     ref_leaves, ref_spec = pytree.tree_flatten(reference)
     out_leaves, out_spec = pytree.tree_flatten(candidate)
     if ref_spec != out_spec:
@@ -69,6 +70,11 @@ def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comp
             result.append(Comparison(i, math.inf, math.inf, 0.0, 0.0, tol, False))
             continue
         rf, of = r.detach().double().flatten(), o.detach().double().flatten()
+        if not _same_nonfinite(rf, of):  # an inf or NaN the reference does not have there
+            result.append(Comparison(i, math.inf, math.inf, 0.0, 0.0, tol, True))
+            continue
+        finite = torch.isfinite(rf)
+        rf, of = rf[finite], of[finite]  # the reference's own inf/NaN, matched, count as equal
         if rf.numel() == 0:
             result.append(Comparison(i, 0.0, 0.0, 1.0, 0.0, tol, True))
             continue
@@ -80,3 +86,13 @@ def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comp
         result.append(Comparison(i, float(diff.max()), float((diff / denom).max()), cosine,
                                  scale, tol, True))
     return result
+
+
+def _same_nonfinite(r: torch.Tensor, o: torch.Tensor) -> bool:
+    """Whether ``o`` has an inf or NaN exactly where ``r`` has the same one (a model whose own
+    outputs hold NaN or inf keeps them; any other inf or NaN is an error)."""
+    bad = ~torch.isfinite(r)
+    if not torch.equal(bad, ~torch.isfinite(o)):
+        return False
+    rb, ob = r[bad], o[bad]
+    return bool(((rb == ob) | (rb.isnan() & ob.isnan())).all())

@@ -1,0 +1,118 @@
+"""Issue 31, items 2, 3 and 5: ONNX files as other tools write them.
+
+- Paddle's exporter writes ``-1`` for a free dim and keeps weights in ``Constant`` nodes;
+- ONNX Runtime's ``quantize_dynamic`` writes uint8 weights under ``ConvInteger`` and
+  ``MatMulInteger``.
+
+Each model is built here the way those tools write it, then planned and optimized; the
+optimized model runs in ONNX Runtime against the original on the same inputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt.frontends.onnx_frontend import load_onnx
+
+
+def _paddle_style(path: Path) -> Path:
+    """x[-1, 64] @ W + b -> Relu, W and b in Constant nodes, the batch dim written as -1."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(w, "Wc")),
+             helper.make_node("Constant", [], ["B"], value=numpy_helper.from_array(b, "Bc")),
+             helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("Add", ["h", "B"], ["h2"]),
+             helper.make_node("Relu", ["h2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "paddle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _ort_quantized(tmp: Path) -> Path:
+    """A conv + linear model through ORT's own quantize_dynamic (uint8 weights)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.fc = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Linear(1024, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+    float_path, q_path = tmp / "float.onnx", tmp / "q.onnx"
+    torch.onnx.export(Net().eval(), (torch.randn(1, 3, 8, 8),), float_path, dynamo=False,
+                      input_names=["x"])
+    quantize_dynamic(float_path, q_path, weight_type=QuantType.QUInt8)
+    return q_path
+
+
+def _run(model: onnx.ModelProto | Path, x: np.ndarray) -> np.ndarray:
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def test_a_minus_one_dim_is_a_free_dim(tmp_path: Path) -> None:
+    path = _paddle_style(tmp_path / "m.onnx")
+    before = path.read_bytes()
+    graph = load_onnx(path)
+    assert graph.tensors["x"].shape == ("x_0", 64)
+    plan = graphopt.plan(path, target="cpu", dynamic_shapes={"x_0": (1, 32, 64)})
+    mm = next(n for n in plan.nodes if n.op_type == "MatMul")
+    assert mm.analysis.dims.get("M") == 32, mm.analysis.dims
+    opt = graphopt.optimize(path, target="cpu", dynamic_shapes={"x_0": (1, 8, 64)})
+    x = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)
+    np.testing.assert_allclose(_run(opt.onnx_model, x), _run(path, x), rtol=1e-5, atol=1e-5)
+    assert path.read_bytes() == before  # the user's file is never changed
+
+
+def test_constant_node_weights_are_quantized_as_weights(tmp_path: Path) -> None:
+    path = _paddle_style(tmp_path / "m.onnx")
+    opt = graphopt.optimize(path, target="cpu", quantize="int8",
+                            dynamic_shapes={"x_0": (1, 8, 64)})
+    mm = next(n for n in opt.plan.nodes if n.op_type == "MatMul")
+    decision = mm.decisions["quantize"]
+    assert "not a constant initializer" not in decision.reason
+    assert decision.fields.get("applied") is not False, decision.reason
+    assert any(n.op_type == "MatMulInteger" for n in opt.onnx_model.graph.node)
+    x = np.random.default_rng(2).standard_normal((8, 64)).astype(np.float32)
+    ref, out = _run(path, x), _run(opt.onnx_model, x)
+    assert np.abs(ref - out).max() <= 5e-2 * np.abs(ref).max()
+
+
+def test_a_pre_quantized_model_plans_and_optimizes(tmp_path: Path) -> None:
+    path = _ort_quantized(tmp_path)
+    plan = graphopt.plan(path, target="cpu")
+    assert plan.extra["quantization"]["original_format"] == "int8"
+    kinds = {n.op_type: n.analysis.kernel_class.value for n in plan.nodes}
+    assert kinds["MatMulInteger"] == "quant_dot" and kinds["ConvInteger"] == "conv"
+    opt = graphopt.optimize(path, target="cpu")
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(_run(opt.onnx_model, x), _run(path, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [[-1, 64], [-1, -1]])
+def test_load_names_each_free_dim(tmp_path: Path, dims: list[int]) -> None:
+    path = _paddle_style(tmp_path / "m.onnx")
+    model = onnx.load(path)
+    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, dims, strict=True):
+        d.dim_value = v
+    onnx.save(model, path)
+    shape = load_onnx(path).tensors["x"].shape
+    assert shape == tuple(f"x_{i}" if v < 0 else v for i, v in enumerate(dims))
