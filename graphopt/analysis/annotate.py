@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import replace
 from typing import Any
 
 from graphopt.analysis.classify import classify_op
@@ -55,9 +57,40 @@ def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
             flags=flags,
             op_type=node.op_type,
         )
+    for name in _shape_arithmetic(graph):
+        out[name] = replace(out[name], flags=(*out[name].flags, "shape_arithmetic"))
     logger.info("annotated %d nodes (%d distinct), %d in patterns", len(out), len(seen),
                 len(patterns))
     return out
+
+
+#: the most elements a shape-arithmetic value holds (a shape, an axis list, a size)
+_SHAPE_VALUE_MAX = 64
+_INDEX_DTYPES = frozenset({"int64", "int32", "bool"})
+
+
+def _shape_arithmetic(graph: Graph) -> set[str]:
+    """Nodes that compute on tensor shapes only: ``Shape``/``Size``, and every node whose inputs
+    are constants or such nodes' outputs and whose outputs are small static index tensors.
+    A dynamic-axes export computes its reshape targets so (``Shape -> Gather -> Concat``);
+    a static export of the same model folds them away, and ONNX Runtime runs them on the host
+    beside the kernels, so they are host work, not kernels (roofline case 8)."""
+    found: set[str] = set()
+    made: set[str] = set()  # tensors the found nodes write
+    for node in graph.nodes:
+        outs = graph.output_infos(node)
+        small = all(t is not None and t.is_static and t.dtype in _INDEX_DTYPES and
+                    math.prod(t.shape) <= _SHAPE_VALUE_MAX for t in outs) and bool(outs)
+        if not small:
+            continue
+        if node.op_type not in ("Shape", "Size"):
+            ins = [(name, graph.tensors.get(name)) for name in node.inputs if name]
+            if not ins or any(name not in made and (t is None or t.kind != "constant")
+                              for name, t in ins):
+                continue
+        found.add(node.name)
+        made.update(o for o in node.outputs if o)
+    return found
 
 
 def _signature(node: Node, ins: list[TensorInfo | None], outs: list[TensorInfo | None]

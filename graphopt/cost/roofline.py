@@ -31,6 +31,9 @@ Which compute peak applies:
 6. Free views cost nothing (no kernel); every other node pays the target's launch overhead.
 7. A node whose outputs are all empty (``NodeAnalysis.no_work``) costs nothing either: torch and
    ONNX Runtime return before launching a kernel for zero elements.
+8. Shape arithmetic (``Shape -> Gather -> Concat`` feeding a ``Reshape``, flagged by
+   :mod:`graphopt.analysis.annotate`) is host work on a few integers: it costs nothing, so a
+   dynamic-axes export costs what its static twin does.
 """
 
 from __future__ import annotations
@@ -291,6 +294,10 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
     if a.no_work:  # case 7
         return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
                         peak_key(dtype or a.dtype), note="zero-size output: no kernel")
+    if "shape_arithmetic" in a.flags:  # case 8
+        return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
+                        peak_key(dtype or a.dtype), note="shape arithmetic: host work, no "
+                        "kernel (a static export folds it)")
     rate, unit, key, align, util, note = _compute_rate(a, profile, dtype or a.dtype)
     bandwidth = measured_bandwidth(profile) \
         or profile.bandwidth_bytes_per_s * efficiency(profile.kind, "memory")

@@ -63,9 +63,7 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
     warnings = list(graph.warnings)
     flagged = summary["flagged_nodes"]
     if flagged.get("dynamic_shape"):
-        warnings.append(f"{flagged['dynamic_shape']} nodes have dynamic dimensions: planned "
-                        "with each unknown dimension taken as 1; give static example shapes "
-                        "for exact numbers")
+        warnings.append(_unknown_dims_warning(nodes, flagged["dynamic_shape"]))
     if flagged.get("unknown_shape"):
         warnings.append(f"{flagged['unknown_shape']} nodes have outputs of unknown shape: their "
                         "cost is a lower bound")
@@ -84,6 +82,23 @@ def build_plan(graph: Graph, target: HardwareProfile, *, decisions: bool = True)
     from graphopt.decisions.decide import decide
 
     return with_fusion(decide(plan))
+
+
+def _unknown_dims_warning(nodes: tuple[NodePlan, ...], count: int) -> str:
+    """The dynamic-shape warning, naming the nodes and the dims no input size decides."""
+    named = []
+    for n in nodes:
+        if "dynamic_shape" not in n.analysis.flags:
+            continue
+        dims = dict.fromkeys(str(d) for t in (*n.inputs, *n.outputs) if t is not None
+                             and t.shape is not None for d in t.shape if not isinstance(d, int))
+        named.append(f"{n.name} ({', '.join(dims)})")
+        if len(named) == 5:
+            break
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    return (f"{count} nodes have dimensions that no input size decides, each planned as 1: "
+            f"{'; '.join(named)}{more}; give static example shapes, or sizes for every "
+            "symbolic input dim, for exact numbers")
 
 
 def with_fusion(plan: Plan) -> Plan:

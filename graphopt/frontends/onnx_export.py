@@ -6,16 +6,15 @@ on the development VM) while the TorchScript ("legacy", ``dynamo=False``) export
 The legacy exporter lacks symbolics for ops that real models call: transformers' decoder LLMs
 call ``aten::diff``, Mixtral's experts ``aten::histc`` and ``aten::_grouped_mm``; graphopt lends
 it those for the export (``graphopt.frontends.export_symbolics``, which also gives the dynamo
-exporter
-transformers' grouped-GEMM op). It still cannot export everything (BERT's ``forward`` rejects
-its argument passing). So graphopt tries the legacy exporter, runs its result once in ONNX
-Runtime against the torch outputs, and only when the export raises, or its model does not run
-or does not match (max |torch - ort| > 1e-5 of the output's scale), exports again with
-``dynamo=True`` (model-local functions inlined). Either way the
-result is one ``ModelProto`` with every weight in memory, written at exactly the requested
-opset (:func:`supported_opsets`; anything else is a ``GraphoptError``); graphopt then applies
-its decisions at the ONNX level (``backends.onnx.pipeline``) instead of exporting a rewritten
-module.
+exporter transformers' grouped-GEMM op). It still cannot export everything (BERT's ``forward``
+rejects its argument passing). So graphopt tries the legacy exporter, runs its result once in
+ONNX Runtime against the torch outputs, and only when the export raises, or its model does not
+run or does not match (max |torch - ort| > 1e-5 of the output's scale; torch's own inf and NaN
+must come back where they were), exports again with ``dynamo=True`` (model-local functions
+inlined). Either way the result is one ``ModelProto`` with every weight in memory, written at
+exactly the requested opset (:func:`supported_opsets`; anything else is a ``GraphoptError``);
+graphopt then applies its decisions at the ONNX level (``backends.onnx.pipeline``) instead of
+exporting a rewritten module.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import inspect
 import io
 import logging
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -85,8 +85,6 @@ class ExportResult:
 
 def _missing_op(e: BaseException) -> str | None:
     """The op the dynamo exporter found no ONNX function for, if that is why it failed."""
-    import re
-
     m = re.search(r"No ONNX function found for <OpOverload\(op='([^']+)'", str(e))
     return m.group(1) if m else None
 
@@ -113,13 +111,10 @@ def _input_names(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     except (TypeError, ValueError):
         params = []
     names: list[str] = []
-    for i, a in enumerate(args):
-        base = params[i] if i < len(params) else f"input_{i}"
+    given = [(params[i] if i < len(params) else f"input_{i}", a) for i, a in enumerate(args)]
+    for base, a in [*given, *kwargs.items()]:
         leaves = [x for x in pytree.tree_leaves(a) if isinstance(x, torch.Tensor)]
         names.extend([base] if len(leaves) == 1 else [f"{base}_{j}" for j in range(len(leaves))])
-    for k, v in kwargs.items():
-        leaves = [x for x in pytree.tree_leaves(v) if isinstance(x, torch.Tensor)]
-        names.extend([k] if len(leaves) == 1 else [f"{k}_{j}" for j in range(len(leaves))])
     return names
 
 
@@ -274,14 +269,13 @@ def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
     for i, (r, o) in enumerate(zip(expected, got, strict=True)):
         if r.shape != np.shape(o):
             return f"output {i} has shape {np.shape(o)}, torch {r.shape}"
-        if r.dtype.kind == "f":
+        if r.dtype.kind == "f":  # torch's own inf/NaN, matched, count as equal
             o, ok = np.asarray(o), np.isfinite(r)
-            if not (np.array_equal(ok, np.isfinite(o)) and
-                    np.array_equal(r[~ok], o[~ok], equal_nan=True)):
+            if not np.array_equal(np.where(ok, 0, r), np.where(np.isfinite(o), 0, o),
+                                  equal_nan=True):
                 return f"output {i} has inf or NaN where torch's has none or another"
-            r, o = r[ok], o[ok]  # torch's own inf/NaN, matched, count as equal
-            scale = float(np.max(np.abs(r))) if r.size else 0.0
-            err = float(np.max(np.abs(r.astype(np.float64) - o))) if r.size else 0.0
+            r, o = r[ok].astype(np.float64), o[ok]
+            scale, err = (np.abs(r).max(), np.abs(r - o).max()) if r.size else (0.0, 0.0)
             if not err <= _EXPORT_RTOL * max(scale, 1e-30):
                 return f"output {i} differs from torch by {err:.3g} (scale {scale:.3g})"
         elif not np.array_equal(r, o):
@@ -393,8 +387,8 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
         proto = at_opset(proto, opset, f"ONNX export of {name} at opset {opset} failed: {why}")
     problem = _mismatch_all(proto, feeds, expected, dyn) if verify else None
     if problem is not None:
-        raise GraphoptError(f"ONNX export of {name} does not reproduce the "
-                            f"model: {why}; and with dynamo=True: {problem}",
+        raise GraphoptError(f"ONNX export of {name} does not reproduce the model: {why}; "
+                            f"and with dynamo=True: {problem}",
                             "export the model yourself and pass the .onnx file")
     _name(proto, model)
     seconds = time.perf_counter() - start

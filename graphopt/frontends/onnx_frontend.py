@@ -50,6 +50,7 @@ from graphopt.frontends.onnx_safety import (
     read_model,
     uses_external_data,
 )
+from graphopt.frontends.onnx_symbolic import sharpen, skeleton
 from graphopt.frontends.onnx_upgrade import upgrade
 from graphopt.ir.graph import Graph, Node, TensorInfo, TensorKind
 from graphopt.ir.ops import KNOWN_OPS
@@ -73,10 +74,6 @@ ONNX_DTYPES: dict[int, str] = {
 _WEIGHT_DTYPES = frozenset({"fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4",
                             "int8", "uint8", "int4", "uint4"})
 
-# Shape inference needs the values of shape-like inputs only (Reshape shape, Resize scales, Slice
-# starts...: a few elements); bigger initializers go in as dims-only stubs. Counted from dims:
-# ByteSize() walks the data and takes seconds on GB-sized tensors.
-_SKELETON_MAX_ELEMENTS = 256
 _CHECK_FIX = ("the graph is invalid: run onnx.checker.check_model(path, full_check=True) to see "
               "where, then re-export the model")
 
@@ -152,44 +149,28 @@ def _inline_functions(proto: onnx.ModelProto, warnings: list[str]) -> onnx.Model
         return proto
 
 
-def _skeleton(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
-    """The model, nodes in ``order``, big initializers as dims-only stubs: for shape inference."""
-    skel = onnx.ModelProto(ir_version=model.ir_version)
-    skel.opset_import.extend(model.opset_import)
-    skel.functions.extend(model.functions)
-    src, g = model.graph, skel.graph
-    g.name = src.name
-    g.node.extend(src.node[i] for i in order)
-    g.input.extend(src.input)
-    g.output.extend(src.output)
-    g.value_info.extend(src.value_info)
-    g.sparse_initializer.extend(src.sparse_initializer)
-    for t in src.initializer:
-        if t.data_location == _T.EXTERNAL or math.prod(t.dims) <= _SKELETON_MAX_ELEMENTS:
-            g.initializer.append(t)
-        else:
-            stub = g.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims,
-                                     data_location=_T.EXTERNAL)
-            stub.external_data.add(key="location", value="graphopt-shape-inference-stub")
-    return skel
-
-
 def _infer_shapes(model: onnx.ModelProto, order: list[int], warnings: list[str]
                   ) -> tuple[onnx.GraphProto, dict[str, np.ndarray]]:
     """The inferred graph, and the values of the nodes folded in the skeleton."""
-    skel = _skeleton(model, order)
+    skel = skeleton(model, order)
     try:
         folded = fold_constants(skel)
     except Exception as exc:  # folding only sharpens shapes; a failure must not stop the load
         logger.debug("constant folding skipped: %s: %s", type(exc).__name__, exc)
         folded = {}
     try:
-        return onnx.shape_inference.infer_shapes(
-            skel, check_type=False, strict_mode=False, data_prop=True).graph, folded
+        inferred = onnx.shape_inference.infer_shapes(
+            skel, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception as exc:  # the C++ inferencer raises many types; fall back, never crash
         warnings.append(f"ONNX shape inference failed ({type(exc).__name__}: {str(exc)[:200]});"
                         " only the shapes stored in the model are known")
-        return model.graph, folded
+        inferred = model.graph
+    better = sharpen(skel, inferred, warnings)  # sizes computed from the inputs' shapes
+    if better:
+        kept = [vi for vi in inferred.value_info if vi.name not in better]
+        del inferred.value_info[:]
+        inferred.value_info.extend([*kept, *better.values()])
+    return inferred, folded
 
 
 def _type_info(tp: onnx.TypeProto) -> tuple[Shape | None, str | None]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.frontends.onnx_symbolic import opt_point_shapes, unknown_dims
 from graphopt.ir.graph import Graph, TensorInfo
 from graphopt.ir.shape_range import MAX_DIM_VALUE, DimRange, ShapeRange
 
@@ -89,7 +90,42 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
             f"(leading dims {DEFAULT_BATCH}, others {DEFAULT_OTHER}); give your own with "
             "dynamic_shapes={'name': opt or (min, opt, max)} or --dynamic name=min:opt:max")
     graph.shape_range = ShapeRange(tuple(dims.values()), inputs) if dims else None
+    if dims:
+        _size_at_opt(graph, {name: r.opt for name, r in dims.items()})
     return graph
+
+
+def _size_at_opt(graph: Graph, opt: dict[str, int]) -> None:
+    """Dims no inferencer could write as an expression of the input dims take their size in
+    the model's static twin at the opt point (:func:`.onnx_symbolic.opt_point_shapes`): the
+    plan at opt is then the static export's, and such a dim stays that size over the range."""
+    known = set(opt)
+    vague = [name for name, t in graph.tensors.items()
+             if t.shape is not None and unknown_dims(t.shape, known)]
+    if not vague or graph.source_model is None:
+        return
+    proto = graph.source_model
+    at = {n.name: i for i, n in enumerate(proto.graph.node)}
+    first = [i for i, n in enumerate(proto.graph.node) if n.op_type == "Constant"]
+    order = [*first, *(at[n.name] for n in graph.nodes if n.name in at and at[n.name]
+                       not in first)]
+    order += sorted(set(range(len(proto.graph.node))) - set(order))
+    twin = opt_point_shapes(proto, order, opt)
+    sized = []
+    for name in vague:
+        t, static = graph.tensors[name], twin.get(name)
+        if static is None or len(static) != len(t.shape):
+            continue
+        shape = tuple(s if unknown_dims((d,), known) else d
+                      for d, s in zip(t.shape, static, strict=True))
+        graph.tensors[name] = TensorInfo(t.name, shape, t.dtype, t.kind)
+        sized.append(name)
+    if sized:
+        more = f" and {len(sized) - 3} more" if len(sized) > 3 else ""
+        graph.warnings.append(
+            f"{len(sized)} tensors have sizes known only at the opt point (no expression of the "
+            f"input dims gives them; planned at that size over the whole range): "
+            f"{', '.join(sized[:3])}{more}")
 
 
 def _check_keys(graph: Graph, spec: Mapping[str, Any] | None) -> None:
