@@ -116,3 +116,50 @@ def test_load_names_each_free_dim(tmp_path: Path, dims: list[int]) -> None:
     onnx.save(model, path)
     shape = load_onnx(path).tensors["x"].shape
     assert shape == tuple(f"x_{i}" if v < 0 else v for i, v in enumerate(dims))
+
+
+def _rate_model(path: Path) -> Path:
+    """y = reshape(x, [1, (sr // 1000) * 4]): runs only when sr // 1000 * 4 == x's width (64),
+    i.e. at a 16 kHz rate; the made-up 0/1 integers make it fail."""
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(
+                np.array(1000, dtype=np.int64), "kc")),
+             helper.make_node("Constant", [], ["four"], value=numpy_helper.from_array(
+                 np.array(4, dtype=np.int64), "fc")),
+             helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(
+                 np.array([1], dtype=np.int64), "oc")),
+             helper.make_node("Div", ["sr", "k"], ["khz"]),
+             helper.make_node("Mul", ["khz", "four"], ["w"]),
+             helper.make_node("Unsqueeze", ["w", "zero"], ["w1"]),
+             helper.make_node("Concat", ["one", "w1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    zero = numpy_helper.from_array(np.array([0], dtype=np.int64), "zero")
+    graph = helper.make_graph(
+        nodes, "rate", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64]),
+                        helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_a_sample_rate_input_gets_a_rate(tmp_path: Path) -> None:
+    opt = graphopt.optimize(_rate_model(tmp_path / "rate.onnx"), target="cpu")
+    assert opt.plan.extra["optimization"]["sample_values"] == {"sr": 16000}
+    assert all(n["within"] for n in opt.numerics)
+
+
+def test_when_no_made_up_input_fits_the_error_asks_for_real_ones(tmp_path: Path) -> None:
+    """A width that must be a multiple of 1,000,003: no size a search tries."""
+    target = numpy_helper.from_array(np.array([-1, 1000003], dtype=np.int64), "target")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "target"], ["y"])], "odd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[target])
+    path = tmp_path / "odd.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    with pytest.raises(graphopt.GraphoptError, match="no made-up input ran the model") as e:
+        graphopt.optimize(path, target="cpu")
+    assert "calibration" in str(e.value)

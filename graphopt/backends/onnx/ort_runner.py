@@ -20,7 +20,7 @@ import logging
 import math
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,8 @@ from onnx import numpy_helper
 from graphopt.errors import GraphoptError
 from graphopt.ir.order import stable_topo_order
 
-__all__ = ["OrtModel", "emulate_fp16", "float_tensors", "sample_feeds", "tensor_types",
-           "topological", "with_outputs"]
+__all__ = ["OrtModel", "emulate_fp16", "float_tensors", "quiet_options", "sample_feeds",
+           "tensor_types", "topological", "with_outputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,16 @@ class OrtModel:
         except Exception as e:
             raise GraphoptError(f"ONNX Runtime failed running {self.what}: {_ort_message(e)}",
                                 _ort_fix(e)) from None
+
+
+def quiet_options() -> Any:
+    """Session options that keep ORT's own error log off stderr: a failed run is a
+    GraphoptError that says the same (the input search tries runs that may fail)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # fatal only
+    return options
 
 
 def _ort_message(e: Exception) -> str:
@@ -185,9 +195,10 @@ def with_outputs(model: onnx.ModelProto, names: Sequence[str],
 def _dims(vi: onnx.ValueInfoProto, sizes: dict[str, int] | None = None) -> list[int]:
     shape = vi.type.tensor_type.shape
     sizes = sizes or {}
-    # a static 0 is a real size (ONNX Runtime insists on it); only symbolic dims get sizes:
-    # by dim_param name, by "<input>_<axis>" for an unnamed one, else the default
-    return [d.dim_value if d.HasField("dim_value") else
+    # a static 0 is a real size (ONNX Runtime insists on it); only symbolic dims get sizes
+    # (-1 is one, as older exporters write it): by dim_param name, by "<input>_<axis>" for an
+    # unnamed one, else the default
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else
             sizes.get(d.dim_param, sizes.get(f"{vi.name}_{i}", _DEFAULT_DIM))
             for i, d in enumerate(shape.dim)]
 
@@ -253,9 +264,11 @@ def emulate_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def sample_feeds(model: onnx.ModelProto, count: int = 1, seed: int = 0,
-                 dims: dict[str, int] | None = None) -> list[dict[str, np.ndarray]]:
+                 dims: dict[str, int] | None = None, values: Mapping[str, int] | None = None
+                 ) -> list[dict[str, np.ndarray]]:
     """Seeded inputs for the model's graph inputs: standard normal floats, zeros and ones for
-    integers (token ids and masks stay in range), true for bools; symbolic dims at ``dims``
+    integers (token ids and masks stay in range), true for bools, ``values[name]`` everywhere
+    in the inputs it names (a sample rate: :mod:`.fitting`); symbolic dims at ``dims``
     (name -> size: the plan's opt sizes), else 2.
 
     Their size is checked before anything is allocated (``SAMPLE_BYTES_LIMIT``), and each is
@@ -272,7 +285,9 @@ def sample_feeds(model: onnx.ModelProto, count: int = 1, seed: int = 0,
     for _ in range(count):
         feed: dict[str, np.ndarray] = {}
         for vi, elem, dtype, shape in wanted:
-            if elem == _T.BOOL:
+            if values and vi.name in values:
+                feed[vi.name] = np.full(shape, values[vi.name], dtype=dtype)
+            elif elem == _T.BOOL:
                 feed[vi.name] = np.ones(shape, dtype=bool)
             elif elem in _FLOATS:
                 feed[vi.name] = _chunked(shape, dtype, rng.standard_normal)

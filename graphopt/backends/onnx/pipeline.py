@@ -33,8 +33,9 @@ from graphopt.backends.driver import Pass, PassResult, measure_here, run_passes
 from graphopt.backends.onnx import measure as onnx_measure
 from graphopt.backends.onnx.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.backends.onnx.context import OnnxContext
+from graphopt.backends.onnx.fitting import Fit, fit_for
 from graphopt.backends.onnx.guard import compare, guard, run_samples
-from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
+from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options, sample_feeds
 from graphopt.backends.onnx.padding import pad_channels
 from graphopt.backends.onnx.precision import reduce_precision
 from graphopt.backends.onnx.quantize import quantize
@@ -64,7 +65,7 @@ def default_passes() -> list[Pass]:
 
 
 def _generated_inputs_failed(e: GraphoptError, feeds: list[dict[str, np.ndarray]],
-                             rng: Any) -> GraphoptError:
+                             rng: Any, fit: Fit) -> GraphoptError:
     """The original model fails on graphopt's made-up inputs: say which inputs are made up
     (integer ones most often carry values a model needs: shapes, sizes, indices), at which
     sizes, and how to give real ones or other sizes."""
@@ -76,9 +77,10 @@ def _generated_inputs_failed(e: GraphoptError, feeds: list[dict[str, np.ndarray]
         shapes = sorted({str(tuple(a.shape)) for f in feeds for a in f.values()})
         sizes = (f"; symbolic dims at {', '.join(f'{d.name}={d.opt}' for d in rng.dims)} "
                  f"(opt) and the range's ends, shapes {', '.join(shapes)}")
+    tried = f"; {fit.note}" if fit.note else ""
     return GraphoptError(
         f"{e.problem} (on inputs graphopt generated: standard normal floats, 0/1 integers"
-        f"{hint}{sizes})",
+        f"{hint}{sizes}{tried})",
         "pass real inputs for the accuracy guard: calibration=[{input: array}] in the API, or "
         "--calibration inputs.npz on the CLI"
         + ("; or sizes the model takes: dynamic_shapes={'dim': (min, opt, max)}, or "
@@ -245,6 +247,8 @@ class _Setup:
     at_ends: list[dict[str, np.ndarray]]
     reference: list[list[np.ndarray]]
     timings: dict[str, float] = field(default_factory=dict)
+    #: integer scalar input -> the value the made-up samples hold (:mod:`.fitting`)
+    values: dict[str, int] = field(default_factory=dict)
 
 
 def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any,
@@ -255,10 +259,17 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
     from graphopt.frontends.onnx_frontend import load_onnx
     from graphopt.frontends.onnx_range import onnx_range
 
-    graph = onnx_range(load_onnx(model), dynamic_shapes)
-    rng, base = graph.shape_range, graph.source_model
+    graph = load_onnx(model)
+    base = graph.source_model
     if base is None:  # pragma: no cover - the ONNX frontend always sets it
         raise GraphoptError("the ONNX frontend kept no model to rewrite")
+    original = OrtModel(base, what="the original model", options=quiet_options())
+    fit = Fit() if samples or calibration is not None else \
+        fit_for(original, graph, dynamic_shapes)  # made-up inputs that fit the model
+    graph = onnx_range(graph, fit.spec_with(dynamic_shapes))
+    graph.shape_range = rng = fit.marked(graph.shape_range)
+    if fit.note:
+        graph.warnings.append(fit.note)
     plan = build_plan(graph, profile)
     timings = {"load_and_plan_s": time.perf_counter() - start}
     calib = load_calibration(calibration, base) if calibration is not None else None
@@ -268,17 +279,18 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
                             "batches along axis 0), or use --quantize int8_dynamic")
     runs = list(samples) if samples else (
         calib[:GUARD_SAMPLES] if calib else
-        sample_feeds(base, _SEED_SAMPLES, dims=rng.values("opt") if rng else None))
+        sample_feeds(base, _SEED_SAMPLES, dims=rng.values("opt") if rng else None,
+                     values=fit.values))
     at_ends = _range_feeds(runs[0], rng) if runs else []
     runs += at_ends
     try:
-        reference = run_samples(OrtModel(base, what="the original model"), runs,
-                                "the original")
+        reference = run_samples(original, runs, "the original")
     except GraphoptError as e:
         if samples or calib:
             raise
-        raise _generated_inputs_failed(e, runs, rng) from None
-    return _Setup(at_opt(graph), plan, base, rng, calib, runs, at_ends, reference, timings)
+        raise _generated_inputs_failed(e, runs, rng, fit) from None
+    return _Setup(at_opt(graph), plan, base, rng, calib, runs, at_ends, reference, timings,
+                  fit.values)
 
 
 def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, Any]],
@@ -307,6 +319,7 @@ def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, 
         "guard": reports, "fallbacks": [f for r in reports for f in r["fallbacks"]],
         "session": session.to_dict(), "samples": len(runs),
         "sample_shapes": [{k: list(np.shape(v)) for k, v in r.items()} for r in runs],
+        "sample_values": setup.values,
         **({"shape_range": rng.to_dict(), "range_samples": len(setup.at_ends)} if rng else {}),
         "calibration_batches": len(calib) if calib else 0,
         "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
