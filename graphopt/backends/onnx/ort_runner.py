@@ -33,7 +33,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir.order import stable_topo_order
 
 __all__ = ["OrtModel", "emulate_fp16", "float_tensors", "quiet_options", "sample_feeds",
-           "tensor_types", "topological", "with_outputs"]
+           "outer_inputs", "tensor_types", "topological", "with_outputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +117,31 @@ def _ort_fix(e: Exception) -> str:
             "in onnxruntime.InferenceSession once; graphopt needs a model ORT can run")
 
 
+def outer_inputs(node: onnx.NodeProto) -> set[str]:
+    """The values ``node``'s subgraphs (``If``/``Loop``/``Scan`` bodies, recursively) read
+    from the enclosing graph: inputs of the node as much as its listed ones."""
+    names: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            inner = {i.name for i in g.input} | {t.name for t in g.initializer} | \
+                {o for n in g.node for o in n.output}
+            for n in g.node:
+                names |= {t for t in (*n.input, *outer_inputs(n)) if t and t not in inner}
+            names |= {o.name for o in g.output if o.name not in inner}
+    return names
+
+
 def topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
-    """Nodes in a valid order, as close to the given one as possible (Kahn, stable); the
-    given order where a cycle leaves some out."""
+    """Nodes in a valid order, as close to the given one as possible (Kahn, stable), a
+    control-flow node after every value its subgraphs read; the given order where a cycle
+    leaves some out."""
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    if all(producer.get(t, -1) < i for i, n in enumerate(nodes) for t in n.input if t):
+    reads = [[*n.input, *outer_inputs(n)] for n in nodes]
+    if all(producer.get(t, -1) < i for i, names in enumerate(reads) for t in names if t):
         return list(nodes)
-    order = stable_topo_order([{producer[t] for t in n.input if t in producer
-                                and t not in available} for n in nodes])
+    order = stable_topo_order([{producer[t] for t in names if t in producer
+                                and t not in available} for names in reads])
     return [nodes[i] for i in order] if len(order) == len(nodes) else list(nodes)
 
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,14 +31,14 @@ from graphopt.backends.driver import Pass, PassResult, measure_here, run_passes
 from graphopt.backends.onnx import measure as onnx_measure
 from graphopt.backends.onnx.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.backends.onnx.context import OnnxContext
-from graphopt.backends.onnx.fitting import Fit, fit_for
+from graphopt.backends.onnx.fitting import Fit, fit_for, fit_from_feed
 from graphopt.backends.onnx.guard import compare, guard, run_samples
+from graphopt.backends.onnx.model_check import checker_problem, finalize
 from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options, sample_feeds
 from graphopt.backends.onnx.padding import pad_channels
 from graphopt.backends.onnx.precision import reduce_precision
 from graphopt.backends.onnx.quantize import quantize
 from graphopt.backends.onnx.result import OnnxResult
-from graphopt.backends.onnx.save import PROTO_LIMIT as _PROTO_LIMIT
 from graphopt.backends.onnx.save import save_onnx
 from graphopt.backends.onnx.session import decide_session
 from graphopt.decisions.precision_format import onnx_precision
@@ -48,7 +46,7 @@ from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
-from graphopt.ir.plan import Plan
+from graphopt.ir.plan import Plan, mark_reverted
 
 __all__ = ["default_passes", "optimize_onnx", "save_onnx"]
 
@@ -102,29 +100,6 @@ def _resolve(target: str | HardwareProfile) -> HardwareProfile:
     return resolve_targets(target)[0] if not isinstance(target, HardwareProfile) else target
 
 
-def finalize(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shapes inferred into the model, then ``check_model(full_check=True)``; a failure here
-    is a graphopt bug, reported as such."""
-    try:
-        if model.ByteSize() < _PROTO_LIMIT:
-            model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
-                                                      data_prop=True)
-            onnx.checker.check_model(model, full_check=True)
-            return model
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "model.onnx"
-            onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
-            onnx.shape_inference.infer_shapes_path(str(path), str(path), check_type=True,
-                                                   strict_mode=True, data_prop=True)
-            onnx.checker.check_model(str(path), full_check=True)
-            return onnx.load(str(path))
-    except Exception as e:
-        raise GraphoptError(f"the optimized model fails the ONNX checker: {type(e).__name__}: "
-                            f"{' '.join(str(e).split())[:300]}",
-                            "report this graphopt bug with the model; pass precision='fp32', "
-                            "quantize='none' to get a model without the rewrites") from None
-
-
 def _plain(obj: Any) -> Any:
     """JSON-ready copy of pass notes and metrics: sets become sorted lists, numpy scalars
     numbers, and inf/NaN (an exact output has SNR inf) the strings "inf"/"-inf"/"nan"."""
@@ -158,6 +133,25 @@ class _OnnxBackend:
 
     def apply(self, p: Pass, model: onnx.ModelProto, tol: Tolerance
               ) -> PassResult[onnx.ModelProto]:
+        """The pass, reverted alone (its decisions marked so) when the model it makes does
+        not run in ONNX Runtime or fails the ONNX checker: one broken pass never sinks the
+        run (the original model ran, so such a failure is the pass's)."""
+        saved = {k: dict(v) for k, v in self.ctx.decisions.items()}
+        try:
+            result = self._apply(p, model, tol)
+            problem = checker_problem(result.model) if result.modified else None
+        except GraphoptError as e:
+            if not e.problem.startswith(("ONNX Runtime cannot load", "ONNX Runtime failed")):
+                raise
+            problem = e.problem
+        if problem is None:
+            return result
+        reason = f"the {p.name} pass made a model that does not run or check: {problem}"
+        self.ctx.decisions = mark_reverted(saved, self.ctx.decisions, reason)
+        return PassResult(model, False, reason)
+
+    def _apply(self, p: Pass, model: onnx.ModelProto, tol: Tolerance
+               ) -> PassResult[onnx.ModelProto]:
         if not p.lossy:
             cand = p.run(model, self.ctx)
             return PassResult(model if cand is None else cand, cand is not None)
@@ -264,15 +258,17 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
     if base is None:  # pragma: no cover - the ONNX frontend always sets it
         raise GraphoptError("the ONNX frontend kept no model to rewrite")
     original = OrtModel(base, what="the original model", options=quiet_options())
-    fit = Fit() if samples or calibration is not None else \
-        fit_for(original, graph, dynamic_shapes)  # made-up inputs that fit the model
+    calib = load_calibration(calibration, base) if calibration is not None else None
+    given = list(samples or calib or [])
+    # the free dims at the data's sizes, else made-up inputs that fit the model
+    fit = fit_from_feed(graph, dynamic_shapes, given[0]) if given else \
+        fit_for(original, graph, dynamic_shapes)
     graph = onnx_range(graph, fit.spec_with(dynamic_shapes))
     graph.shape_range = rng = fit.marked(graph.shape_range)
     if fit.note:
         graph.warnings.append(fit.note)
     plan = build_plan(graph, profile)
     timings = {"load_and_plan_s": time.perf_counter() - start}
-    calib = load_calibration(calibration, base) if calibration is not None else None
     if opts.quantize == "int8_static" and not calib:
         raise GraphoptError("quantize='int8_static' needs calibration data and none was given",
                             "pass --calibration F (an .npz with one array per model input, "

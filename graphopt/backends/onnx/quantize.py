@@ -61,6 +61,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphopt.backends.onnx.context import OnnxContext
+from graphopt.backends.onnx.ort_runner import topological
 from graphopt.backends.onnx.quantize_ort import (
     FP8_CPU_GRAPH_OPTIMIZATION,
     INT4_BLOCK_SIZE,
@@ -284,7 +285,19 @@ def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset
     ctx.notes["quantize"] = note
     logger.info("quantize (%s): %s; %d nodes not applied", mode,
                 {m: len(n) for m, n in done.items()} or "nothing", len(skipped))
-    return out if done else None
+    return _in_order(out) if done else None
+
+
+def _in_order(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its nodes in an order the checker takes: ORT's quantizers append the
+    nodes they make, and may put a control-flow node before a value its subgraph reads."""
+    g = model.graph
+    available = {i.name for i in g.input} | {t.name for t in g.initializer}
+    nodes = topological(list(g.node), available)
+    if nodes != list(g.node):
+        del g.node[:]
+        g.node.extend(nodes)
+    return model
 
 
 def _need_calibration(ctx: OnnxContext, mode: str) -> None:

@@ -1,0 +1,57 @@
+"""The ONNX checker on a rewritten model: after each pass (a pass whose model fails it is
+reverted alone) and on the result (shapes inferred into it, then ``full_check``).
+
+A model past protobuf's 2 GB limit is checked through a temporary file with its weights as
+external data.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx.checker
+import onnx.shape_inference
+
+from graphopt.backends.onnx.save import PROTO_LIMIT
+from graphopt.errors import GraphoptError
+
+__all__ = ["checker_problem", "finalize"]
+
+
+def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its shapes inferred (strict), after ``check_model(full_check=True)``."""
+    if model.ByteSize() < PROTO_LIMIT:
+        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                  data_prop=True)
+        onnx.checker.check_model(model, full_check=True)
+        return model
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
+        onnx.shape_inference.infer_shapes_path(str(path), str(path), check_type=True,
+                                               strict_mode=True, data_prop=True)
+        onnx.checker.check_model(str(path), full_check=True)
+        return onnx.load(str(path))
+
+
+def checker_problem(model: onnx.ModelProto) -> str | None:
+    """Why ``model`` fails the checker or strict shape inference, None when it passes."""
+    try:
+        _checked(model)
+    except Exception as e:  # noqa: BLE001 - the checker raises ValidationError, C++ errors...
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    return None
+
+
+def finalize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes inferred into the model, then ``check_model(full_check=True)``; a failure here
+    is a graphopt bug (every pass was checked), reported as such."""
+    try:
+        return _checked(model)
+    except Exception as e:
+        raise GraphoptError(f"the optimized model fails the ONNX checker: {type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}",
+                            "report this graphopt bug with the model; pass precision='fp32', "
+                            "quantize='none' to get a model without the rewrites") from None
