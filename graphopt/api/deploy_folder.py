@@ -10,7 +10,10 @@ The folder holds, by the artifact ``deploy.json`` names:
   ``graphopt.ort_session`` loads both).
 
 The file names are fixed: ``deploy.json`` names the artifact, never a path, so a folder from
-elsewhere cannot point the loader at another file.
+elsewhere cannot point the loader at another file. Every field of ``deploy.json`` is checked
+when it is read (:mod:`.deploy_record`). Before the work, :func:`claim_deploy` claims
+``deploy.json`` and reserves every artifact file name, so no report can be written over the
+artifact, whichever one the work picks.
 """
 
 from __future__ import annotations
@@ -20,24 +23,45 @@ import os
 from pathlib import Path
 from typing import Any
 
-from graphopt.decisions.deploy import ARTIFACTS
+from graphopt.api.deploy_record import DEPLOY_FILE, FILES, read_record
 from graphopt.errors import GraphoptError
 from graphopt.files.outputs import OutputSet
-from graphopt.files.read import read_small_file
 
-__all__ = ["DEPLOY_FILE", "is_deploy_folder", "load", "stage_deploy"]
+__all__ = ["ARTIFACT_SUFFIXES", "DEPLOY_FILE", "claim_deploy", "is_deploy_folder", "load",
+           "stage_deploy"]
 
-DEPLOY_FILE = "deploy.json"
-_FILES = {"torch": "model.pt2", "torch.compile": "model.pt2", "onnxruntime": "model.onnx"}
-_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: a path with one of these suffixes names an artifact file, never a deploy folder
+ARTIFACT_SUFFIXES = (".onnx", ".pt2")
 _MAX_BYTES = 1 << 20  # deploy.json is a few kB
 _REWRITE = "write the folder again with graphopt optimize ... -o DIR/ (or Optimized.save_deploy)"
 
 
 def is_deploy_folder(path: str | os.PathLike[str]) -> bool:
-    """``-o out/`` asks for a folder: a path ending in a separator, or an existing folder."""
+    """``-o out/`` asks for a folder: a path ending in a separator, or an existing folder
+    whose name has no artifact suffix (an existing folder ``x.onnx`` asks for a file there,
+    which ``OutputSet`` refuses)."""
     text = os.fspath(path)
-    return text.endswith(("/", os.sep)) or Path(text).is_dir()
+    if not text:
+        return False
+    return text.endswith(("/", os.sep)) or (Path(text).is_dir() and
+                                             Path(text).suffix not in ARTIFACT_SUFFIXES)
+
+
+def claim_deploy(outputs: OutputSet, folder: str | os.PathLike[str]) -> Path:
+    """Claim ``folder``'s ``deploy.json`` and reserve each artifact's files there (the work
+    picks one), so that no other output (a report) can go to one; returns deploy.json."""
+    from graphopt.backends.onnx.session import config_path
+
+    if not os.fspath(folder):
+        raise GraphoptError("the deploy folder path is empty",
+                            "give a folder, e.g. out/ (the current folder is never implied)")
+    base = Path(folder)
+    onnx_file = base / FILES["onnxruntime"]
+    for path, what in ((base / FILES["torch"], "saved model"), (onnx_file, "model"),
+                       (config_path(onnx_file), "session config"),
+                       (onnx_file.with_name(f"{onnx_file.name}.data"), "model data")):
+        outputs.reserve(path, what)
+    return outputs.hold(base / DEPLOY_FILE, "deploy record")
 
 
 def stage_deploy(opt: Any, outputs: OutputSet, folder: str | os.PathLike[str]
@@ -51,8 +75,9 @@ def stage_deploy(opt: Any, outputs: OutputSet, folder: str | os.PathLike[str]
     choice = opt.deploy
     if choice is None:
         raise GraphoptError("this result has no deploy choice", "optimize the model again")
+    deploy_json = claim_deploy(outputs, folder)
     base = Path(folder)
-    artifact_path = base / _FILES[choice.artifact]
+    artifact_path = base / FILES[choice.artifact]
     record = {"artifact": choice.artifact, "file": artifact_path.name,
               "load": f"graphopt.load({os.fspath(base)!r})", **choice.to_dict()}
     if choice.artifact == "onnxruntime":
@@ -66,9 +91,6 @@ def stage_deploy(opt: Any, outputs: OutputSet, folder: str | os.PathLike[str]
         paths = [artifact_path]
         if choice.artifact == "torch.compile":
             record["compile_mode"] = opt.runtime_settings.compile_mode.value
-    deploy_json = base / DEPLOY_FILE
-    deploy_json = outputs.resolve(deploy_json) if outputs.claimed(deploy_json) else \
-        outputs.claim(deploy_json, "deploy record")
     outputs.write(deploy_json, json.dumps(record, indent=1, allow_nan=False,
                                           default=str) + "\n", "deploy record")
     return [*paths, deploy_json]
@@ -78,46 +100,24 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
     """What graphopt wrote at ``path``, ready to run: a ``.pt2`` file's module
     (``graphopt.backends.torch.load``), or a deploy folder's recommended artifact: the torch
     module, that module compiled with ``torch.compile`` in the recorded mode, or an
-    ``onnxruntime.InferenceSession`` in its session config (``device`` is for torch
-    artifacts)."""
+    ``onnxruntime.InferenceSession`` in its session config. ``device`` moves a torch artifact
+    there, and picks an ONNX session's provider (``backends.onnx.session.device_providers``):
+    a device ONNX Runtime here cannot run on is an error, never a CPU session."""
     from graphopt.backends.torch.load import load as load_pt2
 
     folder = Path(path)
     if not folder.is_dir():
         return load_pt2(folder, device)
-    record = _record(folder)
+    record = read_record(folder, _MAX_BYTES, _REWRITE)
     artifact = record["artifact"]
     if artifact == "onnxruntime":
         from graphopt.backends.onnx.session import ort_session
 
-        return ort_session(folder / _FILES[artifact])
-    module = load_pt2(folder / _FILES[artifact], device)
+        return ort_session(folder / FILES[artifact], device=device)
+    module = load_pt2(folder / FILES[artifact], device)
     if artifact == "torch":
         return module
     import torch
 
     mode = record.get("compile_mode", "default")
     return torch.compile(module, mode=None if mode == "default" else mode)
-
-
-def _record(folder: Path) -> dict[str, Any]:
-    """``deploy.json``, checked: a regular small file naming a known artifact."""
-    path = folder / DEPLOY_FILE
-    if not path.exists():
-        raise GraphoptError(f"{folder} is a folder without {DEPLOY_FILE}: not a graphopt deploy "
-                            "folder", "give the .pt2 file, or a folder graphopt optimize -o DIR/ "
-                            "wrote")
-    raw = read_small_file(path, _MAX_BYTES, f"the deploy record {path}", _REWRITE, "a few kB")
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise GraphoptError(f"cannot read {path}: {type(e).__name__}: {str(e)[:200]}",
-                            _REWRITE) from None
-    if not isinstance(record, dict) or record.get("artifact") not in ARTIFACTS:
-        got = record.get("artifact") if isinstance(record, dict) else type(record).__name__
-        raise GraphoptError(f"{path} names no artifact graphopt writes ({str(got)[:60]!r}; "
-                            f"expected one of {', '.join(ARTIFACTS)})", _REWRITE)
-    if record.get("compile_mode", "default") not in _COMPILE_MODES:
-        raise GraphoptError(f"{path}: compile_mode {str(record.get('compile_mode'))[:60]!r} is "
-                            f"not a torch.compile mode ({', '.join(_COMPILE_MODES)})", _REWRITE)
-    return record

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from graphopt.api.deploy_folder import is_deploy_folder
+from graphopt.api.deploy_folder import ARTIFACT_SUFFIXES, is_deploy_folder
 from graphopt.cli.args import add_devices, add_dynamic, add_no_calibrate, add_reports, cli_target
 from graphopt.cli.terminal import terminal_safe
 from graphopt.errors import GraphoptError
@@ -21,6 +22,37 @@ __all__ = ["add_parser"]
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
+    targets = cli_target(args)
+    if len(targets) > 1:
+        raise GraphoptError("optimize writes one model for one target",
+                            "give one --target (run optimize once per target)")
+    options = Options(precision=args.precision, pad=args.pad, layout=args.layout,
+                          quantize=args.quantize, tolerance=args.tolerance, measure=args.measure)
+    _check_output(args.output)
+    with OutputSet(input_files(args.model, args.calibration)) as outputs:  # temp files go on
+        if is_deploy_folder(args.output):  # the artifact to deploy, measured, with deploy.json
+            return _optimize_folder(args, targets[0], options, outputs)
+        if str(args.output).endswith(".pt2"):  # the torch-optimized module (graphopt.load)
+            return _optimize_pt2(args, targets[0], options, outputs)
+        return _optimize_onnx(args, targets[0], options, outputs)
+
+
+def _check_output(output: str) -> None:
+    """``-o``: never empty (the current folder), never an existing folder named like a file."""
+    if not output:
+        raise GraphoptError("-o is empty: graphopt never writes into the current folder "
+                            "unasked", "give -o OUT.onnx, -o OUT.pt2 or -o DIR/ (a folder)")
+    suffix = Path(output).suffix
+    if suffix in ARTIFACT_SUFFIXES and Path(output).is_dir() and \
+            not output.endswith(("/", os.sep)):
+        raise GraphoptError(f"-o {output} is an existing folder, and its {suffix} suffix asks "
+                            f"for a model file", f"write -o {output}/ (a trailing slash) for a "
+                            "deploy folder in it, or give another file path")
+
+
+def _optimize_onnx(args: argparse.Namespace, target: Any, options: Options,
+                   outputs: OutputSet) -> int:
+    """``-o OUT.onnx``: the optimized ONNX model with its session config."""
     from graphopt.api.planning import with_partition
     from graphopt.backends.onnx.guard import snr_text
     from graphopt.backends.onnx.pipeline import optimize_onnx
@@ -28,17 +60,6 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from graphopt.cli.dynamic_spec import parse_dynamic
     from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 
-    targets = cli_target(args)
-    if len(targets) > 1:
-        raise GraphoptError("optimize writes one model for one target",
-                            "give one --target (run optimize once per target)")
-    options = Options(precision=args.precision, pad=args.pad, layout=args.layout,
-                          quantize=args.quantize, tolerance=args.tolerance, measure=args.measure)
-    outputs = OutputSet(input_files(args.model, args.calibration))
-    if is_deploy_folder(args.output):  # the artifact to deploy, measured, with deploy.json
-        return _optimize_folder(args, targets[0], options, outputs)
-    if str(args.output).endswith(".pt2"):  # the torch-optimized module, graphopt.load reads it
-        return _optimize_pt2(args, targets[0], options, outputs)
     claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
     outputs.claim_each((args.json, args.md, args.html), "report")
     model: Any = args.model
@@ -55,7 +76,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         print(f"exported {type(module).__name__} with {how} in {exported.seconds:.1f} s "
               f"({len(exported.model.graph.node)} nodes)")
         model, samples, dynamic = exported.model, [exported.feeds], exported.dim_sizes
-    done = optimize_onnx(model, targets[0], options, args.calibration, samples=samples,
+    done = optimize_onnx(model, target, options, args.calibration, samples=samples,
                          dynamic_shapes=dynamic)
     info = done.report
     plan = with_partition(done.plan, args.devices, args.strategy)
@@ -162,13 +183,13 @@ def _optimize_folder(args: argparse.Namespace, target: Any, options: Options,
                      outputs: OutputSet) -> int:
     """``-o DIR/``: optimize (a torch model: measuring its artifacts on this CPU), then write
     the recommended artifact with ``deploy.json`` (``api/deploy_folder.py``)."""
-    from graphopt.api.deploy_folder import DEPLOY_FILE, stage_deploy
+    from graphopt.api.deploy_folder import claim_deploy, stage_deploy
     from graphopt.api.optimized import optimize
     from graphopt.api.planning import with_partition
     from graphopt.cli.dynamic_spec import parse_dynamic
     from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 
-    outputs.claim(Path(args.output) / DEPLOY_FILE, "deploy record")  # a bad folder: before work
+    claim_deploy(outputs, args.output)  # a bad folder, a report on the artifact: before work
     outputs.claim_each((args.json, args.md, args.html), "report")
     kwargs = _optimize_kwargs(options)
     if is_python_spec(args.model):
@@ -205,7 +226,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="the optimized model; its session config goes beside it as "
                          "OUT.graphopt.json (graphopt.ort_session loads both); OUT.pt2 "
                          "instead saves the torch-optimized module of a file.py:function "
-                         "model (graphopt.load reads it); DIR/ (a folder) writes the artifact "
+                         "model (graphopt.load reads it); DIR/ (a folder; an existing folder "
+                         "not named *.onnx or *.pt2 counts as one) writes the artifact "
                          "to deploy (measured on this CPU for --target cpu: the torch module, "
                          "torch.compile of it or ONNX Runtime) with deploy.json "
                          "(graphopt.load(DIR) loads it ready to run)")

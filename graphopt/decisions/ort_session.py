@@ -39,7 +39,8 @@ from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 
-__all__ = ["CONFIG_SUFFIX", "CPU_EP", "LEVELS", "SessionConfig", "decide_ort_session"]
+__all__ = ["CONFIG_SUFFIX", "CPU_EP", "LEVELS", "MAX_THREADS", "SessionConfig",
+           "decide_ort_session"]
 
 CONFIG_SUFFIX = ".graphopt.json"
 LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT",
@@ -65,30 +66,48 @@ class SessionConfig:
 
     @classmethod
     def from_dict(cls, d: Any) -> SessionConfig:
-        """The config ``to_dict`` wrote; GraphoptError on anything else (a list, a wrong type)."""
+        """The config ``to_dict`` wrote; GraphoptError naming the field on anything else (a
+        list, a wrong type, a value out of range, a field graphopt does not write)."""
         fix = "write it with graphopt (optimize ... -o model.onnx)"
         if not isinstance(d, dict) or d.get("format") != "graphopt-ort-session":
             raise GraphoptError("not a graphopt session config (a JSON object with "
                                 f"\"format\": \"graphopt-ort-session\"), got {_short(d)}", fix)
+        unknown = sorted(str(k) for k in d if k not in _FIELDS)
+        if unknown:  # a user's "inter_op_num_threads" would be silently ignored
+            raise GraphoptError(f"field {_short(unknown[0])} is not one graphopt reads",
+                                f"remove it; the fields are: {', '.join(_FIELDS)}")
+        if d.get("version", 1) != 1 or type(d.get("version", 1)) is not int:
+            raise GraphoptError(f"version is {_short(d.get('version'))}; this graphopt reads "
+                                "version 1", fix)
         level = d.get("graph_optimization_level", "ORT_ENABLE_ALL")
         if not isinstance(level, str) or level not in LEVELS:
-            raise GraphoptError(f"unknown graph optimization level {_short(level)}",
-                                f"use one of: {', '.join(LEVELS)}")
+            raise GraphoptError(f"graph_optimization_level is {_short(level)}, not an ONNX "
+                                f"Runtime level", f"use one of: {', '.join(LEVELS)}")
         threads = d.get("intra_op_num_threads")
         if threads is not None and (type(threads) is not int or
-                                    not 1 <= threads <= _MAX_THREADS):
-            raise GraphoptError(f"intra_op_num_threads is {_short(threads)}, not a thread count",
-                                f"give an integer from 1 to {_MAX_THREADS}, or null for ORT's "
-                                "default")
+                                    not 1 <= threads <= MAX_THREADS):
+            raise GraphoptError(f"intra_op_num_threads is {_short(threads)}, not a thread count "
+                                f"(1 to {MAX_THREADS})",
+                                f"give an integer from 1 to {MAX_THREADS} (more than this "
+                                "machine's CPUs is lowered to them), or null for ORT's default")
         target, reasons = d.get("target", ""), d.get("reasons", {})
-        if not isinstance(target, str) or not isinstance(reasons, dict):
-            raise GraphoptError(f"target {_short(target)} or reasons {_short(reasons)} has the "
-                                "wrong type (a string, an object)", fix)
-        return cls(target, _providers(d.get("providers", [])), level, threads,
-                   {str(k): str(v) for k, v in reasons.items()})
+        if not isinstance(target, str) or len(target) > _MAX_TEXT:
+            raise GraphoptError(f"target is {_short(target)}, not a target name (a string of "
+                                f"at most {_MAX_TEXT} characters)", fix)
+        if not isinstance(reasons, dict) or not all(
+                isinstance(v, str) and len(v) <= 10 * _MAX_TEXT for v in reasons.values()):
+            raise GraphoptError(f"reasons is {_short(reasons)}, not an object of strings", fix)
+        return cls(target, _providers(d.get("providers", [])), level, threads, dict(reasons))
 
 
-_MAX_THREADS = 4096
+#: the most intra-op threads a config file may ask for: more is no machine's thread count (a
+#: config asking for more than this machine has is lowered to it when loaded:
+#: ``backends/onnx/session.session_settings``)
+MAX_THREADS = 1024
+_MAX_TEXT = 200
+_FIELDS = ("format", "version", "target", "providers", "graph_optimization_level",
+           "intra_op_num_threads", "reasons")
+_MAX_PROVIDERS = 8
 
 
 def _short(v: Any) -> str:
@@ -100,14 +119,19 @@ def _providers(raw: Any) -> tuple[tuple[str, dict[str, str]], ...]:
     """``[[name, {option: value}], ...]`` -> providers; GraphoptError on another shape."""
     fix = ('give "providers": [["CUDAExecutionProvider", {"use_tf32": "0"}], '
            '["CPUExecutionProvider", {}]] (name, options of strings)')
-    if not isinstance(raw, list):
-        raise GraphoptError(f"providers is {_short(raw)}, not a list", fix)
+    if not isinstance(raw, list) or len(raw) > _MAX_PROVIDERS:
+        raise GraphoptError(f"providers is {_short(raw)}, not a list of at most "
+                            f"{_MAX_PROVIDERS} providers", fix)
     out = []
     for p in raw:
         if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
                 and isinstance(p[1], dict)):
             raise GraphoptError(f"provider entry {_short(p)} is not [name, options]", fix)
-        if not all(isinstance(v, (str, int, float)) for v in p[1].values()):
+        if not p[0].endswith("ExecutionProvider") or len(p[0]) > _MAX_TEXT:
+            raise GraphoptError(f"provider {_short(p[0])} is not an ONNX Runtime execution "
+                                "provider name (e.g. CPUExecutionProvider)", fix)
+        if not all(isinstance(v, (str, int, float)) and len(str(v)) <= _MAX_TEXT
+                   for v in p[1].values()):
             raise GraphoptError(f"provider {p[0]}'s options {_short(p[1])} hold a value that "
                                 "is not a string or number", fix)
         out.append((p[0], {str(k): str(v) for k, v in p[1].items()}))

@@ -4,14 +4,20 @@ A command that writes several files (a model, its session config, three reports)
 one :class:`OutputSet`:
 
 1. Every path is checked before any work is written (and, in the CLI, before the slow work
-   starts): a folder, a read-only file, the same path twice, or a path that is one of the
-   inputs (the same file by realpath, symlink or hard link, e.g. ``-o model.onnx`` or the
-   model's external-data file) is refused with an error naming both. Paths are made absolute
-   when claimed, before any user code runs: a model builder that calls ``os.chdir`` cannot
-   send a report onto another file. The checks run again right before the files are moved
-   into place, so a link made meanwhile (by user code) is caught too.
+   starts): an empty path, a folder, a read-only file, the same path twice (two claims of one
+   file, whatever each is for), a path inside another output's path, or a path that is one of
+   the inputs (the same file by realpath, symlink or hard link, e.g. ``-o model.onnx`` or the
+   model's external-data file) is refused with an error naming both. A file the work may or may
+   not write (which artifact a deploy folder gets is known only after it) is *reserved*
+   (:meth:`OutputSet.reserve`): no other output may claim it. Paths are made absolute when
+   claimed, before any user code runs: a model builder that calls ``os.chdir`` cannot send a
+   report onto another file. The checks run again right before the files are moved into
+   place, so a link made meanwhile (by user code) is caught too.
 2. Each file is staged as a temp file beside its target, so a failing write (disk full, a
-   ``/proc`` path, a render error) leaves nothing behind.
+   ``/proc`` path, a render error) leaves nothing behind; staging one target twice is refused
+   (the second temp file would replace the first in the set and outlive it). Used as a context
+   manager (``with OutputSet(...) as outputs:``), the set removes its temp files when anything
+   raises before the commit (a later step's error, Ctrl-C).
 3. :meth:`OutputSet.commit` renames the staged files into place; if a rename fails, the files
    already replaced are restored from hard-link backups and new ones removed.
 
@@ -68,23 +74,75 @@ class OutputSet:
 
     def __init__(self, protect: Iterable[PathLike] = ()) -> None:
         self._protect = [_absolute(p) for p in protect]
-        self._targets: list[Path] = []
+        self._targets: dict[Path, str] = {}  # claimed target -> what it is ("report", ...)
+        self._reserved: dict[Path, str] = {}  # reserved target -> what may claim it
         self._given: dict[str, Path] = {}  # the path as the caller spelled it -> its target
         self._staged: dict[Path, Path] = {}  # target -> temp file beside it
         self._made_dirs: list[Path] = []  # folders this set created, removed on abort
 
+    def __enter__(self) -> OutputSet:
+        return self
+
+    def __exit__(self, kind: object, error: object, tb: object) -> None:
+        if kind is not None:  # the work failed before commit: no temp file outlives it
+            self.abort()
+
     def claim(self, path: PathLike, what: str = "output") -> Path:
         """Check that ``path`` may be written and reserve it; returns it as an absolute Path
-        (relative to the folder current now, whatever runs later)."""
-        target = _absolute(path)
-        for other in self._targets:
-            if same_file(target, other):
-                raise GraphoptError(f"two outputs go to the same file: {other} and {target}",
-                                    "give each output its own path")
-        self._check(target, os.fspath(path), what)
-        self._targets.append(target)
+        (relative to the folder current now, whatever runs later). A path another output holds
+        (claimed or reserved), or one inside another's path, is refused; a reservation made for
+        this ``what`` becomes the claim."""
+        target = _given_target(path, what)
+        mine = self._reserved.pop(target, None)
+        try:
+            if mine not in (None, what):
+                raise GraphoptError(f"two outputs go to the same file: the {mine} {target} and "
+                                    f"the {what} {target}", "give each output its own path")
+            self._refuse_clash(target, what)
+            self._check(target, os.fspath(path), what)
+        except GraphoptError:
+            if mine is not None:
+                self._reserved[target] = mine
+            raise
+        self._targets[target] = what
         self._given[os.fspath(path)] = target
         return target
+
+    def reserve(self, path: PathLike, what: str) -> Path:
+        """Hold ``path`` for a ``what`` the work may write there (claimed then with this
+        ``what``): no other output may claim it, nor a path inside it. Its own checks run when
+        it is claimed. Reserving it again for the same ``what`` does nothing."""
+        target = _given_target(path, what)
+        if self._reserved.get(target) == what or self._targets.get(target) == what:
+            return target
+        self._refuse_clash(target, what)
+        self._reserved[target] = what
+        return target
+
+    def hold(self, path: PathLike, what: str) -> Path:
+        """The target of this ``what``'s own earlier claim of ``path`` (a command claims its
+        artifact before the work, and stages it after), else :meth:`claim` it now: a path
+        another output claimed (a report on the model's path) is refused, not shared."""
+        target = self._given.get(os.fspath(path)) or _absolute(path)
+        if self._targets.get(target) == what:
+            return target
+        return self.claim(path, what)
+
+    def _refuse_clash(self, target: Path, what: str) -> None:
+        """Refuse ``target`` when it is, is inside, or holds another output's path."""
+        for other, other_what in (*self._targets.items(), *self._reserved.items()):
+            if same_file(target, other):
+                raise GraphoptError(f"two outputs go to the same file: the {other_what} "
+                                    f"{other} and the {what} {target}",
+                                    "give each output its own path")
+            inner = _inside(target, other) or _inside(other, target)
+            if inner:
+                inner_what, outer_what = (what, other_what) if inner[0] == target else \
+                    (other_what, what)
+                raise GraphoptError(f"the {inner_what} path {inner[0]} is inside the "
+                                    f"{outer_what} path {inner[1]}: writing one would destroy "
+                                    "the other", "give each output its own path, outside "
+                                    "the others")
 
     def _check(self, target: Path, given: str, what: str) -> None:
         """Refuse a target that is an input, a folder, not a regular file or read-only."""
@@ -114,14 +172,15 @@ class OutputSet:
         return self._given.get(os.fspath(path)) or _absolute(path)
 
     def claim_each(self, paths: Iterable[PathLike | None], what: str = "output") -> None:
-        """:meth:`claim` every path given (None and "" skipped): a command refuses a bad path
-        among its optional outputs before the work, not after."""
+        """:meth:`claim` every path given (None skipped; "" is refused, never the current
+        folder): a command refuses a bad path among its optional outputs before the work."""
         for path in paths:
-            if path:
+            if path is not None:
                 self.claim(path, what)
 
     def claimed(self, path: PathLike) -> bool:
-        """Whether ``path`` (this exact path) was claimed already."""
+        """Whether ``path`` (this exact path) was claimed already (a reservation is not a
+        claim: writing a reserved path claims it, for the ``what`` it was reserved for)."""
         return os.fspath(path) in self._given or _absolute(path) in self._targets
 
     def write(self, path: PathLike, data: bytes | str, what: str = "output") -> Path:
@@ -132,9 +191,18 @@ class OutputSet:
     def write_with(self, path: PathLike, writer: Callable[[Path], object],
                    what: str = "output") -> Path:
         """Stage ``path`` by calling ``writer(temp_path)``, a file in the target's folder."""
-        if not self.claimed(path):
-            self.claim(path, what)
+        try:
+            if not self.claimed(path):
+                self.claim(path, what)
+        except BaseException:
+            self.abort()
+            raise
         target = self.resolve(path)
+        if target in self._staged:  # its first temp file would be dropped from the set
+            self.abort()
+            raise GraphoptError(f"two outputs go to the same file: {target} (the {what} and "
+                                f"the {self._targets.get(target, 'output')} staged before it)",
+                                "give each output its own path")
         try:
             self._make_parents(target.parent)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
@@ -210,6 +278,21 @@ class OutputSet:
         self._staged.clear()
         self._made_dirs.clear()
         return written
+
+
+def _given_target(path: PathLike, what: str) -> Path:
+    """``path`` made absolute; an empty path (the current folder) is refused."""
+    if not os.fspath(path):
+        raise GraphoptError(f"the {what} path is empty", f"give the {what} a file path")
+    return _absolute(path)
+
+
+def _inside(inner: Path, outer: Path) -> tuple[Path, Path] | None:
+    """(inner, outer) when ``inner`` is below ``outer`` (as given, or with links resolved)."""
+    for a, b in ((inner, outer), (Path(os.path.realpath(inner)), Path(os.path.realpath(outer)))):
+        if b in a.parents:
+            return inner, outer
+    return None
 
 
 def _absolute(path: PathLike) -> Path:

@@ -4,6 +4,8 @@ The path may name anything: a FIFO (``open`` would wait for a writer forever), a
 ``/dev/zero`` (read until memory runs out), a file swapped between the check and the open, or
 one far larger than graphopt ever writes. :func:`read_small_file` refuses all of them with a
 GraphoptError before or while reading, and reads at most ``limit`` bytes.
+:func:`check_regular` says the same for a file another reader opens (ONNX Runtime, the .pt2
+reader): what the path is, from a stat, without opening it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from graphopt.errors import GraphoptError
 
-__all__ = ["read_small_file"]
+__all__ = ["check_regular", "path_kind", "read_small_file"]
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -25,6 +27,37 @@ def _not_regular(what: str, mode: int, fix: str) -> GraphoptError:
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
     return GraphoptError(f"{what} is {kind}, not a regular file (a symbolic link is followed)",
                          fix)
+
+
+def path_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it is not a regular file (links followed), from a stat, never an
+    open: "a directory", "a named pipe (FIFO)", "a socket", "a symbolic link to nothing
+    (TARGET)", "missing"...; None for a regular file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            try:
+                return f"a symbolic link to nothing ({os.readlink(path)[:200]})"
+            except OSError:
+                return "a symbolic link to nothing"
+        return "missing"
+    except OSError as e:
+        return f"a path that cannot be examined ({e.strerror or e})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+
+
+def check_regular(path: str | os.PathLike[str], what: str, fix: str,
+                  missing: str | None = None) -> None:
+    """GraphoptError unless ``path`` is a regular file (links followed), naming what it is;
+    ``missing``: the problem to say when nothing is there (default: "WHAT does not exist")."""
+    kind = path_kind(path)
+    if kind == "missing":
+        raise GraphoptError(missing or f"{what} does not exist", fix)
+    if kind is not None:
+        raise GraphoptError(f"{what} is {kind}, not a regular file", fix)
 
 
 def read_small_file(path: Path, limit: int, what: str, fix: str, typical: str) -> bytes:
@@ -41,6 +74,9 @@ def read_small_file(path: Path, limit: int, what: str, fix: str, typical: str) -
     try:
         st = os.stat(path)  # follows symbolic links: a link to /dev/zero is a character device
     except FileNotFoundError:
+        if os.path.islink(path):  # a dangling link is there, and is not a file
+            raise GraphoptError(f"{what} is {path_kind(path)}, not a regular file",
+                                f"check the path, or {fix}") from None
         raise GraphoptError(f"{what} does not exist", f"check the path, or {fix}") from None
     except OSError as e:
         raise GraphoptError(f"cannot read {what}: {e}", fix) from None

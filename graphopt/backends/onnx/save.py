@@ -26,12 +26,13 @@ PROTO_LIMIT = 1_800_000_000  # protobuf refuses messages over 2 GiB
 
 def claim_onnx(outputs: OutputSet, path: str | os.PathLike[str],
                model: onnx.ModelProto | None = None) -> None:
-    """Reserve the model path, its config path and (for a large model) its data path."""
+    """Claim the model path, its config path and (for a large model) its data path (again:
+    the paths this set claimed for them before; another output's path is refused)."""
     target = Path(path)
-    outputs.claim(target, "model")
-    outputs.claim(config_path(target), "session config")
+    outputs.hold(target, "model")
+    outputs.hold(config_path(target), "session config")
     if model is not None and model.ByteSize() >= PROTO_LIMIT:
-        outputs.claim(target.with_name(f"{target.name}.data"), "model data")
+        outputs.hold(target.with_name(f"{target.name}.data"), "model data")
 
 
 def stage_onnx(outputs: OutputSet, model: onnx.ModelProto, path: str | os.PathLike[str],
@@ -62,8 +63,8 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str],
               protect: list[Path] | tuple[Path, ...] = ()) -> Path:
     """Write the model and its session config ``<name>.graphopt.json``, all or nothing;
     ``protect``: input files the outputs must not replace."""
-    outputs = OutputSet(protect)
-    claim_onnx(outputs, path, model)
-    stage_onnx(outputs, model, path, session)
-    outputs.commit()
+    with OutputSet(protect) as outputs:
+        claim_onnx(outputs, path, model)
+        stage_onnx(outputs, model, path, session)
+        outputs.commit()
     return Path(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,10 @@ from graphopt.decisions.ort_session import (
 )
 from graphopt.decisions.rewrites import DryRunContext
 from graphopt.errors import GraphoptError
-from graphopt.files.read import read_small_file
+from graphopt.files.read import check_regular, read_small_file
 
-__all__ = ["config_path", "decide_session", "ort_session", "record_layout", "render_config",
-           "session_settings"]
+__all__ = ["config_path", "decide_session", "device_providers", "host_cpus", "ort_session",
+           "record_layout", "render_config", "session_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,35 +80,60 @@ def render_config(config: SessionConfig) -> str:
 
 
 
-def ort_session(path: str | os.PathLike[str], providers: list[Any] | None = None) -> Any:
+def ort_session(path: str | os.PathLike[str], providers: list[Any] | None = None,
+                device: Any = None) -> Any:
     """An ``onnxruntime.InferenceSession`` for ``path`` with graphopt's session config.
 
     The config's providers are filtered to those this onnxruntime build has (a model planned
-    for a GPU still loads on a CPU-only machine, on the CPU EP); ``providers`` overrides them.
-    Without a config file: ORT's defaults.
+    for a GPU still loads on a CPU-only machine, on the CPU EP); ``device`` ("cpu", "cuda",
+    "cuda:1") picks the provider for that device instead, and is an error where this
+    onnxruntime has none (never a CPU session for a GPU asked for); ``providers`` overrides
+    both. Without a config file: ORT's defaults.
     """
     import onnxruntime as ort
 
     model = Path(path)
-    if not model.is_file():
-        raise GraphoptError(f"model file {model} does not exist", "give the .onnx file's path")
+    check_regular(model, f"the model file {model}", "give the .onnx file's path",
+                  missing=f"model file {model} does not exist")
     cfg_file = config_path(model)
     cfg = _load_config(cfg_file)
-    options, chosen = session_settings(cfg, providers)
+    options, chosen = session_settings(cfg, providers, cfg_file)
+    if device is not None and providers is None:
+        chosen = device_providers(device, cfg)
     if cfg is not None:
         logger.info("session config %s: providers %s", cfg_file, chosen)
     try:
-        return ort.InferenceSession(str(model), options, providers=chosen)
+        session = ort.InferenceSession(str(model), options, providers=chosen)
     except Exception as e:
         raise GraphoptError(f"ONNX Runtime cannot load {model}: {' '.join(str(e).split())[:300]}",
                             "check the model with onnx.checker.check_model(path, "
                             "full_check=True)") from None
+    first = chosen[0][0] if isinstance(chosen[0], tuple) else chosen[0]
+    if device is not None and providers is None and first not in session.get_providers():
+        raise GraphoptError(f"ONNX Runtime could not start {first} for device {str(device)!r} "
+                            f"(the session has only {', '.join(session.get_providers())})",
+                            "check the device's driver and the CUDA libraries onnxruntime "
+                            "needs, or load with device='cpu'")
+    return session
 
 
-def session_settings(cfg: SessionConfig | None, providers: list[Any] | None = None
+def host_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def session_settings(cfg: SessionConfig | None, providers: list[Any] | None = None,
+                     source: str | os.PathLike[str] = "the session config"
                      ) -> tuple[Any, list[Any]]:
     """(``SessionOptions``, providers) as ``cfg`` says (ORT's defaults without one): its
-    providers filtered to those this onnxruntime build has; ``providers`` overrides them."""
+    providers filtered to those this onnxruntime build has; ``providers`` overrides them.
+
+    A thread count above this machine's CPUs (:func:`host_cpus`; a folder written on a larger
+    machine) is lowered to them with a warning: more threads than CPUs only contend, and a
+    file asking for thousands made ORT start them all."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -116,10 +142,41 @@ def session_settings(cfg: SessionConfig | None, providers: list[Any] | None = No
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                                    cfg.graph_optimization_level)
         if cfg.intra_op_num_threads:
-            options.intra_op_num_threads = cfg.intra_op_num_threads
+            cpus = host_cpus()
+            if cfg.intra_op_num_threads > cpus:
+                logger.warning("%s: intra_op_num_threads %d is more than this machine's %d "
+                               "CPUs; using %d", source, cfg.intra_op_num_threads, cpus, cpus)
+            options.intra_op_num_threads = min(cfg.intra_op_num_threads, cpus)
         have = set(ort.get_available_providers())
         chosen = [(n, o) for n, o in cfg.providers if n in have] or ["CPUExecutionProvider"]
     return options, list(providers) if providers is not None else chosen
+
+
+def device_providers(device: Any, cfg: SessionConfig | None = None) -> list[Any]:
+    """The ORT providers that run on ``device`` ("cpu", "cuda", "cuda:N", a torch.device),
+    with the config's options for that provider; GraphoptError for a string that is no
+    device, a device ORT sessions do not run on here, or CUDA without ORT's CUDA provider."""
+    import onnxruntime as ort
+
+    text = str(device)
+    found = re.fullmatch(r"(cpu|cuda)(?::(\d{1,4}))?", text)
+    if found is None:
+        known = re.fullmatch(r"[a-z_]+(?::\d{1,4})?", text) is not None
+        raise GraphoptError(
+            f"device {text[:60]!r} is " + ("not one ONNX Runtime sessions run on here" if known
+                                            else "not a device (e.g. 'cpu', 'cuda', 'cuda:1')"),
+            "give device='cpu' or device='cuda[:N]' for an ONNX model")
+    name = "CPUExecutionProvider" if found[1] == "cpu" else "CUDAExecutionProvider"
+    if name not in ort.get_available_providers():
+        raise GraphoptError(f"device {text!r} asks for {name}, and this onnxruntime has none "
+                            f"(it has {', '.join(ort.get_available_providers())})",
+                            "pip uninstall onnxruntime && pip install onnxruntime-gpu (with a "
+                            "CUDA its release supports), or load with device='cpu'")
+    options = dict(next((o for n, o in cfg.providers if n == name), {})) if cfg else {}
+    if found[2] is not None and name == "CUDAExecutionProvider":
+        options["device_id"] = found[2]
+    return [(name, options)] if name == "CPUExecutionProvider" else \
+        [(name, options), "CPUExecutionProvider"]
 
 
 def _load_config(path: Path) -> SessionConfig | None:

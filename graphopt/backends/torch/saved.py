@@ -287,7 +287,7 @@ def stage(opt: Any, outputs: OutputSet, path: str | os.PathLike[str]) -> Path:
     if opt.module is None:
         raise GraphoptError("save writes an optimized torch module; this result came from an "
                             "ONNX model", "write it with export_onnx(path) instead")
-    target = outputs.claim(path, "saved model") if not outputs.claimed(path) else Path(path)
+    target = outputs.hold(path, "saved model")  # a report claimed on this path is refused
     ep, structure = _exported(opt)
     extra = _records(opt, structure)
 
@@ -311,7 +311,7 @@ def save(opt: Any, path: str | os.PathLike[str],
          protect: list[Path] | tuple[Path, ...] = ()) -> Path:
     """Write ``opt`` to ``path`` whole or not at all, never over ``protect`` or the model's
     own source file."""
-    outputs = OutputSet([*protect, *_model_source(opt)])
-    outputs.claim(path, "saved model")  # a bad path fails before the export's work
-    stage(opt, outputs, path)
-    return outputs.commit()[0]
+    with OutputSet([*protect, *_model_source(opt)]) as outputs:
+        outputs.claim(path, "saved model")  # a bad path fails before the export's work
+        stage(opt, outputs, path)
+        return outputs.commit()[0]
