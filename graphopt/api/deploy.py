@@ -12,7 +12,6 @@ itself is :func:`graphopt.decisions.deploy.pick_measured`'s. Elsewhere the choic
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -120,13 +119,13 @@ def _measure(opt: Any) -> DeployChoice:
     """Case 2 of ``decisions/deploy.py``: build, check and time every candidate."""
     import torch
 
-    from graphopt.backends.torch.isolation import clone_inputs, run_isolated
+    from graphopt.backends.torch.isolation import clone_inputs, private_copy, run_isolated
     from graphopt.measure.deploy_runs import ROUNDS, interleaved_best
 
     model, inputs = opt.source_model, opt.example_inputs
     reference = run_isolated(model, inputs)
     args = clone_inputs(inputs)
-    shadow = copy.deepcopy(model)  # timing runs forward many times: never on the user's model
+    shadow = private_copy(model)  # timing runs forward many times: never on the user's model
     calls: dict[str, Callable[[], Any]] = {"original": lambda: shadow(*args),
                                            "torch": lambda: opt.module(*args)}
     rows = {"torch": ArtifactTiming(

@@ -75,9 +75,9 @@ class Optimized:
         from graphopt.api.deploy_folder import stage_deploy
         from graphopt.files.outputs import OutputSet
 
-        outputs = OutputSet(self.input_files)
-        stage_deploy(self, outputs, folder)
-        return outputs.commit()
+        with OutputSet(self.input_files) as outputs:  # a failed stage leaves no temp file
+            stage_deploy(self, outputs, folder)
+            return outputs.commit()
 
     @property
     def runtime_settings(self) -> Any:
@@ -111,7 +111,12 @@ class Optimized:
 
     def save_report(self, json: str | None = None, md: str | None = None,
                     html: str | None = None) -> list[str]:
-        """Write the reports (all whole or none), never over :attr:`input_files`."""
+        """Write the reports (all whole or none), never over :attr:`input_files`; an empty
+        path is refused (it would name the current folder), None skips that report."""
+        for name, path in (("json", json), ("md", md), ("html", html)):
+            if path is not None and not str(path):
+                raise GraphoptError(f"the {name} report path is empty",
+                                    f"give {name}= a file path, or leave it out")
         return self.plan.save(json=json, md=md, html=html, protect=self.input_files)
 
     def export_onnx(self, path: str | os.PathLike[str], opset: int | None = None) -> Path:
@@ -251,7 +256,11 @@ def optimize(model: Any, example_inputs: Any = None,
         from graphopt.frontends.torch_inputs import positional_inputs
 
         example_inputs = positional_inputs(model, example_inputs, kwargs)
-    return _optimize_torch_module(model, example_inputs, target, options, dynamic_shapes)
+    from graphopt.frontends.user_state import user_state_guard
+
+    # every run is on private copies; the guard puts back and names anything changed anyway
+    with user_state_guard(model, example_inputs, "graphopt.optimize"):
+        return _optimize_torch_module(model, example_inputs, target, options, dynamic_shapes)
 
 
 def _is_onnx(model: Any) -> bool:

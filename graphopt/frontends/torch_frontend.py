@@ -17,6 +17,10 @@ Strategy, first success wins:
 3. Both fail: :class:`TraceError` with the first lines of each error and what to change.
 
 The user's model is never changed: no ``.eval()``/``.train()``, no writes to parameters or buffers.
+Tracing runs on a private copy of the model and the inputs (every tensor they reach, buffers
+and a ``StaticCache``'s tensors alike, :mod:`graphopt.frontends.user_state`), under a guard
+that puts back, and names, anything of the user's that changed anyway; the exported program
+holds the copy's tensors, never the user's.
 A ``forward`` that takes ``use_cache`` with the cache on (transformers' default) is traced with
 ``use_cache=False`` by keyword (:func:`graphopt.frontends.torch_inputs.without_cache`; its config
 is untouched): the graph, and the module ``optimize`` returns, give every output but
@@ -40,12 +44,13 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from graphopt.errors import TraceError, first_line, user_code
+from graphopt.errors import GraphoptError, TraceError, first_line, user_code
 from graphopt.files.progress import progress
 from graphopt.frontends.fx_convert import graph_from_exported_program, graph_from_graph_module
 from graphopt.frontends.output_types import as_plain, register_dataclasses
 from graphopt.frontends.range_check import check_against
 from graphopt.frontends.torch_inputs import without_cache
+from graphopt.frontends.user_state import private_copy, user_state_guard
 from graphopt.ir.graph import Graph, TensorKind
 from graphopt.ir.shape_range import DimRange, ShapeRange
 
@@ -69,21 +74,35 @@ def trace_torch(model: nn.Module, example_inputs: Any, *, dynamic_shapes: Any = 
         raise TraceError(f"trace_torch needs a torch.nn.Module, got {type(model).__name__}",
                          "pass the nn.Module instance itself (load ONNX files with the ONNX "
                          "frontend, TorchScript files with torch.jit.load first)")
-    args, kwargs = _split_inputs(model, example_inputs)
-    check_against(dynamic_shapes, model, args, kwargs)  # an unknown input is an error
-    warnings = [TRAINING_WARNING] if model.training else []
-    traced, no_cache = without_cache(model, kwargs)
-    warnings += [no_cache] if no_cache else []
-    modes = [(m, m.training) for m in model.modules()]
+    name = type(model).__name__
+    with user_state_guard(model, example_inputs, f"tracing {name}"):
+        own, inputs, in_place = _private(model, example_inputs)
+        args, kwargs = _split_inputs(own, inputs)
+        check_against(dynamic_shapes, own, args, kwargs)  # an unknown input is an error
+        warnings = [TRAINING_WARNING] if own.training else []
+        traced, no_cache = without_cache(own, kwargs)
+        warnings += [w for w in (in_place, no_cache) if w]
+        modes = [(m, m.training) for m in own.modules()]
+        try:
+            with user_code(f"{name}.forward"), progress(f"tracing {name} with torch.export"):
+                return _trace(traced, args, kwargs, dynamic_shapes, warnings)
+        finally:
+            for m, was in modes:  # tracing must not flip modes; restore if some forward did
+                if m.training != was:
+                    logger.warning("forward changed %s.training; restored", type(m).__name__)
+                    m.training = was
+
+
+def _private(model: nn.Module, example_inputs: Any) -> tuple[nn.Module, Any, str | None]:
+    """A copy of the model and inputs to trace (export writes through the tensors it does not
+    swap for fakes: a cache object's, an attribute's), the parameters shared (export reads
+    them as fakes); the model itself, and the warning, when it cannot be copied."""
     try:
-        with user_code(f"{type(model).__name__}.forward"), \
-                progress(f"tracing {type(model).__name__} with torch.export"):
-            return _trace(traced, args, kwargs, dynamic_shapes, warnings)
-    finally:
-        for m, was in modes:  # tracing must not flip modes; restore if some forward did
-            if m.training != was:
-                logger.warning("forward changed %s.training; restored", type(m).__name__)
-                m.training = was
+        own, inputs = private_copy((model, example_inputs), share_parameters=True)
+    except GraphoptError as e:
+        return model, example_inputs, (f"{e.problem}: traced {type(model).__name__} itself; "
+                                       "its tensors were checked and put back after")
+    return own, inputs, None
 
 
 def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -11,7 +11,9 @@ The whole model is timed apart, without the profiler and the Interpreter, the be
 runs (on a machine shared with other jobs the slow runs are the neighbours' time; a node's
 median over the profiled runs already discounts them): the planned graph as graphopt emits
 it (what the plan's estimate describes), and the module as the user calls it (which adds the
-Python around the graph).
+Python around the graph). Both run on private copies: of the inputs, and of every tensor the
+model reaches but its parameters (:mod:`graphopt.frontends.user_state`), so profiling a model
+that writes a cache leaves the user's cache as it was.
 
 On a GPU the same ranges are used with the profiler's CUDA activity as well: a node's time is
 then the device time of the kernels its ops launched (``device_time_total``, which counts the
@@ -21,7 +23,6 @@ kernels of nested ops too), and the whole model is timed between two synchroniza
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import statistics
 import time
@@ -37,6 +38,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.utils import _pytree as pytree
 
 from graphopt.errors import GraphoptError, first_line
+from graphopt.frontends.user_state import clone_inputs, private_copy, user_state_guard
 from graphopt.ir.graph import Graph
 from graphopt.measure.stats import Measured
 
@@ -159,6 +161,19 @@ def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
     (as graphopt emits it) and of the user's module, on ``threads`` intra-op threads (torch's
     setting when None; restored after)."""
     _on(device, model, (args, kwargs))
+    with user_state_guard(model, (args, kwargs), "profiling"):
+        return _measure(graph, model, args, kwargs, runs=runs, warmup=warmup, threads=threads,
+                        device=device)
+
+
+def _measure(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
+             kwargs: dict[str, Any], *, runs: int, warmup: int, threads: int | None,
+             device: str) -> Measured:
+    """:func:`measure_torch` on private copies of the model's state and of the inputs (the
+    parameters shared: nothing writes them, and the model may be large)."""
+    args, kwargs = clone_inputs((args, kwargs))
+    with contextlib.suppress(GraphoptError):  # not copyable: the caller's guard checks it
+        model = private_copy(model, share_parameters=True)
     gpu = device != "cpu"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
@@ -218,7 +233,7 @@ def _emitted(graph: Graph, gm: fx.GraphModule, model: torch.nn.Module) -> Any:
 
     with warnings.catch_warnings():  # torch's own deprecation in copying a pytree spec
         warnings.simplefilter("ignore", FutureWarning)
-        emitted = copy.deepcopy(gm)
+        emitted = private_copy(gm)
     strip_unused(emitted)
     for node in list(emitted.graph.nodes):
         if node.op == "call_function" and not node.users and computes_nothing(node.target):

@@ -4,12 +4,12 @@ Each pass rewrites a private copy of the traced module. The loop is
 :func:`graphopt.backends.driver.run_passes`; this module is its torch backend: after each pass the
 candidate is run on the example inputs and compared with the user's model, and a pass whose
 result leaves the tolerance of its precision is reverted, and the report says so. The user's
-model is never touched: the copy's parameters are cloned before any pass runs.
+model is never touched: it is traced, run and timed as private copies of every tensor it
+reaches (:mod:`.isolation`), and the copy's tensors are cloned before any pass runs.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +21,12 @@ from torch import fx
 from graphopt.backends.driver import Pass, PassResult, measure_here, run_passes
 from graphopt.backends.torch.cleanup import fold_batchnorm_and_drop_dropout
 from graphopt.backends.torch.context import RewriteContext
-from graphopt.backends.torch.isolation import clone_inputs, preserved_buffers, run_isolated
+from graphopt.backends.torch.isolation import (
+    clone_inputs,
+    preserved_buffers,
+    private_copy,
+    run_isolated,
+)
 from graphopt.backends.torch.layout import channels_last
 from graphopt.backends.torch.measure import faster_or_equal
 from graphopt.backends.torch.padding import pad_channels
@@ -96,7 +101,7 @@ def prepare(model: torch.nn.Module, example_inputs: Any, target: str | HardwareP
                             " whose graph cannot be re-run like the module",
                             "make forward() exportable (see the plan's warnings) to optimize it")
     plan = build_plan(graph, profile)
-    gm = copy.deepcopy(ep.module())  # cloned parameters: passes may never alias the user's
+    gm = private_copy(ep.module())  # cloned tensors: passes may never alias the user's
     ctx = RewriteContext(plan=plan, target=profile, options=options,
                          example_inputs=args, shape_range=graph.shape_range)
     ctx.input_names = list(ep.graph_signature.user_inputs)
@@ -160,7 +165,7 @@ class _TorchBackend:
     ctx: RewriteContext
 
     def snapshot(self, gm: fx.GraphModule) -> fx.GraphModule:
-        return copy.deepcopy(gm)
+        return private_copy(gm)
 
     def apply(self, p: Pass, gm: fx.GraphModule, tol: Tolerance) -> PassResult[fx.GraphModule]:
         self.ctx.tolerance = tol
@@ -223,7 +228,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     module: torch.nn.Module = gm
     fallback = _slower_than_original(model, gm, ctx) if measure and not forced else None
     if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
-        module = copy.deepcopy(model)
+        module = private_copy(model)
         reverted.append({"pass": "all", "reason": fallback})
         ctx.decisions = mark_reverted({}, ctx.decisions, fallback)
         applied, final_tol = [], tolerance_for("fp32")
@@ -365,7 +370,7 @@ def _plain_codegen(gm: fx.GraphModule) -> None:
 
 def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
                           ctx: RewriteContext) -> str | None:
-    shadow = copy.deepcopy(model)  # timing runs forward many times: never on the user's model
+    shadow = private_copy(model)  # timing runs forward many times: never on the user's model
     with preserved_buffers(gm):
         keep, t_model, t_graph = faster_or_equal(shadow, gm, clone_inputs(ctx.example_inputs))
     del shadow
