@@ -224,6 +224,24 @@ def test_non_leaf_buffer_plans_and_optimizes():
         assert torch.allclose(opt.module(x), want, rtol=1e-5, atol=1e-6)
 
 
+def test_non_leaf_buffer_exports_to_onnx(tmp_path):
+    """export_onnx copies the model before tracing it: privately, so a buffer with autograd
+    history neither stops the copy nor comes back changed."""
+    import numpy as np
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model, x = _NonLeafBuffer().eval(), torch.randn(3, 8)
+    b = model.b.detach().clone()
+    opt = graphopt.optimize(model, x, target="cpu", precision="fp32")
+    path = opt.export_onnx(tmp_path / "m.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(model.b, b) and model.b.grad_fn is not None
+
+
 # --- a model copy.deepcopy refuses ----------------------------------------------------------
 class _Locked(nn.Module):
     """Holds a lock (no deepcopy): traced as it is, under the guard."""

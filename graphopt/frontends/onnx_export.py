@@ -20,7 +20,6 @@ exporting a rewritten module.
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import io
 import logging
@@ -52,6 +51,7 @@ from graphopt.frontends.onnx_opsets import (
 )
 from graphopt.frontends.onnx_safety import default_opset
 from graphopt.frontends.torch_inputs import without_cache
+from graphopt.frontends.user_state import private_copy
 from graphopt.ir.shape_range import ShapeRange
 
 __all__ = ["ExportResult", "export_torch", "supported_opsets", "torch_feeds"]
@@ -344,7 +344,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
         raise GraphoptError(f"{type(model).__name__} is in training mode",
                             "call model.eval() before exporting it")
     check_opset(opset)
-    model = copy.deepcopy(model)  # tracing runs forward, and some forwards write to self
+    model = private_copy(model)  # tracing runs forward, and some forwards write to self
     args, kwargs = _split(example_inputs)
     model = without_cache(model, kwargs)[0]  # a causal LM as configured: no cache output
     with torch.no_grad():

@@ -35,6 +35,7 @@ import torch
 from torch import fx, nn
 
 from graphopt.errors import GraphoptError, TraceError
+from graphopt.frontends.user_state import private_copy
 from graphopt.partition.result import Partition
 
 __all__ = ["CutPart", "DeviceTransfer", "PartInfo", "cut_graph", "export_graph_module",
@@ -96,6 +97,7 @@ def export_graph_module(model: nn.Module, example_inputs: Any) -> fx.GraphModule
     from graphopt.frontends.torch_frontend import _quiet_torch, _split_inputs
 
     args, kwargs = _split_inputs(model, example_inputs)
+    model = private_copy(model, share_parameters=True)  # ep.module() shares its buffers
     try:
         with _quiet_torch():
             ep = torch.export.export(model, args, kwargs, strict=False)
