@@ -195,3 +195,63 @@ def test_a_pass_that_breaks_the_model_is_reverted_alone(tmp_path: Path) -> None:
     assert "does not run or check" in reverted["unsorted"]
     assert "NoSuchOp" in reverted["unloadable"]
     assert "quantize" in done.report["passes_applied"]
+
+
+def _ort_formats(tmp: Path) -> dict[str, Path]:
+    """One small conv + linear model in ORT's QDQ and QOperator static formats, and a
+    bias-free MLP through ORT's MatMulNBits quantizer (4-bit blocks of 32)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = [{"x": np.random.default_rng(i).standard_normal((1, 3, 8, 8))
+                          .astype(np.float32)} for i in range(2)]
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return self.left.pop() if self.left else None
+
+    float_path = _ort_quantized(tmp).with_name("float.onnx")
+    out = {}
+    for fmt in (QuantFormat.QDQ, QuantFormat.QOperator):
+        out[fmt.name] = tmp / f"{fmt.name}.onnx"
+        quantize_static(float_path, out[fmt.name], Batches(), quant_format=fmt)
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Linear(256, 256, bias=False)
+            self.b = torch.nn.Linear(256, 256, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    torch.onnx.export(Mlp().eval(), (torch.randn(1, 4, 256),), tmp / "mlp.onnx", dynamo=False,
+                      input_names=["x"])
+    quantizer = MatMulNBitsQuantizer(onnx.load(tmp / "mlp.onnx"), block_size=32,
+                                     is_symmetric=True)
+    quantizer.process()
+    out["NBITS"] = tmp / "nbits.onnx"
+    onnx.save(quantizer.model.model, out["NBITS"])
+    return out
+
+
+def test_quantized_op_families_are_costed_at_their_bits(tmp_path: Path) -> None:
+    files = _ort_formats(tmp_path)
+    want = {"QDQ": ("Conv", "conv", "int8"), "QOperator": ("QLinearConv", "conv", "int8"),
+            "NBITS": ("MatMulNBits", "quant_gemm", "int4")}
+    for fmt, (op, kernel_class, dtype) in want.items():
+        plan = graphopt.plan(files[fmt], target="h100")
+        node = next(n for n in plan.nodes if n.op_type == op)
+        assert (node.analysis.kernel_class.value, node.analysis.dtype) == (kernel_class, dtype)
+        assert plan.extra["quantization"]["original_format"] == dtype, fmt
+    nbits = graphopt.plan(files["NBITS"], target="h100")
+    assert [dict(n.analysis.dims) for n in nbits.nodes if n.op_type == "MatMulNBits"] == \
+        [{"M": 4, "N": 256, "K": 256, "batch": 1}] * 2
+    qgemm = next(n for n in graphopt.plan(files["QOperator"], target="h100").nodes
+                 if n.op_type == "QGemm")
+    assert dict(qgemm.analysis.dims) == {"M": 1, "N": 32, "K": 1024, "batch": 1}
+    for path in files.values():  # kept as they are; the result matches the file in ORT
+        opt = graphopt.optimize(path, target="cpu")
+        assert all(n["within"] for n in opt.numerics)

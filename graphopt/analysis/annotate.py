@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from graphopt.analysis.classify import classify_op
-from graphopt.analysis.kernel_class import KernelClass
+from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.metrics import has_empty_outputs, node_work
 from graphopt.analysis.patterns import find_patterns
 from graphopt.analysis.record import NodeAnalysis
@@ -21,6 +21,10 @@ logger = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = frozenset({"fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4"})
 _QUANT_CLASSES = frozenset({KernelClass.QUANT_GEMM, KernelClass.QUANT_DOT})
+_INT8_CONVS = frozenset({"ConvInteger", "QLinearConv"})  # 8-bit operands, 32-bit sums
+#: a weight dequantized from these computes at their width when ORT fuses the QDQ pair
+_DQ_FORMATS = {"int8": "int8", "uint8": "int8", "int4": "int4", "uint4": "int4",
+               "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
@@ -59,9 +63,29 @@ def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
         )
     for name in _shape_arithmetic(graph):
         out[name] = replace(out[name], flags=(*out[name].flags, "shape_arithmetic"))
+    for name, dtype in _qdq_dtypes(graph, out).items():
+        out[name] = replace(out[name], dtype=dtype)
     logger.info("annotated %d nodes (%d distinct), %d in patterns", len(out), len(seen),
                 len(patterns))
     return out
+
+
+def _qdq_dtypes(graph: Graph, out: dict[str, NodeAnalysis]) -> dict[str, str]:
+    """A conv or GEMM whose weight a ``DequantizeLinear`` of a low-bit tensor makes (a QDQ
+    model, ORT's default format): ONNX Runtime fuses the pair into an integer kernel
+    (QLinearConv / QGemm), so it computes at the weight's width, not in fp32."""
+    found = {}
+    for node in graph.nodes:
+        a = out[node.name]
+        if a.kernel_class not in (KernelClass.CONV, *GEMM_LIKE) or len(node.inputs) < 2 or \
+                node.op_type == "DequantizeLinear":
+            continue
+        dq = graph.producer.get(node.inputs[1])
+        src = graph.tensors.get(dq.inputs[0]) if dq is not None and dq.inputs else None
+        if dq is not None and dq.op_type == "DequantizeLinear" and src is not None and \
+                src.dtype in _DQ_FORMATS:
+            found[node.name] = _DQ_FORMATS[src.dtype]
+    return found
 
 
 #: the most elements a shape-arithmetic value holds (a shape, an axis list, a size)
@@ -109,7 +133,10 @@ def _signature(node: Node, ins: list[TensorInfo | None], outs: list[TensorInfo |
 
 def _compute_dtype(node: Node, kc: KernelClass, ins: list[TensorInfo | None],
                    outs: list[TensorInfo | None]) -> str | None:
-    """The dtype the kernel computes in: the weight's for quantized GEMMs, else the inputs'."""
+    """The dtype the kernel computes in: the weight's for quantized GEMMs and convs, else the
+    inputs'."""
+    if node.op_type in _INT8_CONVS:
+        return "int8"
     if kc in _QUANT_CLASSES:
         if node.op_type == "MatMulNBits":
             return "int4" if int(node.attrs.get("bits", 4)) <= 4 else "int8"

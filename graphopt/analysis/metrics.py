@@ -73,7 +73,14 @@ def gemm_dims(node: Node, ins: list[TensorInfo | None]) -> dict[str, int]:
     a = _shape(ins[0]) if ins else ()
     b = _shape(ins[1]) if len(ins) > 1 else ()
     op = node.op_type
-    if op in ("Linear", "QGemm") or (op == "MatMulNBits"):
+    if op == "QGemm":  # com.microsoft: A, a_scale, a_zp, B, ...; Gemm's transA/transB
+        a = a if len(a) == 2 else (1, a[0] if a else 1)
+        b = _shape(ins[3]) if len(ins) > 3 else ()
+        b = b if len(b) == 2 else ((b[0] if b else 1), 1)
+        m, k = (a[1], a[0]) if node.attrs.get("transA", 0) else a
+        n = b[0] if node.attrs.get("transB", 0) else b[1]
+        return {"M": m, "N": n, "K": k, "batch": 1}
+    if op in ("Linear", "MatMulNBits"):
         k = a[-1] if a else 1
         if op == "MatMulNBits":
             n, k = int(node.attrs.get("N", 1)), int(node.attrs.get("K", k))

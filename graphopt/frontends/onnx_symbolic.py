@@ -8,8 +8,9 @@ inference (``onnxruntime.tools.symbolic_shape_infer``, sympy underneath) follows
 arithmetic and writes ``batch*seq``, which :func:`graphopt.ir.shape_range.evaluate` sizes at
 any point of the range.
 
-It runs only where it can help (the model has symbolic input dims and ONNX left a dim
-unknown), on the weight-free skeleton the frontend already made, and a tensor takes its
+It runs only where it can help (ONNX left a dim unknown, or a tensor untyped: ORT's contrib
+ops such as ``MatMulNBits`` and ``QGemm`` are unknown to ONNX's inferencer), on the
+weight-free skeleton the frontend already made, and a tensor takes its
 answer only when that answer names fewer unknown symbols. It is pure Python over the graph
 (about 1 s per 2,700 nodes here); any failure leaves ONNX's answer as it was, with a warning.
 """
@@ -102,9 +103,7 @@ def sharpen(skeleton: onnx.ModelProto, inferred: onnx.GraphProto, warnings: list
             ) -> dict[str, onnx.ValueInfoProto]:
     """Value infos from ORT's symbolic inference of ``skeleton`` for the tensors ONNX's
     ``inferred`` graph left with unknown dims, where ORT knows more."""
-    known = input_symbols(skeleton.graph)
-    if not known:
-        return {}
+    known = input_symbols(skeleton.graph)  # none in a static model: contrib ops' shapes
     vague = {vi.name: unknown_dims(dims, known) for group in (inferred.value_info,
                                                               inferred.output)
              for vi in group if (dims := _dims(vi)) is not None}
