@@ -18,7 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from graphopt.frontends.range_inputs import range_points
-from graphopt.ir.shape_range import ShapeRange
+from graphopt.ir.shape_range import ShapeRange, dim_expression
 
 __all__ = ["ExportRange", "export_range"]
 
@@ -106,7 +106,9 @@ def _dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     def leaf(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             shape = next(it, ())
-            return {i: dims[str(d)] for i, d in enumerate(shape) if str(d) in dims} or None
+            spec = {i: dim_expression(str(d), dims) for i, d in enumerate(shape)
+                    if not isinstance(d, int)}
+            return {i: d for i, d in spec.items() if d is not None} or None
         return None
 
     arg_specs = tuple(pytree.tree_map(leaf, a) for a in args)
@@ -115,3 +117,4 @@ def _dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
         return dict(inspect.signature(model.forward).bind(*arg_specs, **kw_specs).arguments)
     except (TypeError, ValueError):  # forward's signature is unreadable: torch's flat order
         return (*arg_specs, *kw_specs.values()) if kw_specs else arg_specs
+

@@ -16,7 +16,7 @@ from graphopt.frontends.onnx_symbolic import opt_point_shapes, unknown_dims
 from graphopt.ir.graph import Graph, TensorInfo
 from graphopt.ir.shape_range import MAX_DIM_VALUE, DimRange, ShapeRange
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_OTHER", "onnx_range", "parse_dim_spec"]
+__all__ = ["DEFAULT_BATCH", "DEFAULT_OTHER", "is_derived", "onnx_range", "parse_dim_spec"]
 
 #: opt size of a symbolic leading dim (one request) and of any other (a typical sequence)
 DEFAULT_BATCH, DEFAULT_OTHER = 1, 128
@@ -69,7 +69,7 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
             graph.tensors[name] = TensorInfo(t.name, shape, t.dtype, t.kind)
         inputs[name] = shape
         for i, d in enumerate(shape):
-            if isinstance(d, int) or d in dims:
+            if isinstance(d, int) or d in dims or is_derived(d, graph):
                 continue
             if spec is not None and d in spec:
                 dims[d] = parse_dim_spec(d, spec[d])
@@ -93,6 +93,16 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
     if dims:
         _size_at_opt(graph, {name: r.opt for name, r in dims.items()})
     return graph
+
+
+def is_derived(dim: str, graph: Graph) -> bool:
+    """A dim written as an expression of the inputs' plain dims (``4*t``, ``t + 1``: how graphopt
+    exports a torch range with derived dims): sized from them, never a dim of its own."""
+    if dim.isidentifier():
+        return False
+    plain = {d for n in graph.inputs if (t := graph.tensors.get(n)) is not None and t.shape
+             for d in t.shape if isinstance(d, str) and d.isidentifier()}
+    return unknown_dims((dim,), plain) == 0
 
 
 def _size_at_opt(graph: Graph, opt: dict[str, int]) -> None:

@@ -316,8 +316,9 @@ def export_range(ep: Any, dim_names: dict[str, str]) -> ShapeRange | None:
         shape: list[int | str] = []
         for d in val.shape:
             expr = getattr(getattr(d, "node", None), "expr", None)
-            if expr is None or not getattr(expr, "is_Symbol", False):
-                shape.append(int(d) if expr is None else str(expr))
+            if expr is None or not getattr(expr, "is_Symbol", False):  # a size, or 4*s77
+                shape.append(int(d) if expr is None else re.sub(
+                    r"\b[a-z]\d+\b", lambda m: dim_names.get(m[0], m[0]), str(expr)))
                 continue
             name = dim_names.get(str(expr), str(expr))
             shape.append(name)

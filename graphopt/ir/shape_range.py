@@ -23,7 +23,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir.graph import Graph, TensorInfo
 
 __all__ = ["CHECK_BUDGET", "CHECK_MAX_ELEMENTS", "MAX_DIM_VALUE", "POINTS", "DimRange",
-           "ShapeRange", "bind", "bind_shape", "evaluate"]
+           "ShapeRange", "bind", "bind_shape", "dim_expression", "evaluate"]
 
 #: the points of a range the plan is costed at, in order
 POINTS = ("min", "opt", "max")
@@ -96,6 +96,7 @@ class ShapeRange:
     def check(self, shapes: Mapping[str, tuple[int, ...] | None]) -> str | None:
         """None if ``shapes`` (input name -> shape) lie in the range, else what is wrong."""
         seen: dict[str, int] = {}
+        derived: list[tuple[str, int, str, int]] = []
         for name, want in self.inputs.items():
             got = shapes.get(name)
             if got is None:
@@ -108,12 +109,20 @@ class ShapeRange:
                         return f"input {name!r} dim {i} is {g}; it is static at {w}"
                     continue
                 r = self.dim(w)
-                if r is None:
-                    continue  # an expression of dims: torch checks it
+                if r is None:  # an expression of dims (4*t, t+1): once they are all known
+                    derived.append((name, i, w, g))
+                    continue
                 if not r.contains(g):
                     return f"input {name!r} dim {i} ({w}) is {g}, outside {r.bounds}"
                 if seen.setdefault(w, g) != g:
                     return f"dim {w} is {seen[w]} in one input and {g} in {name!r}"
+        values = self._with_symbols(seen)
+        for name, i, w, g in derived:
+            want_size = evaluate(w, values)
+            if want_size is not None and want_size != g:
+                given = ", ".join(f"{k} = {v}" for k, v in seen.items())
+                return f"input {name!r} dim {i} is {g}; it is {w}, which is {want_size} " \
+                       f"with {given}"
         return None
 
     def describe(self) -> str:
@@ -307,3 +316,30 @@ def bind(graph: Graph, values: Mapping[str, int]) -> Graph:
     for structure in ("producer", "consumers", "node_by_name"):  # the same nodes: share them
         setattr(out, structure, getattr(graph, structure))
     return out
+
+
+_DIM_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def dim_expression(expr: str, dims: Mapping[str, Any]) -> Any:
+    """``expr`` (``t``, ``4*t``, ``t + 1``) built from ``dims`` (name -> ``torch.export.Dim``,
+    which supports ``*``, ``+`` and ``-`` with ints): a derived Dim torch.export checks and
+    keeps; None for anything it cannot derive."""
+    def build(node: ast.AST) -> Any:
+        if isinstance(node, ast.Name):
+            return dims[node.id]
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPS:
+            return _DIM_OPS[type(node.op)](build(node.left), build(node.right))
+        raise ValueError(expr)
+
+    if expr in dims:
+        return dims[expr]
+    if len(expr) > MAX_EXPR_CHARS:
+        return None
+    try:
+        out = build(ast.parse(expr, mode="eval").body)
+    except (SyntaxError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return None if isinstance(out, int) else out

@@ -38,7 +38,7 @@ import onnx
 
 from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
 from graphopt.errors import GraphoptError
-from graphopt.frontends.onnx_range import DEFAULT_BATCH, DEFAULT_OTHER, parse_dim_spec
+from graphopt.frontends.onnx_range import DEFAULT_BATCH, DEFAULT_OTHER, is_derived, parse_dim_spec
 from graphopt.ir.graph import Graph
 from graphopt.ir.shape_range import ShapeRange
 
@@ -92,7 +92,7 @@ def _free_dims(graph: Graph, spec: Mapping[str, Any] | None) -> tuple[dict[str, 
         if t is None or t.shape is None:
             continue
         for i, d in enumerate(t.shape):
-            if isinstance(d, int):
+            if isinstance(d, int) or is_derived(d, graph):
                 continue
             dim = f"{name}_{i}" if d == "?" else str(d)
             if dim not in (spec or {}) and dim not in free:

@@ -68,6 +68,10 @@ class OptimizedModule(torch.nn.Module):
         self.shape_range = shape_range
         self._input_names = list(input_names or [])
         self._bounds, self._shared = _call_checks(shape_range, input_shapes, self._input_names)
+        #: a dim that is an expression of others (``4*t``, ``t+1``): checked by the range
+        self._derived = bool(shape_range) and any(
+            not isinstance(d, int) and shape_range.dim(d) is None
+            for shape in shape_range.inputs.values() for d in shape)
         #: per input, the dtype it was optimized for (None: not a tensor); and each input's
         #: position by name, when there is one name per input (keyword calls)
         self._dtypes = _input_dtypes(graph_module, input_shapes)
@@ -158,16 +162,19 @@ class OptimizedModule(torch.nn.Module):
                     f"cast it with .to({want}) (e.g. x.float() for float32)")
 
     def _check_range(self, shapes: list[tuple[int, ...] | None]) -> None:
-        if len(shapes) == len(self._input_shapes) and all(
-                s is not None and len(s) == rank and all(lo <= s[a] <= hi for a, lo, hi in dims)
-                for s, rank, dims in zip(shapes, *self._bounds, strict=False)) and all(
-                len({shapes[i][a] for i, a in group}) == 1 for group in self._shared):  # type: ignore[index]
+        fits = len(shapes) == len(self._input_shapes) and all(
+            s is not None and len(s) == rank and all(lo <= s[a] <= hi for a, lo, hi in dims)
+            for s, rank, dims in zip(shapes, *self._bounds, strict=False)) and all(
+            len({shapes[i][a] for i, a in group}) == 1 for group in self._shared)  # type: ignore[index]
+        if fits and not self._derived:
             return  # the common call: every dim within its bounds (~1 us); else say what is off
         if len(shapes) != len(self._input_shapes):
             raise GraphoptError(f"the optimized module takes {len(self._input_shapes)} "
                                 f"inputs, got {len(shapes)}", "pass the model's inputs")
         tensors = [s for s in shapes if s is not None]
         wrong = self.shape_range.check(dict(zip(self._input_names, tensors, strict=False)))
+        if fits and wrong is None:  # a derived dim (4*t) agrees with the dims it is made of
+            return
         if wrong is None:  # the bounds refused what the range's own check cannot place
             wrong = f"input shapes {shapes} are not the {self._input_shapes} (in rank and " \
                     "static dims) the module was optimized for"

@@ -50,6 +50,7 @@ from graphopt.backends.torch.saved_format import (
 )
 from graphopt.errors import GraphoptError, first_line
 from graphopt.files.outputs import OutputSet
+from graphopt.ir.shape_range import dim_expression
 
 __all__ = ["save", "stage"]
 
@@ -125,7 +126,8 @@ def _flatten_attrs(gm: fx.GraphModule) -> None:
 # --- saving ------------------------------------------------------------------------------------
 def _dynamic_shapes(shape_range: Any, names: list[str], args: tuple[Any, ...]) -> Any:
     """torch.export's ``dynamic_shapes`` for ``args``: one Dim per dim name, shared by every
-    axis it sizes; an axis sized by an expression (``2*seq``) is left to export (``AUTO``)."""
+    axis it sizes; an axis sized by an expression is that derived Dim (``2*seq``, ``t + 1``),
+    or left to export (``AUTO``) where torch cannot derive it."""
     if not shape_range:
         return None
     dims: dict[str, Any] = {}
@@ -139,8 +141,8 @@ def _dynamic_shapes(shape_range: Any, names: list[str], args: tuple[Any, ...]) -
         if not isinstance(a, torch.Tensor) or want is None:
             spec.append(None)
             continue
-        axes = {ax: dims.get(w, torch.export.Dim.AUTO) for ax, w in enumerate(want)
-                if not isinstance(w, int)}
+        axes = {ax: dim_expression(str(w), dims) or torch.export.Dim.AUTO
+                for ax, w in enumerate(want) if not isinstance(w, int)}
         spec.append(axes or None)
     return tuple(spec)
 
