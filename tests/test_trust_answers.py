@@ -133,3 +133,18 @@ def test_measure_takes_only_a_boolean() -> None:
 def test_a_float_budget_still_works() -> None:
     opt = graphopt.optimize(_Mlp().eval(), (torch.randn(2, 64),), target="cpu", tolerance=0.01)
     assert all(math.isfinite(n["max_abs"]) for n in opt.numerics)
+
+
+# --- issue 33, finding 6: strings are routed by what they name ------------------------------
+def test_optimize_takes_a_builder_spec_as_plan_does(tmp_path) -> None:
+    (tmp_path / "mm.py").write_text(
+        "import torch\n\ndef build():\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()\n"
+        "    return m, (torch.randn(4, 16),)\n")
+    opt = graphopt.optimize(f"{tmp_path}/mm.py:build", target="cpu")
+    assert opt.module is not None and all(n["within"] for n in opt.numerics)
+    with pytest.raises(graphopt.GraphoptError, match="functions in"):
+        graphopt.optimize(f"{tmp_path}/mm.py", target="cpu")
+    with pytest.raises(graphopt.GraphoptError, match="names no file"):
+        graphopt.optimize("my_model", target="cpu")

@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
+from graphopt.frontends.python_spec import (
+    is_python_spec,
+    load_python_spec,
+    names_python_file,
+    needs_function_error,
+)
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.kinds import REWRITE_KINDS
@@ -202,7 +208,8 @@ def optimize(model: Any, example_inputs: Any = None,
     """Optimize ``model`` for ``target``; its outputs stay equal within the reported tolerance.
 
     Args:
-        model: a ``torch.nn.Module`` in eval mode; it is never modified.
+        model: a ``torch.nn.Module`` in eval mode (never modified), or ``"file.py:function"``
+            returning ``(module, example_inputs[, dynamic_shapes])`` as ``plan`` takes it.
         example_inputs: a tensor or tuple of tensors shaped like the batches you will run
             (a dict: keyword inputs).
         target: a target name (``graphopt targets``) or a ``HardwareProfile``.
@@ -237,6 +244,12 @@ def optimize(model: Any, example_inputs: Any = None,
     from graphopt.ir.options import Options
     from graphopt.measure.host_cache import host_target
 
+    if isinstance(model, (str, os.PathLike)) and is_python_spec(os.fspath(model)):
+        model, inputs, dynamic = load_python_spec(os.fspath(model))  # as plan() reads it
+        if example_inputs is None and not kwargs:
+            example_inputs, dynamic_shapes = inputs, dynamic_shapes or dynamic
+    elif isinstance(model, (str, os.PathLike)) and names_python_file(os.fspath(model)):
+        raise needs_function_error(os.fspath(model))
     target = host_target(target)  # "cpu": this host, calibrated and cached
     options = Options(precision=precision, pad=pad, layout=layout, quantize=quantize,
                       tolerance=tolerance, measure=measure)

@@ -54,6 +54,11 @@ def read_model(path: Path) -> onnx.ModelProto:
     """Parse ``path`` (external data left on disk) and check it is a usable ONNX model."""
     if names_python_file(os.fspath(path)):  # `optimize model.py`: a spec without :function
         raise needs_function_error(os.fspath(path))
+    if not path.exists() and path.suffix.lower() != ".onnx":
+        raise ModelLoadError(f"{os.fspath(path)!r} names no file: a model is an .onnx file, "
+                             "a 'file.py:function' builder, or a torch.nn.Module",
+                             fix="give the .onnx path, 'model.py:build' (a function returning "
+                                 "(module, example_inputs)), or the module itself")
     if not path.exists():
         raise ModelLoadError(f"ONNX model not found: {path}",
                              fix="check the path (relative paths start at the current folder)")
