@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -11,6 +12,7 @@ from graphopt.decisions.precision_format import choose_precision, onnx_precision
 from graphopt.decisions.rewrites import HostFacts, with_rewrites
 from graphopt.files.inputs import input_files
 from graphopt.frontends import load_graph
+from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 from graphopt.hardware.registry import DEFAULT_TARGET, TargetSpec, resolve_targets
 from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
@@ -45,8 +47,13 @@ def plan(model: Any, example_inputs: Any = None, target: TargetSpec = DEFAULT_TA
             ``(min, opt, max)``. Each node then records its dims and cost at min, opt and max.
     """
     profiles = resolve_targets(host_target(target))  # "cpu": this host, calibrated and cached
-    graph = load_graph(model, example_inputs, dynamic_shapes)
     inputs = tuple(str(f) for f in input_files(model))  # plan.save never overwrites them
+    if isinstance(model, (str, os.PathLike)) and is_python_spec(os.fspath(model)):
+        # built once here, so the CLI's plan is the API's: the module reaches the strategies
+        model, built, dynamic = load_python_spec(os.fspath(model))
+        if example_inputs is None:
+            example_inputs, dynamic_shapes = built, dynamic_shapes or dynamic
+    graph = load_graph(model, example_inputs, dynamic_shapes)
     module = model if hasattr(model, "named_modules") else None  # the emitter's module paths
     plans = tuple(replace(with_partition(dry_run(build_plan(graph, p), graph), devices,
                                          strategy, source=graph, module=module), inputs=inputs)
