@@ -41,6 +41,7 @@ from torch.utils import _pytree as pytree
 
 from graphopt.errors import GraphoptError, first_line
 from graphopt.frontends.export_symbolics import dynamo_translations, lent_symbolics
+from graphopt.frontends.onnx_export_check import mismatch_all, stateless_run
 from graphopt.frontends.onnx_export_range import ExportRange, export_range
 from graphopt.frontends.onnx_opsets import (
     LEGACY_OPSET,
@@ -58,9 +59,6 @@ __all__ = ["ExportResult", "export_torch", "supported_opsets", "torch_feeds"]
 
 logger = logging.getLogger(__name__)
 
-#: the export must reproduce torch within this fraction of each output's largest magnitude
-#: (fp32 reorders sums at most; verify.py's fp32 budget)
-_EXPORT_RTOL = 1e-5
 
 
 @dataclass
@@ -249,52 +247,6 @@ def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     return proto
 
 
-def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
-              expected: list[np.ndarray]) -> str | None:
-    """Why the exported model does not reproduce torch (None when it does)."""
-    import onnxruntime as ort
-
-    try:
-        options = ort.SessionOptions()  # no graph rewrites: check the export as written,
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # fast
-        options.log_severity_level = 4  # a failed run is a reason returned here, not a log
-        sess = ort.InferenceSession(proto.SerializeToString(), options,
-                                    providers=["CPUExecutionProvider"])
-        wanted = {i.name for i in sess.get_inputs()}
-        got = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
-    except Exception as e:  # ORT raises its own types: fail over, never crash here
-        return f"the exported model does not run in ONNX Runtime ({first_line(e)})"
-    if len(got) != len(expected):
-        return f"the exported model has {len(got)} outputs, torch {len(expected)}"
-    for i, (r, o) in enumerate(zip(expected, got, strict=True)):
-        if r.shape != np.shape(o):
-            return f"output {i} has shape {np.shape(o)}, torch {r.shape}"
-        if r.dtype.kind == "f":  # torch's own inf/NaN, matched, count as equal
-            o, ok = np.asarray(o), np.isfinite(r)
-            if not np.array_equal(np.where(ok, 0, r), np.where(np.isfinite(o), 0, o),
-                                  equal_nan=True):
-                return f"output {i} has inf or NaN where torch's has none or another"
-            r, o = r[ok].astype(np.float64), o[ok]
-            scale, err = (np.abs(r).max(), np.abs(r - o).max()) if r.size else (0.0, 0.0)
-            if not err <= _EXPORT_RTOL * max(scale, 1e-30):
-                return f"output {i} differs from torch by {err:.3g} (scale {scale:.3g})"
-        elif not np.array_equal(r, o):
-            return f"output {i} differs from torch"
-    return None
-
-
-def _mismatch_all(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
-                  expected: list[np.ndarray], dyn: ExportRange | None) -> str | None:
-    """:func:`_mismatch` at the example, then at the range's min and max."""
-    problem = _mismatch(proto, feeds, expected)
-    for point_feeds, point_expected in (dyn.checks if dyn and problem is None else ()):
-        problem = _mismatch(proto, point_feeds, point_expected)
-        if problem is not None:
-            shapes = ", ".join(str(a.shape) for a in point_feeds.values())
-            return f"at input shapes {shapes}: {problem}"
-    return problem
-
-
 def _both_failed(name: str, why: str, e: BaseException, newest_legacy: int) -> GraphoptError:
     """The error when the TorchScript export was not used (``why``) and dynamo=True raised."""
     op = _missing_op(e)
@@ -347,8 +299,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     model = private_copy(model)  # tracing runs forward, and some forwards write to self
     args, kwargs = _split(example_inputs)
     model = without_cache(model, kwargs)[0]  # a causal LM as configured: no cache output
-    with torch.no_grad():
-        out = model(*args, **kwargs)
+    out = stateless_run(model, args, kwargs)
     expected = [t.detach().cpu().numpy() for t in pytree.tree_leaves(out)
                 if isinstance(t, torch.Tensor)]
     names = _input_names(model, args, kwargs)
@@ -364,7 +315,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
     else:
         try:
             proto = _legacy(model, args, kwargs, names, out_names, opset or LEGACY_OPSET, dyn)
-            why = _mismatch_all(proto, feeds, expected, dyn) if verify else None
+            why = mismatch_all(proto, feeds, expected, dyn) if verify else None
         except Exception as e:  # any exporter failure means: try the other exporter
             why = f"the TorchScript exporter failed ({first_line(e)})"
     if why is None:
@@ -385,7 +336,7 @@ def export_torch(model: torch.nn.Module, example_inputs: Any, *, opset: int | No
         raise _both_failed(name, why, e, ranges["TorchScript"][1]) from None
     if opset is not None:
         proto = at_opset(proto, opset, f"ONNX export of {name} at opset {opset} failed: {why}")
-    problem = _mismatch_all(proto, feeds, expected, dyn) if verify else None
+    problem = mismatch_all(proto, feeds, expected, dyn) if verify else None
     if problem is not None:
         raise GraphoptError(f"ONNX export of {name} does not reproduce the model: {why}; "
                             f"and with dynamo=True: {problem}",

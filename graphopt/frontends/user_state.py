@@ -37,7 +37,8 @@ from torch.nn.parameter import UninitializedTensorMixin
 
 from graphopt.errors import GraphoptError, first_line
 
-__all__ = ["Snapshot", "clone_inputs", "private_copy", "reachable_tensors", "user_state_guard"]
+__all__ = ["Snapshot", "clone_inputs", "private_copy", "reachable_tensors", "run_and_watch",
+           "user_state_guard"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,17 @@ def reachable_tensors(model: Any, inputs: Any = _MISSING) -> list[tuple[str, tor
     """(path, tensor) for every tensor ``model`` and ``inputs`` reach, each tensor once:
     ``lin.weight``, ``static_cache.layers[0].keys``, ``inputs[0]``."""
     return list(_walk(model, inputs).tensors.values())
+
+
+def run_and_watch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                  ) -> tuple[Any, list[str]]:
+    """``model(*args, **kwargs)`` under no_grad, and the paths of the tensors (parameters
+    aside) the call wrote: a model with state of its own (a static KV cache, a counter)."""
+    held = [(name, t, t.detach().clone()) for name, t in reachable_tensors(model)
+            if not isinstance(t, nn.Parameter)]
+    with torch.no_grad():
+        out = model(*args, **kwargs)
+    return out, [name for name, t, was in held if not _same(t.detach(), was)]
 
 
 def private_copy(obj: Any, *, share_parameters: bool = False) -> Any:
