@@ -123,3 +123,25 @@ def test_a_dim_no_input_decides_is_named_per_node(tmp_path: Path) -> None:
     plan = graphopt.plan(tmp_path / "nz.onnx", target="cpu", dynamic_shapes={"n": 4})
     text = " ".join(plan.warnings)
     assert "planned as 1" in text and "GatherND" in text, plan.warnings
+
+
+def test_shape_inference_writes_nothing_in_the_current_folder(tmp_path: Path, monkeypatch
+                                                               ) -> None:
+    """ORT's symbolic inference saves ``sym_shape_infer_temp.onnx`` into the current folder
+    when a tensor stays unknown (here: a custom op's output); graphopt keeps what it inferred
+    and writes nothing."""
+    from onnx import TensorProto, helper, save
+
+    nodes = [helper.make_node("Mystery", ["x"], ["m"], domain="acme"),
+             helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("acme", 1)])
+    save(model, tmp_path / "custom.onnx")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    plan = graphopt.plan(tmp_path / "custom.onnx", target="cpu", dynamic_shapes={"n": 4})
+    assert plan.nodes and list(work.iterdir()) == []

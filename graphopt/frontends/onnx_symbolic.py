@@ -23,6 +23,7 @@ import io
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -99,6 +100,18 @@ def _dims(vi: onnx.ValueInfoProto) -> list[int | str] | None:
             for d in vi.type.tensor_type.shape.dim]
 
 
+def _ort_symbolic(tool: Any, skeleton: onnx.ModelProto) -> onnx.ModelProto:
+    """``SymbolicShapeInference.infer_shapes``'s own loop, keeping what it inferred when some
+    tensor stays unknown. Its public wrapper then writes ``sym_shape_infer_temp.onnx`` into the
+    current folder, the user's, and raises: graphopt writes nothing the user did not ask for."""
+    run = tool(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    run._preprocess(skeleton)
+    while run.run_:
+        run._infer_impl()
+    run._update_output_from_vi()
+    return run.out_mp_
+
+
 def sharpen(skeleton: onnx.ModelProto, inferred: onnx.GraphProto, warnings: list[str]
             ) -> dict[str, onnx.ValueInfoProto]:
     """Value infos from ORT's symbolic inference of ``skeleton`` for the tensors ONNX's
@@ -114,7 +127,7 @@ def sharpen(skeleton: onnx.ModelProto, inferred: onnx.GraphProto, warnings: list
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         with contextlib.redirect_stdout(io.StringIO()):  # it prints what it cannot infer
-            out = SymbolicShapeInference.infer_shapes(skeleton, auto_merge=True)
+            out = _ort_symbolic(SymbolicShapeInference, skeleton)
     except Exception as e:  # noqa: BLE001 - ORT's tool raises anything; ONNX's answer stands
         logger.debug("symbolic shape inference failed: %s: %s", type(e).__name__, e)
         warnings.append(f"ONNX Runtime's symbolic shape inference failed "
