@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from graphopt._version import __version__
+from graphopt.backends.torch.quant_checks import check_graph
 from graphopt.backends.torch.quant_ops import INT4_LINEAR, int4_from_saved
 from graphopt.backends.torch.saved_format import (
     FORMAT,
@@ -50,9 +51,11 @@ def _check_archive(path: Path) -> Any:
     from graphopt.backends.torch import pt2_reader
     from graphopt.backends.torch.pt2_archive import Damaged, Unhandled
 
-    if not path.is_file():
-        raise GraphoptError(f"no saved model at {path}" if not path.exists() else
-                            f"{path} is not a file", "give the path Optimized.save wrote")
+    if not path.is_file():  # a FIFO is never opened (it would block): said from a stat
+        from graphopt.files.read import check_regular
+
+        check_regular(path, f"the saved model {path}", "give the path Optimized.save wrote",
+                      missing=f"no saved model at {path}")
     with open(path, "rb") as f:  # torch writes no zip comment: the archive ends with its
         f.seek(0, os.SEEK_END)  # end record; a cut file may still hold a nested zip's
         f.seek(max(0, f.tell() - 22))
@@ -200,6 +203,21 @@ def _check_device(device: Any) -> None:
                             "device=None") from None
 
 
+def _pack_low_bit(gm: torch.fx.GraphModule, file: Path) -> None:
+    """Every low-bit op's stored tensors checked as its kernel reads them (a damaged file is
+    refused here, naming the tensor, never on the first call), then INT8 packed once for the
+    CPU's kernel and INT4 in the layout of the device its weights are on."""
+    check_graph(gm, f"{file} is a damaged graphopt archive", RESAVE)
+    try:
+        repack_int8(gm)
+        int4_from_saved(gm)
+    except GraphoptError:
+        raise
+    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+        raise GraphoptError(f"{file}: a low-bit weight does not pack ({first_line(e)})",
+                            RESAVE) from None
+
+
 def load(path: str | os.PathLike[str], device: str | torch.device | None = None
          ) -> torch.nn.Module:
     """The module :meth:`Optimized.save` wrote, on ``device`` (default: where it was saved).
@@ -232,13 +250,12 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
     except (KeyError, TypeError, ValueError, AttributeError, GraphoptError) as e:
         raise GraphoptError(f"{file}: graphopt's records are damaged ({first_line(e)})",
                             RESAVE) from None
-    repack_int8(gm)
     if any(n.target is INT4_LINEAR for n in gm.graph.nodes):
         raise GraphoptError(f"{file} holds an INT4 weight packed in one device's layout; "
                             "Optimized.save writes the portable form (int4_linear_saved)",
                             RESAVE)
+    _pack_low_bit(gm, file)
     try:
-        int4_from_saved(gm)  # packed once, in the layout of the device the weights are on
         strip_unused(gm)  # export's guard (the wrapper checks the range), plain calls, portable
         module = OptimizedModule(gm, shapes, flags, shape_range=shape_range, input_names=names)
     except (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError,

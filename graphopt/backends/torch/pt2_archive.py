@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import struct
 import zipfile
 import zlib
@@ -121,23 +122,34 @@ class Archive:
 
 
 # --- weight payloads -----------------------------------------------------------------------------
+_LIMIT = 1 << 62  # sizes, strides, offsets and element counts stay far inside torch's int64
+_MAX_DIMS = 64
+
+
 def _int(v: Any, what: str) -> int:
-    """``{"as_int": n}`` -> n, a non-negative int (a size, a stride, an offset)."""
+    """``{"as_int": n}`` -> n, a non-negative int (a size, a stride, an offset) that int64
+    arithmetic on it cannot overflow."""
     n = v.get("as_int") if isinstance(v, dict) else None
-    if type(n) is not int or n < 0:
-        raise Damaged(f"{what} is {str(v)[:60]}, not a non-negative int")
+    if type(n) is not int or not 0 <= n < _LIMIT:
+        raise Damaged(f"{what} is {str(v)[:60]}, not a non-negative int below 2**62")
     return n
 
 
 def _layout(fqn: str, meta: dict[str, Any]) -> tuple[list[int], list[int], int, int]:
-    """sizes, strides, storage offset of a payload's tensor and the elements it reaches."""
+    """sizes, strides, storage offset of a payload's tensor and the elements of its file it
+    needs: the last one it reaches plus one (an empty tensor: its offset). Strides are
+    non-negative (no view runs backwards) and every product stays below 2**62."""
     sizes = [_int(s, f"a size of {fqn}") for s in meta["sizes"]]
     strides = [_int(s, f"a stride of {fqn}") for s in meta["strides"]]
     offset = _int(meta["storage_offset"], f"the storage offset of {fqn}")
-    if len(sizes) != len(strides):
+    if len(sizes) != len(strides) or len(sizes) > _MAX_DIMS:
         raise Damaged(f"{fqn} has {len(sizes)} sizes and {len(strides)} strides")
-    reach = sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
-    need = 0 if 0 in sizes else offset + 1 + reach
+    numel = math.prod(sizes)
+    reach = sum((n - 1) * s for n, s in zip(sizes, strides, strict=True) if n)
+    if numel >= _LIMIT or offset + reach >= _LIMIT:
+        raise Damaged(f"{fqn} declares sizes {sizes[:8]} and strides {strides[:8]} that "
+                      "overflow")
+    need = offset if numel == 0 else offset + 1 + reach
     return sizes, strides, offset, need
 
 

@@ -3,8 +3,8 @@ named and wired as torch's ``GraphModuleDeserializer`` does (:mod:`.pt2_reader` 
 
 Why apart: this is the part that turns untrusted JSON into code, so every rule it keeps is in
 one place: a value's name is a plain identifier, a target is an op this process has registered
-(never a module the file names), an argument is of a kind it knows; anything else is
-``Unhandled`` (not read) or ``Damaged``.
+(never a module the file names) and one :mod:`.pt2_ops` allows (else ``Refused``), an argument
+is of a kind it knows; anything else is ``Unhandled`` (not read) or ``Damaged``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch.pt2_archive import Damaged, Unhandled
+from graphopt.backends.torch.pt2_ops import Refused, qualified, refusal
 
 __all__ = ["DTYPES", "GraphBuilder", "one_field", "parse_device", "plain_name"]
 
@@ -88,17 +89,6 @@ def _sym_name(kind: str, value: Any) -> str:
     return plain_name(value["as_name"])
 
 
-#: ATen's low-bit matmul and packing kernels: they trust their arguments (``_weight_int8pack_mm``
-#: segfaults on bf16 with K % 32 != 0; ``_weight_int4pack_mm_for_cpu`` reads past a short
-#: ``qScaleAndZeros``). graphopt's own graphs call them only inside its checked ``graphopt::``
-#: ops, so a file that names one bare is refused
-_UNCHECKED_KERNELS = frozenset({
-    "_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
-    "_weight_int4pack_mm_with_scales_and_zeros", "_convert_weight_to_int4pack",
-    "_convert_weight_to_int4pack_for_cpu", "_dyn_quant_matmul_4bit",
-    "_dyn_quant_pack_4bit_weight", "_int_mm", "_scaled_mm", "_scaled_grouped_mm"})
-
-
 def _target(name: str) -> Any:
     """The callable a serialized target names: an ATen/custom op overload or a sym op."""
     if not isinstance(name, str):
@@ -106,11 +96,10 @@ def _target(name: str) -> Any:
     parts = name.split(".")
     try:
         if parts[:2] == ["torch", "ops"] and len(parts) == 5:
-            if parts[2] == "aten" and parts[3] in _UNCHECKED_KERNELS:
-                raise Unhandled(f"the op {name[:120]} (a low-bit kernel that does not check "
-                                "its arguments; graphopt calls it only inside its own ops)")
             op = getattr(getattr(getattr(torch.ops, parts[2]), parts[3]), parts[4])
-            if isinstance(op, torch._ops.OpOverload) and op is not torch.ops.aten.item.default:
+            if isinstance(op, torch._ops.OpOverload):
+                if (why := refusal(op)) is not None:
+                    raise Refused(f"its graph calls {qualified(op)}: {why}")
                 return op
         elif len(parts) == 2 and parts[0] in ("_operator", "torch", "math"):
             module = {"_operator": operator, "torch": torch, "math": math}[parts[0]]

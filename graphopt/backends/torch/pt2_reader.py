@@ -8,7 +8,9 @@ on what graphopt's module never uses. It is the only way :func:`graphopt.load` r
 it trusts nothing in it: the zip is read within bounds
 (:mod:`graphopt.backends.torch.pt2_archive`), weights
 are checked against the bytes present before anything is allocated, every name that becomes
-Python code is a plain identifier, and no module a file names is imported. What it does not
+Python code is a plain identifier, no module a file names is imported, every op is one that
+computes (:mod:`.pt2_ops`), and every in-place write lands on a buffer or an intermediate,
+never on the caller's input (:mod:`.pt2_writes`). What it does not
 read (another schema version, a subgraph or higher-order op, a torchbind object, a pickled
 weight, an output container other than tuple, list or dict) is a GraphoptError that names it,
 and damage is one that says so. Node metadata: ``stack_trace`` (printable text only), and a
@@ -41,6 +43,9 @@ from graphopt.backends.torch.pt2_graph import (
     parse_device,
     plain_name,
 )
+from graphopt.backends.torch.pt2_ops import Refused
+from graphopt.backends.torch.pt2_writes import check as check_writes
+from graphopt.backends.torch.pt2_writes import zero_fill
 from graphopt.backends.torch.saved_format import RESAVE
 from graphopt.errors import GraphoptError, first_line
 
@@ -50,6 +55,9 @@ _SCHEMA_MAJOR, _SCHEMA_MINOR = 8, 20  # the versions this reader was written aga
 _SELF_LOAD = ("save the model again with this graphopt's Optimized.save; graphopt.load never "
               "hands a file to torch.export.load, which unpickles: if you trust the file, "
               "call torch.export.load yourself")
+_COMPUTE_ONLY = ("graphopt.load runs a graph that only computes, and Optimized.save never writes "
+                 "one that does more: the file was altered or made by another tool; do not "
+                 "load it (if it is yours, " + RESAVE + ")")
 _BROKEN = (Damaged, KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError,
            OverflowError, RecursionError, AssertionError, StopIteration, SyntaxError)
 
@@ -78,6 +86,8 @@ def build(path: Path, ar: Archive, extra_files: dict[str, Any], device: Any,
         return _read(ar, extra_files, device, compile)
     except GraphoptError:
         raise
+    except Refused as e:
+        raise GraphoptError(f"{path} is refused: {e}", _COMPUTE_ONLY) from None
     except Unhandled as e:
         raise GraphoptError(f"{path} is a graphopt archive holding what this graphopt's reader "
                             f"does not read: {e}", _SELF_LOAD) from None
@@ -151,6 +161,7 @@ def _read(ar: Archive, extra_files: dict[str, Any], device: Any, compile: bool
                                            device=to or parse_device(tv["device"]))
     for s in graph_json["nodes"]:
         b.node(s)
+    zero_fill(b.graph)  # no uninitialized byte reaches an output
     if to is not None:  # move_to_device_pass on the graph: baked-in devices
         for node in b.graph.nodes:
             if "device" in node.kwargs:
@@ -199,6 +210,7 @@ def _module(graph: fx.Graph, specs: list[tuple[str, Any]], state: dict[str, torc
         attr.meta = node.meta
         node.replace_all_uses_with(attr)
         graph.erase_node(node)
+    check_writes(graph, gm)  # in place only on buffers that own their bytes, intermediates
     if compile:
         gm.graph = graph  # the one compile of the program
     else:  # as torch's _create_graph_module_for_export does on a graph it cannot compile

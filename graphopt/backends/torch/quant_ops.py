@@ -26,7 +26,9 @@ their error are :mod:`.quant_kernels`'s:
    :func:`int4_to_saved` / :func:`int4_from_saved` convert a graph between 4 and 5.
 
 A fake (meta) kernel per op gives the output's shape, dtype and device, and refuses tensors on
-different devices as the real kernels would (FakeTensorMode does not check custom ops).
+different devices as the real kernels would (FakeTensorMode does not check custom ops). The op
+and its fake both check each stored tensor as its kernel reads it (:mod:`.quant_checks`: dtype,
+exact shape, row-major memory), since the kernels ignore strides and trust sizes.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ from typing import Any, TypeVar
 import torch
 from torch import fx
 
+from graphopt.backends.torch import quant_checks as qc
 from graphopt.backends.torch import quant_kernels as qk
-from graphopt.decisions.torch_quant_kernels import INT4_GROUPS, kernel_refuses
+from graphopt.decisions.torch_quant_kernels import kernel_refuses
 from graphopt.errors import GraphoptError
 from graphopt.frontends.aten_ops import TORCH_DTYPES
 
@@ -52,27 +55,14 @@ quantize_rows_int8 = qk.quantize_rows_int8  # the one per-row symmetric int8 qua
 _T = TypeVar("_T")
 
 
-def _same_device(op: str, x: torch.Tensor, **tensors: torch.Tensor | None) -> None:
-    for name, t in tensors.items():
-        if t is not None and t.device != x.device:
-            raise RuntimeError(
-                f"graphopt::{op}: {name} is on {t.device} but x is on {x.device}; a quantized "
-                "Linear's tensors must all be on one device (move the module with .to(), which "
-                "moves its buffers, and its inputs)")
-
-
-def _check_linear(op: str, dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor,
-                  scale: torch.Tensor, bias: torch.Tensor | None) -> int:
-    """N, after the checks the real kernels make (devices, the weight's dtype and K)."""
-    _same_device(op, x, weight=weight, scale=scale, bias=bias)
-    if weight.dtype != dtype or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        raise RuntimeError(f"graphopt::{op}: weight must be {dtype} (N, {x.shape[-1]}), got "
-                           f"{weight.dtype} {tuple(weight.shape)}")
-    n = weight.shape[0]
-    if scale.numel() != n or scale.dim() > 2 or (bias is not None and bias.numel() != n):
-        raise RuntimeError(f"graphopt::{op}: one scale (and one bias) per output row: N={n}, "
-                           f"got scale {tuple(scale.shape)}"
-                           + ("" if bias is None else f", bias {tuple(bias.shape)}"))
+def _check_linear(op: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> int:
+    """N, after the checks the real kernels need (devices, then :func:`.quant_checks.
+    check_scaled`: dtypes, exact shapes, row-major memory), and x's K."""
+    qc.same_device(op, x, weight=weight, scale=scale, bias=bias)
+    n, k = qc.check_scaled(op, weight, scale, bias)
+    if x.shape[-1] != k:
+        raise qc.BadTensor(op, "x", f"x has {x.shape[-1]} features; the weight takes K={k}")
     return n
 
 
@@ -84,18 +74,17 @@ def _out(x: torch.Tensor, n: int) -> torch.Tensor:
 _LINEAR_SCHEMA = "(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor"
 
 
-def _scaled_linear_op(name: str, weight_dtype: torch.dtype,
-                      kernel: Callable[..., torch.Tensor]) -> Any:
+def _scaled_linear_op(name: str, kernel: Callable[..., torch.Tensor]) -> Any:
     """``graphopt::<name>(x, weight, scale, bias)`` over ``kernel`` (``quant_kernels``), with
     a fake that makes the real kernels' checks."""
     def run(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
             bias: torch.Tensor | None) -> torch.Tensor:
-        _check_linear(name, weight_dtype, x, weight, scale, bias)
+        _check_linear(name, x, weight, scale, bias)
         return kernel(x, weight, scale, bias)
 
     def fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None) -> torch.Tensor:
-        return _out(x, _check_linear(name, weight_dtype, x, weight, scale, bias))
+        return _out(x, _check_linear(name, x, weight, scale, bias))
 
     op = torch.library.custom_op(f"graphopt::{name}", run, mutates_args=(),
                                  schema=_LINEAR_SCHEMA)
@@ -103,40 +92,22 @@ def _scaled_linear_op(name: str, weight_dtype: torch.dtype,
     return op
 
 
-_scaled_linear_op("fp8_linear", torch.float8_e4m3fn, qk.fp8_linear)
-_scaled_linear_op("int8_dynamic_linear", torch.int8, qk.int8_dynamic_linear)
+_scaled_linear_op("fp8_linear", qk.fp8_linear)
+_scaled_linear_op("int8_dynamic_linear", qk.int8_dynamic_linear)
 # the CUDA kernel or the fallback: :func:`.quant_kernels.int8_weight_only_linear`
-_scaled_linear_op("int8_weight_only_linear", torch.int8, qk.int8_weight_only_linear)
+_scaled_linear_op("int8_weight_only_linear", qk.int8_weight_only_linear)
 
 
 # --- 4. and 5. INT4 ------------------------------------------------------------------------------
 def _check_int4(op: str, x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                 group: int, bias: torch.Tensor | None, saved: bool) -> int:
-    """N, after the checks the real kernels make (devices, the layout for the device)."""
-    _same_device(op, x, packed=packed, scales_zeros=scales_zeros, bias=bias)
-    k = x.shape[-1]
-    if group not in INT4_GROUPS or k % group or scales_zeros.dim() != 3:
-        raise RuntimeError(f"graphopt::{op}: group {group} with K={k}: the int4 kernels take "
-                           f"groups of {', '.join(map(str, INT4_GROUPS))} that split K")
-    n = scales_zeros.shape[1]
-    if tuple(scales_zeros.shape) != (k // group, n, 2):
-        raise RuntimeError(f"graphopt::{op}: scales_zeros must be (K / group, N, 2) = "
-                           f"({k // group}, {n}, 2), got {tuple(scales_zeros.shape)}")
-    if saved or packed.device.type == "cpu":
-        want, shape = torch.uint8, (n, k // 2)
-    elif packed.device.type == "cuda":
-        tiles = qk.int4_inner_k_tiles(k)
-        want, shape = torch.int32, (n // 8, k // (tiles * 16), 32, tiles // 2)
-    else:
-        raise RuntimeError(f"graphopt::{op}: no int4 kernel on {packed.device} (CPU and CUDA "
-                           "have one)")
-    if packed.dtype != want or tuple(packed.shape) != shape:
-        where = "saved nibbles" if saved else f"{packed.device.type} int4 layout"
-        raise RuntimeError(
-            f"graphopt::{op}: the weight is {packed.dtype} {tuple(packed.shape)}, not the "
-            f"{where} {want} {shape}; a packed int4 weight is made for one device (move the "
-            "module with move_quantized, or int4_to_saved before moving and int4_from_saved "
-            "after)")
+    """N, after the checks the real kernels need (devices, then :func:`.quant_checks.
+    check_int4`: the group, the layout for the device, row-major memory), and x's K."""
+    qc.same_device(op, x, packed=packed, scales_zeros=scales_zeros, bias=bias)
+    n, k = qc.check_int4(op, packed, scales_zeros, group, bias, saved)
+    if x.shape[-1] != k:
+        raise qc.BadTensor(op, "x", f"x has {x.shape[-1]} features; scales_zeros has "
+                                    f"{k // group} groups of {group} (K={k})")
     return n
 
 

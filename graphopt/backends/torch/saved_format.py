@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
+from graphopt.backends.torch.quant_checks import BadTensor, check_int8_linear
 from graphopt.errors import GraphoptError
 
 __all__ = ["FORMAT", "INPUTS", "MARKER", "OUTPUTS", "PLAN", "RESAVE", "RUNTIME", "VERSION",
@@ -40,13 +41,25 @@ RESAVE = "save it again with Optimized.save (graphopt.optimize(...).save(path))"
 def _int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                  zero_point: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The saved form of ``quantized::linear_dynamic``; packs per call (load packs once)."""
+    _check_int8(x, weight, scale, zero_point, bias)
     return _LINEAR_DYNAMIC(x, _pack(weight, scale, zero_point, bias), True)
 
 
 @_int8_linear.register_fake
 def _(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
       bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return x.new_empty((*x.shape[:-1], _check_int8(x, weight, scale, zero_point, bias)))
+
+
+def _check_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                zero_point: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """N, after what the INT8 prepack reads is checked (:func:`.quant_checks.
+    check_int8_linear`) and x's K."""
+    n, k = check_int8_linear(weight, scale, zero_point, bias)
+    if x.shape[-1] != k:
+        raise BadTensor("int8_linear", "x", f"x has {x.shape[-1]} features; the weight takes "
+                                            f"K={k}")
+    return n
 
 
 _INT8_LINEAR = torch.ops.graphopt.int8_linear.default
