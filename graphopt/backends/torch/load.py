@@ -130,7 +130,7 @@ def _inputs(inputs: dict[str, Any]) -> tuple[list[str], list[tuple[int, ...] | N
     from graphopt.ir.shape_range import ShapeRange
 
     names, shapes = inputs["names"], inputs["shapes"]
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, list) or not all(n is None or isinstance(n, str) for n in names):
         raise TypeError(f"input names {str(names)[:60]}")
     if not isinstance(shapes, list) or not all(
             s is None or (isinstance(s, list) and all(type(d) is int and d >= 0 for d in s))

@@ -134,7 +134,8 @@ def _read(ar: Archive, extra_files: dict[str, Any], device: Any, compile: bool
     graph_json, signature = gm_json["graph"], gm_json["signature"]
     tree = structure(gm_json["module_call_graph"])
     specs = [one_field(s, "input spec") for s in signature["input_specs"]]
-    if any(k not in ("parameter", "buffer", "tensor_constant", "user_input") for k, _ in specs) \
+    if any(k not in ("parameter", "buffer", "tensor_constant", "user_input", "constant_input")
+           for k, _ in specs) \
             or any(one_field(o, "output spec")[0] != "user_output"
                    for o in signature["output_specs"]):
         raise Unhandled("an input or output that is not a weight or a user tensor")
@@ -147,6 +148,9 @@ def _read(ar: Archive, extra_files: dict[str, Any], device: Any, compile: bool
     b = GraphBuilder()
     for inp, (kind, spec) in zip(graph_json["inputs"], specs, strict=True):
         ikind, value = one_field(inp, "graph input")
+        if kind == "constant_input":  # forward's None between given inputs (inputs_embeds)
+            _none_input(b, ikind, spec)
+            continue
         name = value["name"] if ikind == "as_tensor" else None
         if name is None or name != (spec["arg"].get("as_tensor", {}) if kind == "user_input"
                                     else spec["arg"]).get("name"):
@@ -181,6 +185,17 @@ def _read(ar: Archive, extra_files: dict[str, Any], device: Any, compile: bool
     return gm
 
 
+def _none_input(b: GraphBuilder, ikind: str, spec: Any) -> None:
+    """A ``constant_input`` spec: an argument export saw as None, a placeholder nothing reads
+    (torch's deserializer makes the same). Only None: a file's other constants are not
+    values this reader makes."""
+    value = spec.get("value") if isinstance(spec, dict) else None
+    if ikind != "as_none" or not isinstance(value, dict) or list(value) != ["as_none"]:
+        raise Unhandled(f"a constant input {str(spec)[:60]} other than None")
+    node = b.graph.placeholder(plain_name(spec.get("name")))
+    node.meta["val"] = None
+
+
 def _module(graph: fx.Graph, specs: list[tuple[str, Any]], state: dict[str, torch.Tensor],
             constants: dict[str, torch.Tensor], gm_json: dict[str, Any], compile: bool
             ) -> fx.GraphModule:
@@ -192,7 +207,7 @@ def _module(graph: fx.Graph, specs: list[tuple[str, Any]], state: dict[str, torc
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     first_op = next(n for n in graph.nodes if n.op != "placeholder")
     for node, (kind, spec) in zip(placeholders, specs, strict=True):
-        if kind == "user_input":
+        if kind in ("user_input", "constant_input"):
             continue
         target = next(v for k, v in spec.items() if k.endswith("_name"))
         persistent = kind == "parameter" or (kind == "buffer" and spec.get("persistent"))

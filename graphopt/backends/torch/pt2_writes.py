@@ -109,9 +109,16 @@ def _span(t: torch.Tensor) -> tuple[int, int, int]:
     return t.untyped_storage().data_ptr(), start, start + (reach + 1) * size
 
 
+def _lifted(gm: fx.GraphModule) -> set[str]:
+    """The qualified names of the module's non-persistent buffers (the archive's constants)."""
+    return {f"{prefix}.{b}" if prefix else b for prefix, m in gm.named_modules()
+            for b in m._non_persistent_buffers_set}
+
+
 def _own_bytes(gm: fx.GraphModule, name: str, writer: fx.Node) -> None:
-    """The written buffer ``name``: no two elements at one address, no byte of another
-    tensor of the module."""
+    """The written buffer ``name``: no two elements at one address, no byte of a weight, and
+    no byte of another buffer unless it is the same tensor, once as a buffer and once as a
+    lifted constant (export lifts a StaticCache's step counter so: one state, two names)."""
     t = attrgetter(name)(gm)
     what = f"{writer.name} ({qualified(writer.target)}) writes the buffer {name}"
     if overlaps(tuple(t.shape), t.stride()):
@@ -120,11 +127,16 @@ def _own_bytes(gm: fx.GraphModule, name: str, writer: fx.Node) -> None:
     if t.numel() == 0:
         return
     home, start, end = _span(t)
+    params = {n for n, _ in gm.named_parameters()}
+    lifted = _lifted(gm)  # export's constants: non-persistent buffers
     for other, u in [*gm.named_parameters(), *gm.named_buffers()]:
         if other == name or u.numel() == 0:
             continue
         where, first, last = _span(u)
-        if where == home and first < end and start < last:
+        same = other not in params and (name in lifted or other in lifted) and \
+            u.dtype == t.dtype and u.shape == t.shape and u.stride() == t.stride() and \
+            (where, first) == (home, start)
+        if where == home and first < end and start < last and not same:
             raise Refused(f"{what}, which shares its bytes with {other}")
 
 

@@ -20,7 +20,6 @@ GraphoptError, never handed to ``torch.export.load``.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import logging
@@ -50,6 +49,7 @@ from graphopt.backends.torch.saved_format import (
 )
 from graphopt.errors import GraphoptError, first_line
 from graphopt.files.outputs import OutputSet
+from graphopt.frontends.user_state import private_copy
 from graphopt.ir.shape_range import dim_expression
 
 __all__ = ["save", "stage"]
@@ -152,7 +152,7 @@ def _exported(opt: Any) -> tuple[torch.export.ExportedProgram, Any]:
 
     module = opt.module
     graph = module.graph_module if isinstance(module, OptimizedModule) else module
-    gm = copy.deepcopy(graph)
+    gm = private_copy(graph)
     if isinstance(gm, fx.GraphModule):
         unpack_int8(gm)
         _inline_grad_wraps(gm)
@@ -161,9 +161,14 @@ def _exported(opt: Any) -> tuple[torch.export.ExportedProgram, Any]:
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in opt.example_inputs)
     names = _input_names(opt)
     passes = ", ".join(opt.info.get("passes_applied") or []) or "none"
+    shapes = _dynamic_shapes(opt.shape_range, names, args)
     try:
-        ep = torch.export.export(gm, args,
-                                 dynamic_shapes=_dynamic_shapes(opt.shape_range, names, args))
+        ep = torch.export.export(gm, args, dynamic_shapes=shapes)
+        if not isinstance(gm, fx.GraphModule) and any(
+                n.target is _GRAD_WRAP for n in ep.graph_module.graph.nodes):
+            flat = ep.module()  # the plain model's no_grad blocks, inlined as an optimized
+            _inline_grad_wraps(flat)  # graph's are: the reader builds one flat graph
+            ep = torch.export.export(flat, args, dynamic_shapes=shapes)
     except Exception as e:
         raise GraphoptError(f"torch.export cannot re-export the optimized graph (passes "
                             f"applied: {passes}): {first_line(e)}",
