@@ -148,3 +148,38 @@ def test_optimize_takes_a_builder_spec_as_plan_does(tmp_path) -> None:
         graphopt.optimize(f"{tmp_path}/mm.py", target="cpu")
     with pytest.raises(graphopt.GraphoptError, match="names no file"):
         graphopt.optimize("my_model", target="cpu")
+
+
+# --- thread counts a saved file carries -------------------------------------------------------
+def test_a_saved_files_thread_count_is_bounded(tmp_path) -> None:
+    """A .pt2's runtime record asking for 4096 threads is refused at load; a plan made for a
+    bigger CPU than this one sets at most this machine's CPUs."""
+    import dataclasses
+    import json
+    import os
+    import zipfile
+
+    from graphopt.decisions.runtime import Setting, apply_runtime_settings
+
+    opt = graphopt.optimize(_Mlp().eval(), (torch.randn(2, 64),), target="cpu", measure=False)
+    good = opt.save(tmp_path / "good.pt2")
+    bad = tmp_path / "bad.pt2"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("graphopt_runtime.json"):
+                record = json.loads(data)
+                record["settings"]["num_threads"] = {"value": 4096, "reason": "crafted"}
+                data = json.dumps(record).encode()
+            dst.writestr(item, data)
+    with pytest.raises(graphopt.GraphoptError, match="num_threads is 4096"):
+        graphopt.load(bad)
+    settings = graphopt.load(good).runtime_settings
+    many = dataclasses.replace(settings, num_threads=Setting(512, "a 256-core server's plan"))
+    before = torch.get_num_threads()
+    try:
+        with apply_runtime_settings(many) as report:
+            assert torch.get_num_threads() <= (os.cpu_count() or 1)
+            assert "more than this machine" in report["num_threads"]
+    finally:
+        torch.set_num_threads(before)

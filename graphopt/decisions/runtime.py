@@ -271,9 +271,14 @@ def _apply(torch: Any, st: RuntimeSettings, stack: ExitStack, report: dict[str, 
     if st.cudnn_benchmark.value is not None:
         b.cudnn.benchmark = st.cudnn_benchmark.value
         report["cudnn_benchmark"] = f"set to {st.cudnn_benchmark.value}"
-    if st.num_threads.value is not None:
-        torch.set_num_threads(int(st.num_threads.value))
-        report["num_threads"] = f"set to {st.num_threads.value}"
+    if st.num_threads.value is not None:  # never past this machine's CPUs: a plan (or file)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)  # made for a bigger CPU would oversubscribe this one
+        threads = max(1, min(int(st.num_threads.value), cpus))
+        torch.set_num_threads(threads)
+        report["num_threads"] = f"set to {threads}" + (
+            f" (the plan's {st.num_threads.value} is more than this machine's {cpus} CPUs)"
+            if threads != st.num_threads.value else "")
     if st.mkldnn_enabled.value is not None:
         b.mkldnn.enabled = st.mkldnn_enabled.value
         report["mkldnn_enabled"] = f"set to {st.mkldnn_enabled.value}"

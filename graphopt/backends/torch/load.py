@@ -40,6 +40,8 @@ __all__ = ["load"]
 
 logger = logging.getLogger("graphopt.backends.torch.saved")
 
+_MAX_THREADS = 1024  # no machine's plan asks for more (the session config's bound too)
+
 _FOREIGN = ("graphopt.load reads only what Optimized.save writes and never unpickles; if you "
             "trust the file, load it with torch.export.load / torch.load(weights_only=True) "
             "yourself, or " + RESAVE)
@@ -114,6 +116,9 @@ def _settings(data: dict[str, Any]) -> Any:
             value = s.get("value")
             if not _plain_value(value):
                 raise TypeError(f"runtime setting {f.name} is {str(value)[:40]}")
+            if f.name == "num_threads" and value is not None and not (
+                    type(value) is int and 1 <= value <= _MAX_THREADS):
+                raise TypeError(f"num_threads is {str(value)[:20]}, not 1-{_MAX_THREADS}")
             kw[f.name] = Setting(tuple(value) if isinstance(value, list) else value,
                                  str(s.get("reason", "")))
     return RuntimeSettings(**kw)
