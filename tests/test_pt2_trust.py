@@ -32,6 +32,8 @@ import graphopt
 from graphopt.backends.torch import pt2_ops
 from graphopt.backends.torch.pt2_writes import overlaps
 from tests.test_save_load import _convnet
+from tests.test_trust_load import _edit_json as edit_json
+from tests.test_trust_load import _rewrite
 
 ROOT = Path(__file__).resolve().parents[1]
 X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -46,22 +48,7 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def rewrite(good: Path, out: Path, edit: Callable[[str, bytes], bytes | None]) -> Path:
     """A copy of ``good`` with each member passed through ``edit(name, bytes)``."""
-    with zipfile.ZipFile(good) as src, zipfile.ZipFile(out, "w") as dst:
-        for item in src.infolist():
-            data = edit(item.filename, src.read(item))
-            if data is not None:
-                dst.writestr(item, data)
-    return out
-
-
-def edit_json(suffix: str, change: Callable[[Any], None]) -> Callable[[str, bytes], bytes]:
-    def edit(name: str, data: bytes) -> bytes:
-        if not name.endswith(suffix):
-            return data
-        value = json.loads(data)
-        change(value)
-        return json.dumps(value).encode()
-    return edit
+    return _rewrite(good, out, edit)
 
 
 def tensor(name: str) -> dict[str, Any]:
