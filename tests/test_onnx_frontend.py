@@ -175,14 +175,33 @@ def test_initializers_listed_as_inputs_are_params() -> None:
     assert g.inputs == ["X"] and g.tensors["W"].kind == "param"
 
 
-def test_control_flow_subgraph_is_opaque() -> None:
-    then = helper.make_graph([helper.make_node("Relu", ["X"], ["t"])], "then", [], [vi("t", [4])])
+def _if_model(then_nodes: list) -> onnx.ModelProto:
+    then = helper.make_graph(then_nodes, "then", [], [vi("t", [4])])
     other = helper.make_graph([helper.make_node("Neg", ["X"], ["o"])], "else", [], [vi("o", [4])])
-    m = make([helper.make_node("If", ["c"], ["Y"], then_branch=then, else_branch=other)],
-             [vi("c", [], TensorProto.BOOL), vi("X", [4])], [vi("Y", [4])])
-    g = load(m)
-    assert g.nodes[0].attrs == {"then_branch": SUBGRAPH, "else_branch": SUBGRAPH}
-    assert any("subgraph" in w for w in g.warnings)
+    return make([helper.make_node("If", ["c"], ["Y"], then_branch=then, else_branch=other)],
+                [vi("c", [], TensorProto.BOOL), vi("X", [4])], [vi("Y", [4])])
+
+
+def test_control_flow_bodies_become_graphs() -> None:
+    """Each branch is a graph of its own (issue 31, item 8), reading X from the outer scope
+    with its shape; the graph attributes keep their marker."""
+    g = load(_if_model([helper.make_node("Relu", ["X"], ["t"])]))
+    attrs = g.nodes[0].attrs
+    assert (attrs["then_branch"], attrs["else_branch"]) == (SUBGRAPH, SUBGRAPH)
+    assert [name for name, _ in attrs["bodies"]] == ["then_branch", "else_branch"]
+    then = attrs["bodies"][0][1]
+    assert [n.op_type for n in then.nodes] == ["Relu"]
+    assert then.tensors["X"].shape == (4,) and then.tensors["t"].shape == (4,)
+    assert attrs["trip_count"] == 1 and g.warnings == []
+
+
+def test_a_body_that_does_not_build_is_said_and_left_uncosted() -> None:
+    g = load(_if_model([helper.make_node("Relu", ["X"], ["t"]),
+                        helper.make_node("Neg", ["X"], ["t"])]))  # t written twice
+    assert "bodies" not in g.nodes[0].attrs
+    assert any("then_branch: the body could not be analysed" in w and "written twice" in w
+               for w in g.warnings)
+    assert any(w.startswith("control-flow subgraphs are not analysed") for w in g.warnings)
 
 
 def test_constant_nodes_become_tensors_classed_like_initializers() -> None:

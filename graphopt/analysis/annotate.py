@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from graphopt.analysis.classify import classify_op
+from graphopt.analysis.control_flow import with_bodies
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.metrics import has_empty_outputs, node_work
 from graphopt.analysis.patterns import find_patterns
@@ -61,6 +62,7 @@ def annotate(graph: Graph) -> dict[str, NodeAnalysis]:
             flags=flags,
             op_type=node.op_type,
         )
+    with_bodies(graph, out, annotate)  # If/Loop/Scan: their bodies' nodes
     for name in _shape_arithmetic(graph):
         out[name] = replace(out[name], flags=(*out[name].flags, "shape_arithmetic"))
     for name, dtype in _qdq_dtypes(graph, out).items():

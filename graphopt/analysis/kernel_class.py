@@ -25,6 +25,7 @@ class KernelClass(str, Enum):
     REDUCTION = "reduction"  # reductions and pooling
     DATA_MOVEMENT = "data_movement"  # transpose, concat, gather, pad, copy
     VIEW = "view"  # free: reshapes and aliases, no kernel
+    CONTROL_FLOW = "control_flow"  # ONNX If/Loop/Scan: the kernels of a body it runs
     OTHER = "other"
 
     def __str__(self) -> str:

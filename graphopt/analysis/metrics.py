@@ -12,9 +12,15 @@ Conventions (so both frontends agree):
    (halved when causal over a square mask) plus the softmax.
 4. Everything else reports ``numel`` (output elements), plus ``rows``/``cols`` for row-wise ops.
 5. Free views move no bytes; gathers and slices read what they write, not the whole source.
+   A scatter reads and writes its whole input (a copy with the updates written in) unless it
+   is in place (``inplace=True``): then it reads its indices and updates and writes only the
+   updated elements. One op per update when it reduces (add, max, ...; mean: a sum and a
+   divide), none when it overwrites. Its dims add ``updates``.
 6. A node whose every output has zero elements (a batch of 0, an empty slice) does no work:
    frameworks return before launching a kernel, so it has no FLOPs and moves no bytes. Its dims
    keep the zeros, so the report shows why.
+7. ``Einsum`` and ``LSTM``/``GRU``/``RNN`` take dims and FLOPs from :mod:`graphopt.analysis.einsum`
+   and :mod:`graphopt.analysis.recurrent`, whatever their class.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from graphopt.analysis.einsum import einsum_work
 from graphopt.analysis.kernel_class import KernelClass
-from graphopt.ir.graph import Graph, Node, TensorInfo
+from graphopt.analysis.recurrent import rnn_dims, rnn_flops
+from graphopt.ir.graph import Graph, Node, TensorInfo, dtype_bytes
 
-__all__ = ["OpWork", "attention_dims_from_qk", "attention_flops", "gemm_dims", "has_empty_outputs",
-           "node_work"]
+__all__ = ["OpWork", "attention_dims_from_qk", "attention_flops", "einsum_shapes", "gemm_dims",
+           "has_empty_outputs", "node_work"]
 
 # FLOPs per output element of elementwise ops that are more than one add or multiply. Rough
 # counts of the arithmetic a vectorized kernel does; they matter little, since these ops are
@@ -36,6 +44,8 @@ _ELEMENTWISE_FLOPS: dict[str, int] = {
     "Log": 2, "Erf": 4, "Softplus": 4, "Mish": 8, "HardSwish": 3, "HardSigmoid": 2, "Elu": 3,
     "Selu": 3, "Celu": 3, "Pow": 2, "Sqrt": 1, "Rsqrt": 2, "Reciprocal": 1, "Sin": 4, "Cos": 4,
     "Cast": 0, "Dropout": 0, "QuantizeLinear": 3, "DequantizeLinear": 2,
+    "Glu": 5,  # a sigmoid and a multiply
+    "Polar": 10,  # a cos, a sin and two multiplies
 }
 _SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, subtract, exp, sum, divide
 _NORM_FLOPS_PER_ELEMENT = {"LayerNormalization": 8, "GroupNormalization": 8,
@@ -186,6 +196,11 @@ def _io_bytes(ins: list[TensorInfo | None], outs: list[TensorInfo | None]) -> tu
     return read, written, params
 
 
+def einsum_shapes(ins: list[TensorInfo | None]) -> list[tuple[int, ...]]:
+    """The operands' static shapes for :func:`graphopt.analysis.einsum.einsum_work`."""
+    return [_shape(t) for t in ins]
+
+
 def has_empty_outputs(outs: list[TensorInfo | None]) -> bool:
     """True when every output is known to have zero elements (convention 6)."""
     return bool(outs) and all(t is not None and t.shape is not None and 0 in t.shape
@@ -199,11 +214,13 @@ def node_work(graph: Graph, node: Node, kernel_class: KernelClass) -> OpWork:
     out = outs[0] if outs else None
     read, written, params = _io_bytes(ins, outs)
     numel = out.numel if out is not None else 0
-    handler = _HANDLERS.get(kernel_class)
+    handler = _OP_HANDLERS.get(node.op_type) or _HANDLERS.get(kernel_class)
     if handler is not None:
         dims, flops, read = handler(node, ins, out, numel, read)
     else:
         dims, flops = {"numel": numel}, 0
+    if node.op_type in _SCATTERS and node.attrs.get("inplace") and "updates" in dims:  # 5
+        written = _updated_bytes(dims["updates"], out)
     if kernel_class is KernelClass.VIEW:
         read = written = 0
     if has_empty_outputs(outs):  # convention 6
@@ -273,6 +290,8 @@ def _reduction(node, ins, out, numel, read):
 
 
 def _data_movement(node, ins, out, numel, read):
+    if node.op_type in _SCATTERS:
+        return _scatter(node, ins, out, numel, read)
     if node.op_type in ("Gather", "GatherElements", "GatherND", "Slice", "Embedding",
                         "IndexSelect") and out is not None and node.attrs.get(
                             "variant") != "im2col":  # im2col reads each input once (reuse)
@@ -282,6 +301,43 @@ def _data_movement(node, ins, out, numel, read):
     return {"numel": numel}, 0, read
 
 
+_SCATTERS = frozenset({"ScatterElements", "ScatterND"})
+_NO_REDUCTION = (None, "none")
+
+
+def _scatter(node, ins, out, numel, read):
+    """Convention 5: the updated elements, and the whole input unless in place."""
+    updates = node.attrs.get("updates")
+    if not isinstance(updates, int):
+        src = ins[-1] if len(ins) > 2 else out  # ONNX: (data, indices, updates)
+        updates = src.numel if src is not None else numel
+    flops = 0 if node.attrs.get("reduction") in _NO_REDUCTION else updates
+    if node.attrs.get("reduction") == "mean":
+        flops *= 2
+    if node.attrs.get("inplace"):  # indices and updates, and the old values it reduces into
+        kept = read - (ins[0].nbytes if ins and ins[0] is not None else 0)
+        read = kept + (_updated_bytes(updates, out) if flops else 0)
+    return {"numel": numel, "updates": updates}, flops, read
+
+
+def _updated_bytes(updates: int, out: TensorInfo | None) -> int:
+    return math.ceil(updates * dtype_bytes(out.dtype if out is not None else None))
+
+
+def _einsum(node, ins, out, numel, read):
+    work = einsum_work(str(node.attrs.get("equation", "")), einsum_shapes(ins))
+    if work is None:
+        return {"numel": numel}, 0, read
+    return dict(work.dims), work.flops, read
+
+
+def _recurrent(node, ins, out, numel, read):
+    d = rnn_dims(node, ins)
+    return d, rnn_flops(node, ins, d), read
+
+
+_OP_HANDLERS: dict[str, _Handler] = {"Einsum": _einsum, "LSTM": _recurrent, "GRU": _recurrent,
+                                     "RNN": _recurrent}
 _HANDLERS: dict[KernelClass, _Handler] = {
     KernelClass.GEMM: _gemm,
     KernelClass.GEMV: _gemm,

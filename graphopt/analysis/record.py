@@ -18,6 +18,11 @@ class NodeAnalysis:
     ``bytes_written`` count each distinct tensor once at its dtype's width: what one un-fused
     kernel must move through DRAM. ``pattern`` names the multi-node pattern the node belongs to
     (``"rmsnorm:3"``: pattern and instance); its ``dims`` are then the pattern's dims.
+
+    A control-flow node (``If``/``Loop``/``Scan``) runs kernels of its own: ``branches`` holds
+    the analyses of each body's nodes (an ``If``'s two branches, a loop's one body), run
+    ``trips`` times; the roofline costs every body node and takes the slowest branch
+    (:mod:`graphopt.analysis.control_flow`).
     """
 
     kernel_class: KernelClass
@@ -32,6 +37,8 @@ class NodeAnalysis:
     #: the node's canonical op type (``Node.op_type``): a calibrated CPU profile charges each
     #: op type its own measured fixed cost
     op_type: str | None = None
+    branches: tuple[tuple[NodeAnalysis, ...], ...] = ()
+    trips: int = 1
 
     @property
     def bytes_total(self) -> int:

@@ -34,6 +34,9 @@ Which compute peak applies:
 8. Shape arithmetic (``Shape -> Gather -> Concat`` feeding a ``Reshape``, flagged by
    :mod:`graphopt.analysis.annotate`) is host work on a few integers: it costs nothing, so a
    dynamic-axes export costs what its static twin does.
+9. A control-flow node (ONNX ``If``/``Loop``/``Scan``) costs the kernels of its bodies: each
+   body node is estimated like any node, a branch is the sum of its nodes, and the node costs
+   its slowest branch times its trips (:mod:`graphopt.analysis.control_flow`).
 """
 
 from __future__ import annotations
@@ -298,6 +301,8 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
         return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
                         peak_key(dtype or a.dtype), note="shape arithmetic: host work, no "
                         "kernel (a static export folds it)")
+    if a.branches:  # case 9
+        return _branches(a, profile, dtype)
     rate, unit, key, align, util, note = _compute_rate(a, profile, dtype or a.dtype)
     bandwidth = measured_bandwidth(profile) \
         or profile.bandwidth_bytes_per_s * efficiency(profile.kind, "memory")
@@ -322,11 +327,42 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
                     rate, bandwidth, unit, key, align, util, note)
 
 
+_BRANCH_NAMES = {"If": ("then", "else")}
+
+
+def _branches(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None) -> NodeCost:
+    """Case 9: the slowest branch's node costs, summed, times the trips."""
+    costs = [[estimate(b, profile, dtype) for b in branch] for branch in a.branches]
+    times = [sum(c.est_time_s for c in branch) for branch in costs]
+    pick = max(range(len(times)), key=times.__getitem__)
+    chosen, n = costs[pick], a.trips
+    if not chosen:  # every body only passes values through
+        return NodeCost(0.0, 0.0, 0.0, 0.0, "latency", 0.0, 0.0, "none",
+                        peak_key(dtype or a.dtype), note="empty bodies: no kernel")
+    compute_t, memory_t, overhead = (n * sum(getattr(c, f) for c in chosen) for f in (
+        "compute_time_s", "memory_time_s", "overhead_s"))
+    slowest = max(chosen, key=lambda c: c.est_time_s)
+    bound: Bottleneck = "latency" if overhead >= max(compute_t, memory_t) else (
+        "compute" if compute_t >= memory_t else "memory")
+    names = _BRANCH_NAMES.get(a.op_type or "", ())
+    which = names[pick] if pick < len(names) else f"body {pick}"
+    note = (f"{which} branch, the slower of {len(times)} ({times[pick]:.3g} s vs "
+            f"{', '.join(f'{t:.3g}' for i, t in enumerate(times) if i != pick)} s)"
+            if len(times) > 1 else f"body of {len(chosen)} nodes")
+    if n != 1:
+        note += f", run {n} times"
+    return NodeCost(n * times[pick], compute_t, memory_t, overhead, bound,
+                    a.flops / compute_t if compute_t else 0.0,
+                    a.bytes_total / memory_t if memory_t else 0.0, slowest.unit,
+                    slowest.precision, note=note)
+
+
 def cost_key(a: NodeAnalysis) -> tuple[Any, ...]:
     """What :func:`estimate` reads of an analysis: two analyses with the same key cost the
     same on a profile (a memo key for repeated layers)."""
     return (a.kernel_class, tuple(a.dims.items()), a.dtype, a.flags, a.flops, a.bytes_total,
-            a.op_type)
+            a.op_type, tuple(tuple(cost_key(b) for b in branch) for branch in a.branches),
+            a.trips)
 
 
 def estimate_all(analyses: Mapping[str, NodeAnalysis], profile: HardwareProfile

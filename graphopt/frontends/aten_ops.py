@@ -24,11 +24,16 @@ Choices worth knowing:
   (F.unfold) is a ``Gather``, ``col2im`` a ``ScatterElements`` add, ``meshgrid`` an aliasing
   ``Expand``, ``_weight_norm`` an ``LpNormalization`` scaled by ``g``. ``fill_`` is
   ``ConstantOfShape`` (the kernel of ``full``) writing into ``attrs["dst"]``, as ``copy_`` does.
+* Scatters (``scatter*``, ``index_copy*``, ``index_add*``, ``index_fill*``, ``masked_scatter*``,
+  ``select_scatter``/``slice_scatter``...) are ``ScatterElements`` with ``updates``, the elements
+  they write; the in-place ones carry ``inplace``/``dst``. ``repeat_interleave`` is a ``Tile``
+  (``variant``); ``glu`` and ``polar`` are ``Glu`` and ``Polar``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -429,6 +434,8 @@ for _n, _fn in _ELEMENTWISE.items():
     ATEN_OPS[f"aten.{_n}"] = _fn
     ATEN_OPS[f"aten.{_n}_"] = _with(_fn, inplace=True)
 
+_reg("glu")(_op("Glu", axis=A("dim", -1)))
+_reg("polar")(_op("Polar", "abs angle"))
 _reg("dropout", "native_dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")(
     lambda c: ("Dropout", [c.t("input")], {"ratio": c.v("p"),
                                            "training_mode": int(bool(c.v("train")))}))
@@ -547,6 +554,20 @@ def _fill(c: Call) -> MapResult:
 _reg("copy_")(lambda c: ("Copy", [c.t("src") or c.t("other")], {"inplace": True,
                                                                  "dst": c.t("self")}))
 _reg("repeat")(_op("Tile", repeats=A("repeats")))
+
+
+@_reg("repeat_interleave")
+def _repeat_interleave(c: Call) -> MapResult:
+    """Each element (each slice along ``dim``; None: of the flattened input) repeated: a
+    ``Tile`` of every element in place (``variant``). The ``Tensor`` overload takes only the
+    repeat counts and writes the indices ``0, 0, 1, ...`` they spell."""
+    attrs: dict[str, Any] = {"variant": "repeat_interleave", "axis": c.v("dim")}
+    if c.overload == "Tensor":
+        return "Tile", [c.t("repeats")], attrs
+    ins, scalars = _operands(c, ("self", "repeats"))
+    if "scalar" in scalars:
+        attrs["repeats"] = scalars["scalar"]
+    return "Tile", ins, attrs
 _reg("roll")(_op("Roll", shifts=A("shifts"), dims=A("dims")))
 _reg("flip")(_op("Flip", axes=A("dims")))
 _reg("pixel_shuffle")(_op("DepthToSpace", blocksize=A("upscale_factor")))
@@ -572,10 +593,10 @@ def _im2col(c: Call) -> MapResult:
     """F.unfold: ``[N, C, H, W] -> [N, C*kh*kw, L]``, a gather of the kernel taps (torch's own
     decomposition is an index op); ``col2im`` (F.fold) sums the taps back: a scatter-add."""
     attrs = {k: c.v(k) for k in ("kernel_size", "dilation", "padding", "stride")}
-    if c.packet == "aten.col2im":
+    if c.packet == "aten.col2im":  # every tap of the input is added once
         return "ScatterElements", [c.t("self")], {**attrs, "variant": "col2im",
                                                   "output_size": c.v("output_size"),
-                                                  "reduction": "add"}
+                                                  "reduction": "add", "updates": _numel(c.shape())}
     return "Gather", [c.t("self")], {**attrs, "variant": "im2col"}
 
 
@@ -592,12 +613,63 @@ def _index_put(c: Call) -> MapResult:
         "reduction": "add" if c.v("accumulate") else "none", "index_positions": pos}
 
 
-@_reg("scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy")
+def _numel(shape: tuple[int | str, ...] | None) -> int | None:
+    """Element count of a static shape, else None."""
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return math.prod(shape)  # type: ignore[arg-type]
+
+
+def _in_place(c: Call, attrs: dict[str, Any]) -> dict[str, Any]:
+    """``op_`` writes into ``self``: ``inplace`` and ``dst``, as ``fill_``/``copy_`` have."""
+    return {**attrs, "inplace": True, "dst": c.t("self")} if c.packet.endswith("_") else attrs
+
+
+@_reg("scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy", "scatter_",
+      "scatter_add_", "scatter_reduce_", "index_add_", "index_copy_")
 def _scatter(c: Call) -> MapResult:
+    """``scatter*`` write one update per element of ``index``; ``index_add``/``index_copy`` one
+    per element of ``source`` (whole slices along ``dim``)."""
     upd = next((n for n in ("src", "source", "value") if c.has(n)), "src")
     ins, attrs = _operands(c, ("self", "index", upd))
-    red = c.v("reduce") or ("add" if c.packet in ("aten.scatter_add", "aten.index_add") else "none")
-    return "ScatterElements", ins, {**attrs, "axis": c.v("dim"), "reduction": red}
+    base = c.packet.rstrip("_")
+    red = c.v("reduce") or ("add" if base in ("aten.scatter_add", "aten.index_add") else "none")
+    updates = _numel(c.shape("index" if base.startswith("aten.scatter") else upd))
+    return "ScatterElements", ins, _in_place(c, {**attrs, "axis": c.v("dim"), "reduction": red,
+                                                 "updates": updates})
+
+
+@_reg("index_fill", "index_fill_")
+def _index_fill(c: Call) -> MapResult:
+    """Fills the slices ``index`` picks along ``dim`` with ``value``."""
+    ins, attrs = _operands(c, ("self", "index", "value"))
+    shape, dim, picked = c.shape(), c.v("dim"), _numel(c.shape("index"))
+    whole = _numel(shape)
+    per_slice = whole // shape[dim] if whole and isinstance(dim, int) and shape else None
+    return "ScatterElements", ins, _in_place(c, {
+        **attrs, "axis": dim, "reduction": "none", "variant": "index_fill",
+        "updates": per_slice * picked if per_slice is not None and picked is not None else None})
+
+
+@_reg("select_scatter", "slice_scatter", "diagonal_scatter", "as_strided_scatter")
+def _view_scatter(c: Call) -> MapResult:
+    """``self`` with the view (a select, a slice, a diagonal) replaced by ``src``: what
+    functionalization writes for ``x[:, 0] = y``."""
+    attrs = {k: c.v(k) for k in ("dim", "index", "start", "end", "step", "offset", "dim1", "dim2")
+             if c.has(k)}
+    return "ScatterElements", [c.t("self"), c.t("src")], {
+        **attrs, "reduction": "none", "variant": c.packet.removeprefix("aten."),
+        "updates": _numel(c.shape("src"))}
+
+
+@_reg("masked_scatter", "masked_scatter_")
+def _masked_scatter(c: Call) -> MapResult:
+    """Copies ``source``'s elements, in order, where ``mask`` is true: at most as many as
+    either holds."""
+    counts = [n for n in (_numel(c.shape()), _numel(c.shape("source"))) if n is not None]
+    return "ScatterElements", [c.t("self"), c.t("mask"), c.t("source")], _in_place(c, {
+        "reduction": "none", "variant": "masked_scatter",
+        "updates": min(counts) if counts else None})
 
 
 @_reg("pad", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",

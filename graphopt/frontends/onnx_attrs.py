@@ -21,7 +21,8 @@ __all__ = ["SUBGRAPH", "ConstValue", "attr_value", "const_array", "fill_defaults
 _T = onnx.TensorProto
 _A = onnx.AttributeProto
 
-#: Marker kept in ``attrs`` for an If/Loop/Scan body: control-flow subgraphs are not analysed.
+#: Marker kept in ``attrs`` for a graph attribute; an If/Loop/Scan's bodies are built as graphs
+#: beside it, in ``attrs["bodies"]`` (:mod:`graphopt.frontends.onnx_bodies`).
 SUBGRAPH = "<subgraph>"
 
 #: A constant's value: an initializer (decoded on demand) or an already-decoded array.

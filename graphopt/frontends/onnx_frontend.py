@@ -42,6 +42,7 @@ from onnx import helper
 
 from graphopt.errors import GraphoptError, ModelLoadError
 from graphopt.frontends.onnx_attrs import ConstValue, attr_value, fill_defaults
+from graphopt.frontends.onnx_bodies import control_flow_bodies
 from graphopt.frontends.onnx_fold import fold_constants
 from graphopt.frontends.onnx_normalize import free_negative_dims, weights_as_initializers
 from graphopt.frontends.onnx_safety import (
@@ -333,7 +334,12 @@ def _build(proto: onnx.ModelProto, name: str, warnings: list[str]) -> Graph:
         attrs = {a.name: attr_value(a) for a in onode.attribute}
         if (domain or onode.op_type in _CONTROL_FLOW) and any(
                 a.type in (_A.GRAPH, _A.GRAPHS) for a in onode.attribute):
-            notes.setdefault("control-flow subgraphs are not analysed", []).append(names[idx])
+            bodies = control_flow_bodies(proto, onode, names[idx], infos, consts, _build,
+                                         warnings)
+            if bodies is None:
+                notes.setdefault("control-flow subgraphs are not analysed", []).append(names[idx])
+            else:
+                attrs.update(bodies)  # If/Loop/Scan: bodies built and analysed like any graph
         node = Node(names[idx], op_type, source_op, ins[idx], outs[idx], attrs)
         for out in node.outputs:
             if out:

@@ -4,7 +4,9 @@ Names are ONNX operator names (https://onnx.ai/onnx/operators/) with ONNX input 
 attribute names, so an ONNX model needs almost no translation and a torch graph is described in
 the same terms. A few ops ONNX lacks (or that torch keeps whole) are added: ``Linear``, ``Silu``,
 ``Rsqrt``, ``Attention`` (ONNX opset 23 has one; ours is SDPA-shaped), ``RMSNormalization``,
-``Histogram`` (torch ``histc``: attrs ``bins``, ``min``, ``max``).
+``Histogram`` (torch ``histc``: attrs ``bins``, ``min``, ``max``), ``Glu`` (torch ``glu``: the
+first half of ``axis`` times the sigmoid of the second) and ``Polar`` (torch ``polar(abs, angle)``,
+a complex result).
 
 Conventions the analysis relies on (a frontend must produce exactly these):
 
@@ -36,6 +38,17 @@ Conventions the analysis relies on (a frontend must produce exactly these):
   ``q_num_heads``; ``com.microsoft::Attention`` takes packed input with ``num_heads``.
 * Weights of torch ``MatMulNBits``/``DynamicQuantizeMatMul`` are ``[N, K]`` (ORT's are
   ``[K, N]``): read the ``K``/``N`` attrs.
+* ``Einsum`` attr ``equation`` (ONNX and torch spell it alike): a GEMM when its operands share a
+  summed index, else elementwise, a reduction or a view (:mod:`graphopt.analysis.einsum`).
+* ``LSTM``/``GRU``/``RNN`` are ONNX's (``X``, ``W[dirs, G*H, I]``, ``R[dirs, G*H, H]``, ``B``...,
+  attrs ``hidden_size``, ``direction``, ``layout``): the GEMM sequence of the recurrence
+  (:mod:`graphopt.analysis.recurrent`).
+* ``If``/``Loop``/``Scan`` from ONNX carry their bodies as graphs: ``attrs["bodies"]`` is a tuple
+  of ``(attribute name, Graph)`` (``If``: then, else), ``attrs["trip_count"]`` the iterations
+  when a constant or a static shape gives them (``If``: 1; None: unknown).
+* Scatters (``ScatterElements``, ``ScatterND``) write ``attrs["updates"]`` elements when the
+  frontend knows the count (else their updates input's); ``inplace=True`` with ``dst``: the op
+  writes into ``dst`` (torch ``scatter_``), moving only the updated elements.
 * Quantized ops keep their ONNX names (``MatMulInteger``, ``QLinearMatMul``, ``MatMulNBits``,
   ``QuantizeLinear``, ``DequantizeLinear``, ``ConvInteger``, ``QLinearConv``).
 
@@ -48,13 +61,16 @@ from __future__ import annotations
 __all__ = [
     "ATTENTION_OPS",
     "BINARY_ELEMENTWISE",
+    "CONTROL_FLOW_OPS",
     "CONV_OPS",
     "DATA_MOVEMENT",
+    "EINSUM_OPS",
     "GEMM_OPS",
     "NORM_OPS",
     "POOL_OPS",
     "QUANT_GEMM_OPS",
     "REDUCE_OPS",
+    "RNN_OPS",
     "ROPE_OPS",
     "SOFTMAX_OPS",
     "UNARY_ELEMENTWISE",
@@ -74,12 +90,12 @@ UNARY_ELEMENTWISE = frozenset({
     "Reciprocal", "Neg", "Abs", "Erf", "Sin", "Cos", "Silu", "HardSwish", "LeakyRelu", "Elu",
     "Selu", "Celu", "Softplus", "Softsign", "Mish", "Clip", "Cast", "Dropout", "Not", "Floor",
     "Ceil", "Round", "Sign", "IsNaN", "IsInf", "PRelu", "ThresholdedRelu", "QuantizeLinear",
-    "DequantizeLinear", "DynamicQuantizeLinear", "Trilu", "Bernoulli", "CastLike",
+    "DequantizeLinear", "DynamicQuantizeLinear", "Trilu", "Bernoulli", "CastLike", "Glu",
 })
 BINARY_ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Sum", "Where", "Equal", "Less",
     "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "BitShift",
-    "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BiasGelu", "BiasAdd",
+    "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BiasGelu", "BiasAdd", "Polar",
 })
 SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
 REDUCE_OPS = frozenset({
@@ -99,7 +115,10 @@ VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", 
                       "Constant", "Alias"})
 ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
 ROPE_OPS = frozenset({"RotaryEmbedding"})
+EINSUM_OPS = frozenset({"Einsum"})
+RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 KNOWN_OPS = (GEMM_OPS | QUANT_GEMM_OPS | CONV_OPS | NORM_OPS | UNARY_ELEMENTWISE
              | BINARY_ELEMENTWISE | SOFTMAX_OPS | REDUCE_OPS | POOL_OPS | DATA_MOVEMENT | VIEW_OPS
-             | ATTENTION_OPS | ROPE_OPS)
+             | ATTENTION_OPS | ROPE_OPS | EINSUM_OPS | RNN_OPS | CONTROL_FLOW_OPS)

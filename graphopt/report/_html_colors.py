@@ -16,7 +16,8 @@ CLASS_COLORS = {"gemm": "#2f64d0", "gemv": "#6f9be8", "attention": "#8a55d4",
                "quant_gemm": "#3d3fa8", "quant_dot": "#8285dc", "conv": "#16a08a",
                "rmsnorm": "#c7a020", "norm": "#9c7f16", "softmax": "#e35d5d", "rope": "#d2476f",
                "silu": "#f2a54e", "elementwise": "#e57d2f", "reduction": "#a0522d",
-               "data_movement": "#7c8a9c", "view": "#c3cad3", "other": "#5b6470"}
+               "data_movement": "#7c8a9c", "view": "#c3cad3", "control_flow": "#4f7f5a",
+               "other": "#5b6470"}
 _SPARE = ("#2a9d8f", "#e76f51", "#6d597a", "#bc6c25", "#457b9d", "#9c89b8", "#588157", "#d4a373")
 
 
