@@ -319,3 +319,21 @@ def test_the_good_file_for_the_property_loads(tmp_path: Path) -> None:
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(graphopt.load(path)(x), _convnet()(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("member", ["graphopt_outputs.json", "graphopt_plan.json"])
+def test_a_record_whose_bytes_fail_their_checksum_is_a_graphopt_error(tmp_path: Path,
+                                                                      member: str) -> None:
+    """A byte flipped inside one of graphopt's records (the zip's CRC no longer matches):
+    load says the archive is damaged, never a raw error from the zip reader (found by the
+    hypothesis test above on the output record)."""
+    good = _saved(tmp_path / "good.pt2")
+    data = bytearray(good.read_bytes())
+    with zipfile.ZipFile(good) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(f"extra/{member}"))
+    name_len, extra_len = struct.unpack_from("<HH", data, info.header_offset + 26)
+    data[info.header_offset + 30 + name_len + extra_len + 2] ^= 0x55
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(graphopt.GraphoptError, match="damaged"):
+        graphopt.load(bad)

@@ -151,10 +151,16 @@ def _inputs(inputs: dict[str, Any]) -> tuple[list[str], list[tuple[int, ...] | N
 def _outputs(ar: Any, path: Path) -> dict[str, Any] | None:
     """The output record (None in a file written before it), after checking that this process
     has every model-library op the graph calls (:func:`.saved._library_ops`)."""
-    name = f"{ar.root}extra/{OUTPUTS}"
-    if name not in ar.names:
+    from graphopt.backends.torch.pt2_archive import Damaged, Unhandled
+
+    try:
+        name = f"{ar.root}extra/{OUTPUTS}"
+        raw = ar.member(name) if name in ar.names else None
+    except (Damaged, Unhandled) as e:  # a cut or edited member: the file is damaged
+        raise GraphoptError(f"{path} is a damaged graphopt archive: {e}", RESAVE) from None
+    if raw is None:
         return None
-    data = _json({OUTPUTS: ar.member(name).decode("utf-8", "replace")}, OUTPUTS, path)
+    data = _json({OUTPUTS: raw.decode("utf-8", "replace")}, OUTPUTS, path)
     ops = data.get("library_ops") or {}
     if not isinstance(ops, dict):
         raise GraphoptError(f"{path}: graphopt's record {OUTPUTS} lists its ops as "
