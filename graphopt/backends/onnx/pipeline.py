@@ -33,6 +33,7 @@ from graphopt.backends.onnx.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.fitting import Fit, fit_for, fit_from_feed
 from graphopt.backends.onnx.guard import compare, guard, run_samples
+from graphopt.backends.onnx.holdout import ONE_BATCH, HeldOut, split
 from graphopt.backends.onnx.model_check import checker_problem, finalize
 from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options, sample_feeds
 from graphopt.backends.onnx.padding import pad_channels
@@ -126,6 +127,7 @@ class _OnnxBackend:
     ctx: OnnxContext
     original: onnx.ModelProto
     reference: list[list[np.ndarray]]
+    held: HeldOut = field(default_factory=HeldOut)
     guard_reports: list[dict[str, Any]] = field(default_factory=list)
 
     def snapshot(self, model: onnx.ModelProto) -> onnx.ModelProto:
@@ -137,9 +139,12 @@ class _OnnxBackend:
         not run in ONNX Runtime or fails the ONNX checker: one broken pass never sinks the
         run (the original model ran, so such a failure is the pass's)."""
         saved = {k: dict(v) for k, v in self.ctx.decisions.items()}
+        names = [o.name for o in self.original.graph.output]
         try:
             result = self._apply(p, model, tol)
             problem = checker_problem(result.model) if result.modified else None
+            if problem is None and result.modified and p.lossy:
+                problem = self.held.problem(result.model, names, tol, p.name)
         except GraphoptError as e:
             if not e.problem.startswith(("ONNX Runtime cannot load", "ONNX Runtime failed")):
                 raise
@@ -220,7 +225,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                       dim_values=setup.rng.values("opt") if setup.rng else {})
     ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
                                      "reason": why}
-    backend = _OnnxBackend(ctx, setup.base, setup.reference)
+    backend = _OnnxBackend(ctx, setup.base, setup.reference, setup.held)
     done = run_passes(backend, setup.base, default_passes() if passes is None else passes,
                       measure=measure_here(opts, profile))
     setup.timings.update({f"{name}_s": s for name, s in done.seconds.items()})
@@ -243,6 +248,8 @@ class _Setup:
     timings: dict[str, float] = field(default_factory=dict)
     #: integer scalar input -> the value the made-up samples hold (:mod:`.fitting`)
     values: dict[str, int] = field(default_factory=dict)
+    #: calibration batches the passes never choose with (:mod:`.holdout`)
+    held: HeldOut = field(default_factory=HeldOut)
 
 
 def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any,
@@ -259,6 +266,11 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
         raise GraphoptError("the ONNX frontend kept no model to rewrite")
     original = OrtModel(base, what="the original model", options=quiet_options())
     calib = load_calibration(calibration, base) if calibration is not None else None
+    held = HeldOut()
+    if calib and not samples:  # one part chooses, the other checks (holdout.py)
+        calib, held.samples = split(calib, GUARD_SAMPLES)
+        if not held.samples:
+            graph.warnings.append(ONE_BATCH)
     given = list(samples or calib or [])
     # the free dims at the data's sizes, else made-up inputs that fit the model
     fit = fit_from_feed(graph, dynamic_shapes, given[0]) if given else \
@@ -285,8 +297,9 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
         if samples or calib:
             raise
         raise _generated_inputs_failed(e, runs, rng, fit) from None
+    held.reference = run_samples(original, held.samples, "the original") if held.samples else []
     return _Setup(at_opt(graph), plan, base, rng, calib, runs, at_ends, reference, timings,
-                  fit.values)
+                  fit.values, held)
 
 
 def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, Any]],
@@ -298,8 +311,10 @@ def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, 
     t0 = time.perf_counter()
     current = finalize(done.model)
     names = [o.name for o in setup.base.graph.output]
-    final = compare(setup.reference, run_samples(current, setup.runs, "the optimized model"),
-                    names, done.tolerance)
+    final = setup.held.errors(current, names, done.tolerance, "the optimized model") \
+        if setup.held.samples else \
+        compare(setup.reference, run_samples(current, setup.runs, "the optimized model"),
+                names, done.tolerance)  # the stated error: the held-out batches' when held
     timings["check_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - start
     warnings = _declined_requests(opts, applied, ctx)
@@ -318,6 +333,7 @@ def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, 
         "sample_values": setup.values,
         **({"shape_range": rng.to_dict(), "range_samples": len(setup.at_ends)} if rng else {}),
         "calibration_batches": len(calib) if calib else 0,
+        "held_out_batches": len(setup.held.samples),
         "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
         "timings": timings}
     plan = replace(setup.plan.with_decisions(ctx.decisions),
