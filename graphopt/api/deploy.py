@@ -120,7 +120,7 @@ def _measure(opt: Any) -> DeployChoice:
     import torch
 
     from graphopt.backends.torch.isolation import clone_inputs, private_copy, run_isolated
-    from graphopt.measure.deploy_runs import ROUNDS, interleaved_best
+    from graphopt.measure.deploy_runs import ROUNDS, interleaved_rounds
 
     model, inputs = opt.source_model, opt.example_inputs
     reference = run_isolated(model, inputs)
@@ -148,12 +148,13 @@ def _measure(opt: Any) -> DeployChoice:
                 runners[artifact] = runner
                 calls[artifact] = _call(runner, args)
         with torch.inference_mode():
-            best = interleaved_best(calls)
-    timed = tuple(replace(r, seconds=best.get(a)) for a, r in rows.items())
-    method = (f"interleaved best of {ROUNDS} rounds on {opt.plan.target.display_name}, "
-              f"torch {torch.get_num_threads()} thread(s)")
+            per_round = interleaved_rounds(calls)
+    timed = tuple(replace(r, seconds=min(per_round[a]), rounds=tuple(per_round[a]))
+                  if a in per_round else r for a, r in rows.items())
+    method = (f"{ROUNDS} interleaved rounds on {opt.plan.target.display_name} (best of each, "
+              f"paired: a 95% interval per choice), torch {torch.get_num_threads()} thread(s)")
     opt.deployed_runners = runners
-    return pick_measured(timed, method, best["original"])
+    return pick_measured(timed, method, min(per_round["original"]))
 
 
 def _call(runner: Deployed, args: tuple[Any, ...]) -> Callable[[], Any]:

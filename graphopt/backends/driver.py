@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from graphopt.backends.timing import Measured
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.hardware import is_this_machine
 from graphopt.hardware.profile import HardwareProfile
@@ -100,7 +101,7 @@ class Backend(Protocol[M]):
     def check(self, p: Pass, model: M, tol: Tolerance) -> str | None:
         """Why ``model`` must be reverted (outputs out of ``tol``), or None."""
 
-    def time(self, before: M, after: M) -> tuple[bool, float, float]:
+    def time(self, before: M, after: M) -> Measured:
         """(keep, seconds before, seconds after) on this machine."""
 
 
@@ -131,14 +132,20 @@ def _tolerance(p: Pass, ctx: PassContext, loosest: Tolerance) -> Tolerance:
 
 
 def _slower(p: Pass, backend: Backend[M], before: M, after: M) -> str | None:
-    """Why to revert ``p`` if it measured slower on this machine, else None."""
-    keep, tb, ta = backend.time(before, after)
-    backend.ctx.notes.setdefault("measured", {})[p.name] = {"before_s": tb, "after_s": ta,
-                                                            "kept": keep}
+    """Why to revert ``p`` unless it measured faster on this machine with confidence (a tie
+    keeps the simpler model, without the pass: ``backends/timing``), else None."""
+    result = backend.time(before, after)
+    keep, tb, ta = result
+    note = result.to_dict() if hasattr(result, "to_dict") else {
+        "before_s": tb, "after_s": ta, "kept": keep}
+    backend.ctx.notes.setdefault("measured", {})[p.name] = note
     if keep:
         return None
-    return (f"reverted, measured slower on this machine: {ta * 1e3:.3g} ms after vs "
-            f"{tb * 1e3:.3g} ms before ({tb / ta:.2f}x)")
+    times = f"{ta * 1e3:.3g} ms after vs {tb * 1e3:.3g} ms before"
+    if getattr(result, "verdict", "slower") == "tie":
+        return (f"reverted, a tie on this machine ({times}; speedup {result.interval()}): "
+                "without the pass is the simpler model")
+    return f"reverted, measured slower on this machine: {times} ({tb / ta:.2f}x)"
 
 
 def _step(p: Pass, backend: Backend[M], model: M, measure: bool, out: DriverResult[M]) -> M:

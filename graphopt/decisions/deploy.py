@@ -5,10 +5,11 @@ Runtime session of its ONNX export, and by how much it beats the others.
    (there is no torch module to run). A candidate that failed to build (an export or a compile
    error) or whose outputs left its tolerance is shown with why, never chosen.
 2. Measured (the target is this machine's CPU, ``measure`` on; ``api/deploy.py`` times them
-   interleaved): the fastest candidate within tolerance. A candidate less than
-   :data:`MEASURED_MARGIN` faster than the torch module does not displace it: the torch
-   module needs no compile at load and no second runtime, so a gain inside timer noise does
-   not pay for those.
+   in interleaved rounds): from the simplest (the torch module: no compile at load, no second
+   runtime) to the least simple, a candidate replaces the current choice only when the 95%
+   interval of its speedup over it, from the paired rounds, clears :data:`MEASURED_MARGIN`. A
+   tie between any two (not only against the torch module) keeps the simpler, so noise never
+   decides; the reason gives each interval.
 3. Predicted (``measure=False``, a GPU or another machine's CPU: a timing here says nothing
    about the target): from the plan's cost model. torch: the plan's estimate at its decisions
    (each op its own kernel, eager's fixed cost per op); torch.compile: the same with the plan's
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphopt.cost.calibrated import fixed_cost, for_runtime
+from graphopt.decisions.confidence import clears, speedup_interval
 from graphopt.ir.plan import Plan
 
 __all__ = ["ARTIFACTS", "MEASURED_MARGIN", "PREDICTED_MARGIN", "ArtifactTiming", "DeployChoice",
@@ -51,6 +53,8 @@ class ArtifactTiming:
     within: bool | None = None
     note: str = ""
     error: str | None = None
+    #: measured: its best time in each interleaved round, paired by round with the others'
+    rounds: tuple[float, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -110,32 +114,42 @@ def _times(rows: tuple[ArtifactTiming, ...]) -> str:
 
 def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
                   original_s: float | None = None) -> DeployChoice:
-    """Case 2: the fastest usable candidate; the torch module unless another is at least
-    :data:`MEASURED_MARGIN` faster."""
-    usable = [r for r in rows if r.usable]
+    """Case 2: the simplest usable candidate (:data:`ARTIFACTS` order), replaced by a less
+    simple one only when the 95% interval of its speedup over the current choice clears
+    :data:`MEASURED_MARGIN` (``decisions/confidence``); a tie keeps the simpler artifact."""
+    usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
     if not usable:  # the report shows each one's failure; the torch module stays the answer
         return DeployChoice("torch", True, "no candidate ran within tolerance: " + "; ".join(
             f"{r.artifact} ({r.error or r.note})" for r in rows) + "; the torch module, as "
             "optimize returned it (see its numerics)", rows, method, original_s)
-    best = min(usable, key=lambda r: r.seconds or 0.0)
-    torch_row = next((r for r in usable if r.artifact == "torch"), None)
+    best, said = usable[0], []
+    for challenger in usable[1:]:
+        interval = _interval(best, challenger)
+        text = f"{challenger.artifact} {interval[0]:.2f}-{interval[1]:.2f}x {best.artifact}"
+        if clears(interval, MEASURED_MARGIN):
+            best = challenger
+            said.append(f"{text}: faster")
+        else:
+            said.append(f"{text}: a tie or slower, the simpler stays")
     times = _times(rows)
-    if torch_row is not None and best is not torch_row and \
-            (best.seconds or 0.0) > (torch_row.seconds or 0.0) * (1 - MEASURED_MARGIN):
-        best = torch_row
-        why = (f"measured {times}: none is {MEASURED_MARGIN:.0%} faster than the torch module, "
-               "which needs no compile at load and no second runtime")
-    elif len(usable) == 1:
-        why = f"measured {times}: the only candidate that runs within tolerance"
-    else:
-        runner_up = min((r for r in usable if r is not best), key=lambda r: r.seconds or 0.0)
-        why = (f"measured {times}: {best.artifact} is {_ratio(runner_up, best):.2f}x the "
-               f"next ({runner_up.artifact})")
+    why = (f"measured {times}: the only candidate that runs within tolerance"
+           if len(usable) == 1 else
+           f"measured {times}; at 95% over paired rounds, {'; '.join(said)} (a more complex "
+           f"artifact must be {MEASURED_MARGIN:.0%} faster than the simpler one)")
     out = [r for r in rows if not r.usable]
     if out:
         why += "; not candidates: " + "; ".join(f"{r.artifact} ({r.error or r.note})"
                                                 for r in out)
     return DeployChoice(best.artifact, True, why, rows, method, original_s)
+
+
+def _interval(simpler: ArtifactTiming, challenger: ArtifactTiming) -> tuple[float, float]:
+    """The challenger's speedup over the simpler artifact: from paired rounds, else the one
+    ratio of best times (an interval of zero width)."""
+    if len(simpler.rounds) >= 2 and len(simpler.rounds) == len(challenger.rounds):
+        return speedup_interval(simpler.rounds, challenger.rounds)
+    ratio = _ratio(simpler, challenger) or 0.0
+    return ratio, ratio
 
 
 def predict_deploy(plan: Plan, *, torch_model: bool, not_measured: str) -> DeployChoice:

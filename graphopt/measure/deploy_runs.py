@@ -14,21 +14,28 @@ from typing import Any
 
 from graphopt.backends.timing import best_time
 
-__all__ = ["ROUNDS", "interleaved_best"]
+__all__ = ["ROUNDS", "interleaved_best", "interleaved_rounds"]
 
-ROUNDS = 5
+ROUNDS = 7  # paired rounds: enough for a 95% interval (decisions/confidence)
 _BUDGET_S = 0.15  # per candidate and round
 _MIN_RUNS, _MAX_RUNS = 3, 100
+
+
+def interleaved_rounds(calls: Mapping[str, Callable[[], Any]], *, rounds: int = ROUNDS,
+                       budget_s: float = _BUDGET_S) -> dict[str, list[float]]:
+    """name -> its best seconds of one call in each of ``rounds`` interleaved rounds (paired
+    by round: ``decisions/confidence`` reads their ratios)."""
+    names = list(calls)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(best_time(calls[name], budget_s=budget_s, min_runs=_MIN_RUNS,
+                                         max_runs=_MAX_RUNS))
+    return times
 
 
 def interleaved_best(calls: Mapping[str, Callable[[], Any]], *, rounds: int = ROUNDS,
                      budget_s: float = _BUDGET_S) -> dict[str, float]:
     """name -> best seconds of one call over ``rounds`` interleaved rounds."""
-    names = list(calls)
-    best = dict.fromkeys(names, float("inf"))
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t = best_time(calls[name], budget_s=budget_s, min_runs=_MIN_RUNS,
-                          max_runs=_MAX_RUNS)
-            best[name] = min(best[name], t)
-    return best
+    return {n: min(t) for n, t in interleaved_rounds(calls, rounds=rounds,
+                                                      budget_s=budget_s).items()}

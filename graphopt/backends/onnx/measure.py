@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from graphopt.backends.onnx.ort_runner import OrtModel
-from graphopt.backends.timing import not_slower
+from graphopt.backends.timing import Measured, not_slower
 
 __all__ = ["faster_or_equal"]
 
@@ -33,7 +33,7 @@ def _session(model: onnx.ModelProto, threads: int | None) -> OrtModel:
 
 def faster_or_equal(before: onnx.ModelProto, after: onnx.ModelProto,
                     feeds: dict[str, np.ndarray], threads: int | None = None
-                    ) -> tuple[bool, float, float]:
+                    ) -> Measured:
     """(keep, t_before, t_after): is ``after`` at most 3% slower than ``before``?"""
     a, b = _session(before, threads), _session(after, threads)
     return not_slower(lambda: a.run(feeds), lambda: b.run(feeds), rounds=_ROUNDS,

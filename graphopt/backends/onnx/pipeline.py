@@ -42,6 +42,7 @@ from graphopt.backends.onnx.quantize import quantize
 from graphopt.backends.onnx.result import OnnxResult
 from graphopt.backends.onnx.save import save_onnx
 from graphopt.backends.onnx.session import decide_session
+from graphopt.backends.timing import Measured
 from graphopt.decisions.precision_format import onnx_precision
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
@@ -143,15 +144,16 @@ class _OnnxBackend:
         try:
             result = self._apply(p, model, tol)
             problem = checker_problem(result.model) if result.modified else None
-            if problem is None and result.modified and p.lossy:
-                problem = self.held.problem(result.model, names, tol, p.name)
+            held = self.held.problem(result.model, names, tol, p.name) \
+                if problem is None and result.modified and p.lossy else None
         except GraphoptError as e:
             if not e.problem.startswith(("ONNX Runtime cannot load", "ONNX Runtime failed")):
                 raise
-            problem = e.problem
-        if problem is None:
+            problem, held = e.problem, None
+        if problem is None and held is None:
             return result
-        reason = f"the {p.name} pass made a model that does not run or check: {problem}"
+        reason = f"reverted: the {p.name} pass is {held}" if held else \
+            f"the {p.name} pass made a model that does not run or check: {problem}"
         self.ctx.decisions = mark_reverted(saved, self.ctx.decisions, reason)
         return PassResult(model, False, reason)
 
@@ -178,7 +180,7 @@ class _OnnxBackend:
         return f"out of fp32 tolerance: {'; '.join(e.describe() for e in errs if not e.within)}"
 
     def time(self, before: onnx.ModelProto, after: onnx.ModelProto
-             ) -> tuple[bool, float, float]:
+             ) -> Measured:
         return onnx_measure.faster_or_equal(before, after, self.ctx.samples[0])
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from graphopt.backends.timing import not_slower
+from graphopt.backends.timing import Measured, not_slower
 
 __all__ = ["faster_or_equal"]
 
@@ -23,7 +23,7 @@ _ROUNDS = 2
 
 
 def faster_or_equal(before: Callable[..., Any], after: Callable[..., Any],
-                    args: tuple[Any, ...]) -> tuple[bool, float, float]:
+                    args: tuple[Any, ...]) -> Measured:
     """(keep, t_before, t_after): interleaved best-of timing of both modules."""
     with torch.no_grad():
         return not_slower(lambda: before(*args), lambda: after(*args), rounds=_ROUNDS,

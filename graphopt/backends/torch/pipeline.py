@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.driver import Pass, PassResult, measure_here, run_passes
+from graphopt.backends.timing import Measured
 from graphopt.backends.torch.cleanup import fold_batchnorm_and_drop_dropout
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.isolation import (
@@ -192,7 +193,7 @@ class _TorchBackend:
                         + "; ".join(c.describe() for c in result if not c.within))
         return None
 
-    def time(self, before: fx.GraphModule, after: fx.GraphModule) -> tuple[bool, float, float]:
+    def time(self, before: fx.GraphModule, after: fx.GraphModule) -> Measured:
         with preserved_buffers(before, after):
             return faster_or_equal(before, after, clone_inputs(self.ctx.example_inputs))
 
@@ -372,11 +373,18 @@ def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
                           ctx: RewriteContext) -> str | None:
     shadow = private_copy(model)  # timing runs forward many times: never on the user's model
     with preserved_buffers(gm):
-        keep, t_model, t_graph = faster_or_equal(shadow, gm, clone_inputs(ctx.example_inputs))
+        result = faster_or_equal(shadow, gm, clone_inputs(ctx.example_inputs))
     del shadow
+    keep, t_model, t_graph = result
     ctx.notes.setdefault("measured", {})["whole_model"] = {
-        "original_s": t_model, "optimized_s": t_graph, "kept": keep}
+        "original_s": t_model, "optimized_s": t_graph, "kept": keep,
+        **({"verdict": result.verdict, "speedup_low": result.low, "speedup_high": result.high}
+           if isinstance(result, Measured) else {})}
     if keep:
         return None
+    said = f"{t_graph * 1e3:.3g} ms vs {t_model * 1e3:.3g} ms"
+    if isinstance(result, Measured) and result.verdict == "tie":
+        return (f"the optimized graph is a tie with the original on this machine ({said}; "
+                f"speedup {result.interval()}): returning the original model, the simpler")
     return (f"the optimized graph measured slower than the original on this machine "
-            f"({t_graph * 1e3:.3g} ms vs {t_model * 1e3:.3g} ms): returning the original model")
+            f"({said}): returning the original model")
