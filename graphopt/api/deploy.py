@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from graphopt.decisions.deploy import ArtifactTiming, DeployChoice, pick_measured, predict_deploy
+from graphopt.decisions.deploy import (
+    ArtifactTiming,
+    DeployChoice,
+    pick_measured,
+    predict_deploy,
+    unsettled,
+)
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError, first_line
 
@@ -120,8 +126,6 @@ def _measure(opt: Any) -> DeployChoice:
     import torch
 
     from graphopt.backends.torch.isolation import clone_inputs, private_copy, run_isolated
-    from graphopt.measure.deploy_runs import ROUNDS, interleaved_rounds
-
     model, inputs = opt.source_model, opt.example_inputs
     reference = run_isolated(model, inputs)
     args = clone_inputs(inputs)
@@ -148,13 +152,36 @@ def _measure(opt: Any) -> DeployChoice:
                 runners[artifact] = runner
                 calls[artifact] = _call(runner, args)
         with torch.inference_mode():
-            per_round = interleaved_rounds(calls)
-    timed = tuple(replace(r, seconds=min(per_round[a]), rounds=tuple(per_round[a]))
-                  if a in per_round else r for a, r in rows.items())
-    method = (f"{ROUNDS} interleaved rounds on {opt.plan.target.display_name} (best of each, "
+            per_round, timed = _timed_until_settled(calls, rows)
+    rounds = len(per_round["original"])
+    method = (f"{rounds} interleaved rounds on {opt.plan.target.display_name} (best of each, "
               f"paired: a 95% interval per choice), torch {torch.get_num_threads()} thread(s)")
+    if rounds >= MAX_ROUNDS and unsettled(timed):
+        method += ("; the machine is too busy to separate the candidates in "
+                   f"{MAX_ROUNDS} rounds: the simpler artifact stays")
     opt.deployed_runners = runners
     return pick_measured(timed, method, min(per_round["original"]))
+
+
+def _timed_until_settled(calls: dict[str, Callable[[], Any]],
+                         rows: dict[str, ArtifactTiming]
+                         ) -> tuple[dict[str, list[float]], tuple[ArtifactTiming, ...]]:
+    """Interleaved rounds, more of them while a choice's interval straddles the margin (the
+    noise decides how many), up to :data:`MAX_ROUNDS`."""
+    from graphopt.measure.deploy_runs import ROUNDS, interleaved_rounds
+
+    per_round: dict[str, list[float]] = {name: [] for name in calls}
+    while True:
+        for name, times in interleaved_rounds(calls, rounds=ROUNDS).items():
+            per_round[name] += times
+        timed = tuple(replace(r, seconds=min(per_round[a]), rounds=tuple(per_round[a]))
+                      if a in per_round else r for a, r in rows.items())
+        if len(per_round["original"]) >= MAX_ROUNDS or not unsettled(timed):
+            return per_round, timed
+
+
+#: the most interleaved rounds the deploy timing takes before it says the machine is too busy
+MAX_ROUNDS = 28
 
 
 def _call(runner: Deployed, args: tuple[Any, ...]) -> Callable[[], Any]:

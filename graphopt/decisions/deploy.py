@@ -31,7 +31,7 @@ from graphopt.decisions.confidence import clears, speedup_interval
 from graphopt.ir.plan import Plan
 
 __all__ = ["ARTIFACTS", "MEASURED_MARGIN", "PREDICTED_MARGIN", "ArtifactTiming", "DeployChoice",
-           "pick_measured", "predict_deploy"]
+           "pick_measured", "predict_deploy", "unsettled"]
 
 #: every artifact graphopt can hand over, simplest to deploy first
 ARTIFACTS = ("torch", "torch.compile", "onnxruntime")
@@ -141,6 +141,20 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
         why += "; not candidates: " + "; ".join(f"{r.artifact} ({r.error or r.note})"
                                                 for r in out)
     return DeployChoice(best.artifact, True, why, rows, method, original_s)
+
+
+def unsettled(rows: tuple[ArtifactTiming, ...]) -> bool:
+    """Whether a choice :func:`pick_measured` makes from ``rows`` rests on an interval that
+    straddles the margin (more rounds would narrow it): the caller times more rounds."""
+    usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
+    best = usable[0] if usable else None
+    for challenger in usable[1:]:
+        low, high = _interval(best, challenger)
+        if low <= 1 + MEASURED_MARGIN < high:
+            return True
+        if clears((low, high), MEASURED_MARGIN):
+            best = challenger
+    return False
 
 
 def _interval(simpler: ArtifactTiming, challenger: ArtifactTiming) -> tuple[float, float]:
