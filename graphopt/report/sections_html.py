@@ -8,6 +8,7 @@ the model's tensors and targets, so they are untrusted like node names. The fact
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -119,10 +120,7 @@ def cards(plan: Mapping[str, Any]) -> str:
                            if mem.get("recommended_batch_size") is not None else ""),
                         small=True))
     if q:
-        sub = (f"{fmt_value(q.get('bits_per_weight'))} bits/weight · "
-               f"{fmt_bytes(q.get('est_memory_bytes'))}") if q.get("format") else "no weights"
-        out.append(card("Recommended weights", str(q.get("display") or q.get("format") or "none"),
-                        sub, small=True))
+        out.append(_weights_card(plan, q))
     part = _section(plan, "partition")
     if part:
         facts = {k: v for k, v, _ in partition_facts(part)}
@@ -133,6 +131,27 @@ def cards(plan: Mapping[str, Any]) -> str:
         out.append(card("Optimized", facts["compute dtype"], f"passes: {facts['passes applied']}"
                         f" · within tolerance: {facts['outputs within']}", small=True))
     return '<section class="cards">' + "".join(out) + "</section>"
+
+
+def _weights_card(plan: Mapping[str, Any], q: Mapping[str, Any]) -> str:
+    """The weights the nodes get (their precision decisions), not the memory fit's model-level
+    pick; where that pick is narrower than what the nodes take, one line says so."""
+    formats = Counter(str((n.get("decisions") or {}).get("precision", {}).get("format"))
+                      for n in plan.get("nodes") or [] if (n.get("params") or 0) > 0 and
+                      isinstance((n.get("decisions") or {}).get("precision"), Mapping))
+    formats.pop("None", None)
+    if not formats:
+        sub = (f"{fmt_value(q.get('bits_per_weight'))} bits/weight · "
+               f"{fmt_bytes(q.get('est_memory_bytes'))}") if q.get("format") else "no weights"
+        return card("Weights (memory fit)", str(q.get("display") or q.get("format") or "none"),
+                    sub, small=True)
+    value = " · ".join(f"{f} ×{c}" if len(formats) > 1 else f for f, c in formats.most_common())
+    fit = q.get("format")
+    sub = (f"the memory fit alone would allow {q.get('display') or fit}; the nodes do not "
+           "take it (each node's precision says why)" if fit and fit not in formats else
+           f"{fmt_value(q.get('bits_per_weight'))} bits/weight · "
+           f"{fmt_bytes(q.get('est_memory_bytes'))}")
+    return card("Weights (per node)", value, sub, small=True)
 
 
 def issues(plan: Mapping[str, Any], index: dict[str, int]) -> tuple[str, str]:
