@@ -24,3 +24,32 @@ def test_the_weights_card_shows_what_the_nodes_get(tmp_path) -> None:
     card = html[html.index("Weights (per node)"):][:600]
     assert "bf16" in card and "the memory fit alone would allow FP8 (E4M3)" in card
     assert "Recommended weights" not in html
+
+
+def test_lint_gives_the_fix_optimize_makes() -> None:
+    """Issue 33, finding 5: lint told the user to pad a stem conv's 3 input channels and a
+    Linear's K 251 -> 256 while optimize kept them; now its fix is the padding and layout
+    deciders' own answer, applied or declined with their reason."""
+    from graphopt.decisions.lint import lint
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.stem, self.fc = torch.nn.Conv2d(3, 30, 3, padding=1), torch.nn.Linear(251, 250)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self.stem(x), self.fc(y)
+
+    args = (torch.randn(8, 3, 32, 32), torch.randn(64, 251))
+    plan = graphopt.plan(Net().eval(), args, target="a100")
+    fixes = {(i.rule, i.node): i.fix for i in lint(plan)}
+    for node in plan.nodes:
+        for kind, rule in (("padding", "TC001"), ("layout", "TC005")):
+            decision = node.decisions.get(kind)
+            if decision is None or (rule, node.name) not in fixes:
+                continue
+            said = fixes[(rule, node.name)]
+            assert ("applies it" in said) == decision.applied, (said, decision.reason)
+            assert decision.reason.removeprefix("not applied: ")[:40] in said
+    assert any(r == "TC001" for r, _ in fixes)

@@ -8,6 +8,9 @@ target would run: 8 for fp16/bf16, 4 for tf32, 16 for int8/fp8):
 * TC003 GEMM rows (batch x sequence, or conv batch) not a multiple of 8
 * TC004 fp32 GEMMs and convs on a GPU with TF32/bf16 tensor cores that they do not use
 * TC005 convolutions in NCHW, where tensor cores (and oneDNN) prefer channels_last
+
+The fix of TC001 and TC005 is the one ``optimize`` makes: the plan's dry run of the padding and
+layout deciders (``decisions/rewrites.py``), applied or declined with its reason.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def lint(plan: Plan, precision: str = "auto") -> list[LintIssue]:
                 issues.append(LintIssue(
                     n.name, "TC001", f"conv channels {cin}->{cout} (groups={g}): "
                     f"{', '.join(f'{k} {v}' for k, v in bad)} not a multiple of {multiple}",
+                    _decided(n, "padding") or
                     f"pad to {_up(cin // g, multiple) * g}->{_up(cout // g, multiple) * g} "
                     "(graphopt optimize, pad=auto)"))
         elif kc is KernelClass.GEMM and multiple:
@@ -70,6 +74,7 @@ def lint(plan: Plan, precision: str = "auto") -> list[LintIssue]:
                 issues.append(LintIssue(
                     n.name, "TC001", f"GEMM {d.get('K')}->{d.get('N')} features: "
                     f"{', '.join(f'{k}={v}' for k, v in bad)} not a multiple of {multiple}",
+                    _decided(n, "padding") or
                     f"pad to {_up(d.get('K', 0), multiple)}->{_up(d.get('N', 0), multiple)} "
                     "(graphopt optimize, pad=auto)"))
         if kc is KernelClass.ATTENTION and multiple and d.get("head_dim", 0) % multiple \
@@ -96,5 +101,17 @@ def lint(plan: Plan, precision: str = "auto") -> list[LintIssue]:
             fix = ("layout=channels_last (graphopt optimize decides per region)"
                    if plan.model.get("source") == "torch"
                    else "run with ONNX Runtime's NHWC preference (prefer_nhwc)")
-            issues.append(LintIssue(n.name, "TC005", "convolution in NCHW layout", fix))
+            issues.append(LintIssue(n.name, "TC005", "convolution in NCHW layout",
+                                    _decided(n, "layout") or fix))
     return issues
+
+
+def _decided(n: Any, kind: str) -> str | None:
+    """The fix ``optimize`` itself makes for this node (the plan's dry run of its padding and
+    layout deciders), or why it declines: lint never has a rule of its own beside theirs."""
+    d = n.decisions.get(kind)
+    if d is None:
+        return None
+    if d.applied:
+        return f"graphopt optimize applies it (pad=auto, layout=auto): {d.reason}"
+    return f"graphopt optimize declines it: {d.reason.removeprefix('not applied: ')}"
