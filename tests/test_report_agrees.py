@@ -53,3 +53,16 @@ def test_lint_gives_the_fix_optimize_makes() -> None:
             assert ("applies it" in said) == decision.applied, (said, decision.reason)
             assert decision.reason.removeprefix("not applied: ")[:40] in said
     assert any(r == "TC001" for r, _ in fixes)
+
+
+def test_a_formats_note_names_the_format_it_is_about() -> None:
+    """Issue 33, finding 4: the formats table said "NVIDIA H100 SXM5 80GB has bf16" on the int4
+    row; each note now names its own format."""
+    from graphopt.decisions.quant_formats import get_format, runs_natively
+    from graphopt.hardware import get_target
+
+    h100 = get_target("h100")
+    for name in ("int4", "fp8", "int8", "int8_weight_only", "q4_k_m"):
+        fmt = get_format(name)
+        ok, note = runs_natively(fmt, h100)
+        assert ok and fmt.display in note, (name, note)

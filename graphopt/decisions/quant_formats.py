@@ -200,7 +200,10 @@ def runs_natively(fmt: QuantFormat, target: HardwareProfile) -> tuple[bool, str]
                           f"matmul kernels on any GPU or CPU")
         return True, f"{fmt.display} runs on every target"
     have = sorted(requires & target.capabilities)
+    if have and fmt.family == "int_weight_only":  # the capability is the kernel's activations
+        return True, (f"{fmt.display} is weight-only: torch's kernel dequantizes it inside the "
+                      f"matmul, with {', '.join(have)} activations {where} computes in")
     if have:
-        return True, f"{where} has {', '.join(have)}"
+        return True, f"{fmt.display} runs on {where}'s {', '.join(have)} units"
     need = ", ".join(sorted(requires)) or "a GPU"
     return False, f"{fmt.display} needs one of [{need}], which {where} lacks"
