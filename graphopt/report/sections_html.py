@@ -170,7 +170,8 @@ def issues(plan: Mapping[str, Any], index: dict[str, int]) -> tuple[str, str]:
                     f'{esc(fmt_seconds(n.get("est_time_s")))}</td><td class="num">{100 * frac:.1f}%'
                     f'<span class="sharebar"><span style="width:{100 * min(frac, 1.0):.1f}%">'
                     f'</span></span></td></tr>')
-    costly = ('<div class="panel"><h3>Costliest nodes</h3>' + table(
+    costly = ('<div class="panel"><h3>Costliest nodes</h3><p class="faint">unfused: each '
+              'node its own kernel (the fusion section gives what runs fused)</p>' + table(
         ["#", "node", "kernel class", "est. time", "share"], "rllrr", rows) + "</div>")
     if warnings:
         parts.append("<h4>Warnings</h4><ul class=\"warn\">"

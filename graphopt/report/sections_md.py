@@ -177,6 +177,11 @@ def deployment_rows(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, 
 
 # --------------------------------------------------------------------------- markdown sections
 
+#: what the node tables' times are (issue 33: a table ranked unfused beside a fusion table)
+_UNFUSED = ("Times are unfused: each node its own kernel, ranked so; the fusion section gives "
+            "what a runtime runs fused.")
+
+
 def _share(part: Any, whole: Any) -> str:
     p, w = finite(part), finite(whole)
     return "—" if p is None or not w else f"{100.0 * p / w:.1f}%"
@@ -185,7 +190,7 @@ def _share(part: Any, whole: Any) -> str:
 def plan_summary(plan: Mapping[str, Any], h: str) -> list[str]:
     s = plan.get("summary") or {}
     lat = s.get("est_latency_s")
-    out = [f"- **Estimated latency:** {fmt_seconds(lat)}",
+    out = [f"- **Estimated latency:** {fmt_seconds(lat)} (unfused)",
            f"- **Total work:** {fmt_si(s.get('total_flops'), 'FLOP')}, "
            f"{fmt_bytes(s.get('total_bytes'))} moved", ""]
     mix, tmix = s.get("bottleneck_mix") or {}, s.get("time_by_bottleneck_s") or {}
@@ -202,7 +207,7 @@ def plan_summary(plan: Mapping[str, Any], h: str) -> list[str]:
                         _share(times.get(c), lat)] for c in classes], "lrrr")
     costly = s.get("costliest_nodes") or []
     if costly:
-        out += [f"{h} Costliest nodes", ""]
+        out += [f"{h} Costliest nodes", "", _UNFUSED, ""]
         out += md_table(["#", "node", "kernel class", "est. time", "share"],
                       [[str(i), md_code(n.get("name", "?")), md_code(n.get("kernel_class", "?")),
                         fmt_seconds(n.get("est_time_s")),
