@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 import graphopt
 from graphopt.analysis.einsum import einsum_work
 from graphopt.analysis.kernel_class import KernelClass as K
-
-
-class _Fn(nn.Module):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return self.fn(*xs)
+from tests.test_op_coverage import _Fn
 
 
 def _node(fn, inputs, op: str):
