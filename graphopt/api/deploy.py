@@ -121,11 +121,16 @@ def _check(reference: Any, outputs: Any, tol: Tolerance) -> tuple[bool, str]:
     return all(c.within for c in result), worst.describe()
 
 
+#: the most interleaved rounds the deploy timing takes before it says the machine is too busy
+MAX_ROUNDS = 28
+
+
 def _measure(opt: Any) -> DeployChoice:
     """Case 2 of ``decisions/deploy.py``: build, check and time every candidate."""
     import torch
 
     from graphopt.backends.torch.isolation import clone_inputs, private_copy, run_isolated
+
     model, inputs = opt.source_model, opt.example_inputs
     reference = run_isolated(model, inputs)
     args = clone_inputs(inputs)
@@ -179,9 +184,6 @@ def _timed_until_settled(calls: dict[str, Callable[[], Any]],
         if len(per_round["original"]) >= MAX_ROUNDS or not unsettled(timed):
             return per_round, timed
 
-
-#: the most interleaved rounds the deploy timing takes before it says the machine is too busy
-MAX_ROUNDS = 28
 
 
 def _call(runner: Deployed, args: tuple[Any, ...]) -> Callable[[], Any]:

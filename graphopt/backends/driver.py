@@ -102,7 +102,7 @@ class Backend(Protocol[M]):
         """Why ``model`` must be reverted (outputs out of ``tol``), or None."""
 
     def time(self, before: M, after: M) -> Measured:
-        """(keep, seconds before, seconds after) on this machine."""
+        """The paired comparison on this machine (unpacks as keep, seconds before, after)."""
 
 
 @dataclass

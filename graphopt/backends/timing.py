@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from graphopt.decisions.confidence import speedup_interval
+from graphopt.decisions.confidence import clears, speedup_interval
 
 __all__ = ["NOISE", "Measured", "best_time", "compare_paired", "not_slower"]
 
@@ -79,7 +79,6 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
     rounds or ``budget_s`` run out; ``keep`` is the verdict ``faster``."""
     before(), after()  # warm-up: caches, allocator, prepacked weights, thread pool
     pairs: tuple[list[float], list[float]] = ([], [])
-    tb = ta = math.inf
     start = time.perf_counter()
     low, high = 0.0, math.inf
     for i in range(max_rounds):
@@ -90,22 +89,21 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
                 t = time.perf_counter()
                 call()
                 got[k] = min(got[k], time.perf_counter() - t)
-        tb, ta = min(tb, got[0]), min(ta, got[1])
         pairs[0].append(got[0])
         pairs[1].append(got[1])
         low, high = speedup_interval(*pairs)
-        settled = low > 1 + margin or high < 1
+        settled = clears((low, high), margin) or high < 1
         if i + 1 >= min_rounds and (settled or time.perf_counter() - start > budget_s):
             break
-    verdict = "faster" if low > 1 + margin else "slower" if high < 1 else "tie"
-    return Measured(verdict == "faster", tb, ta, low, high, len(pairs[0]), verdict)
+    verdict = "faster" if clears((low, high), margin) else "slower" if high < 1 else "tie"
+    return Measured(verdict == "faster", min(pairs[0]), min(pairs[1]), low, high,
+                    len(pairs[0]), verdict)
 
 
 def not_slower(before: Callable[[], Any], after: Callable[[], Any], *, rounds: int,
-               budget_s: float, min_runs: int, max_runs: int) -> Measured:
+               budget_s: float, min_runs: int) -> Measured:
     """:func:`compare_paired` with a pass guard's knobs: ``rounds`` at least, ``budget_s`` per
     candidate and round, ``min_runs`` timed calls per candidate per round."""
-    del max_runs  # a round is a few calls of each; the rounds carry the statistics
     return compare_paired(before, after, min_rounds=max(rounds, 5),
                           max_rounds=max(3 * rounds, 15), budget_s=2 * rounds * budget_s,
                           runs=max(1, min(min_runs, 3)))

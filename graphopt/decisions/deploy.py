@@ -22,7 +22,7 @@ Runtime session of its ONNX export, and by how much it beats the others.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,9 +123,8 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
             f"{r.artifact} ({r.error or r.note})" for r in rows) + "; the torch module, as "
             "optimize returned it (see its numerics)", rows, method, original_s)
     best, said = usable[0], []
-    for challenger in usable[1:]:
-        interval = _interval(best, challenger)
-        text = f"{challenger.artifact} {interval[0]:.2f}-{interval[1]:.2f}x {best.artifact}"
+    for simpler, challenger, interval in _challenges(usable):
+        text = f"{challenger.artifact} {interval[0]:.2f}-{interval[1]:.2f}x {simpler.artifact}"
         if clears(interval, MEASURED_MARGIN):
             best = challenger
             said.append(f"{text}: faster")
@@ -147,14 +146,19 @@ def unsettled(rows: tuple[ArtifactTiming, ...]) -> bool:
     """Whether a choice :func:`pick_measured` makes from ``rows`` rests on an interval that
     straddles the margin (more rounds would narrow it): the caller times more rounds."""
     usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
+    return any(low <= 1 + MEASURED_MARGIN < high for _, _, (low, high) in _challenges(usable))
+
+
+def _challenges(usable: list[ArtifactTiming]
+                ) -> Iterator[tuple[ArtifactTiming, ArtifactTiming, tuple[float, float]]]:
+    """(the current choice, its challenger, the challenger's speedup interval over it) from
+    the simplest up; a challenger whose interval clears the margin becomes the choice."""
     best = usable[0] if usable else None
     for challenger in usable[1:]:
-        low, high = _interval(best, challenger)
-        if low <= 1 + MEASURED_MARGIN < high:
-            return True
-        if clears((low, high), MEASURED_MARGIN):
+        interval = _interval(best, challenger)
+        yield best, challenger, interval
+        if clears(interval, MEASURED_MARGIN):
             best = challenger
-    return False
 
 
 def _interval(simpler: ArtifactTiming, challenger: ArtifactTiming) -> tuple[float, float]:

@@ -3,8 +3,9 @@
 
 Each round runs every candidate best-of-n (:func:`graphopt.backends.timing.best_time`, after a
 warm-up) in an order rotated by one each round, so drift from other jobs on a shared host hits
-every candidate alike; a candidate's time is its best round. Sequential timings on the 2-core
-hosts here swing by 15%; interleaved best rounds repeat within a few percent.
+every candidate alike. Each candidate's best of each round is kept, paired by round with the
+others' (``decisions/confidence`` reads their ratios). Sequential timings on the 2-core hosts
+here swing by 15%; the ratios within a round far less.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from graphopt.backends.timing import best_time
 
-__all__ = ["ROUNDS", "interleaved_best", "interleaved_rounds"]
+__all__ = ["ROUNDS", "interleaved_rounds"]
 
 ROUNDS = 7  # paired rounds: enough for a 95% interval (decisions/confidence)
 _BUDGET_S = 0.15  # per candidate and round
@@ -33,9 +34,3 @@ def interleaved_rounds(calls: Mapping[str, Callable[[], Any]], *, rounds: int = 
                                          max_runs=_MAX_RUNS))
     return times
 
-
-def interleaved_best(calls: Mapping[str, Callable[[], Any]], *, rounds: int = ROUNDS,
-                     budget_s: float = _BUDGET_S) -> dict[str, float]:
-    """name -> best seconds of one call over ``rounds`` interleaved rounds."""
-    return {n: min(t) for n, t in interleaved_rounds(calls, rounds=rounds,
-                                                      budget_s=budget_s).items()}

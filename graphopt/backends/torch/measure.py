@@ -18,13 +18,14 @@ from graphopt.backends.timing import Measured, not_slower
 __all__ = ["faster_or_equal"]
 
 _BUDGET_S = 1.0  # per candidate: keeps optimize() fast for big models
-_MIN_RUNS, _MAX_RUNS = 3, 25
+_MIN_RUNS = 3
 _ROUNDS = 2
 
 
 def faster_or_equal(before: Callable[..., Any], after: Callable[..., Any],
                     args: tuple[Any, ...]) -> Measured:
-    """(keep, t_before, t_after): interleaved best-of timing of both modules."""
+    """(keep, t_before, t_after) and the speedup's interval: paired, interleaved rounds of
+    both modules (``backends/timing``)."""
     with torch.no_grad():
         return not_slower(lambda: before(*args), lambda: after(*args), rounds=_ROUNDS,
-                          budget_s=_BUDGET_S, min_runs=_MIN_RUNS, max_runs=_MAX_RUNS)
+                          budget_s=_BUDGET_S, min_runs=_MIN_RUNS)
