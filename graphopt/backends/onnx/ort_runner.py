@@ -339,9 +339,6 @@ def _check_sample_bytes(wanted: list[tuple[Any, int, np.dtype, list[int]]], coun
     """GraphoptError naming the largest input when the samples would pass the limit."""
     sizes = []
     for vi, _, dtype, shape in wanted:
-        if any(d < 0 for d in shape):
-            raise GraphoptError(f"input {vi.name!r} has a negative dim {tuple(shape)}",
-                                "fix the model's input shape (dims are >= 0)")
         sizes.append((math.prod(shape) * dtype.itemsize, vi, dtype, shape))
     total = count * sum(b for b, *_ in sizes)
     if total <= SAMPLE_BYTES_LIMIT:

@@ -136,24 +136,16 @@ class _OnnxBackend:
 
     def apply(self, p: Pass, model: onnx.ModelProto, tol: Tolerance
               ) -> PassResult[onnx.ModelProto]:
-        """The pass, reverted alone (its decisions marked so) when the model it makes does
-        not run in ONNX Runtime or fails the ONNX checker: one broken pass never sinks the
-        run (the original model ran, so such a failure is the pass's)."""
+        """The pass; a lossy one's guard runs its candidates in ONNX Runtime, and when one
+        fails to load or run, the pass is reverted alone (its decisions marked so): the
+        original model ran, so such a failure is the pass's."""
         saved = {k: dict(v) for k, v in self.ctx.decisions.items()}
-        names = [o.name for o in self.original.graph.output]
         try:
-            result = self._apply(p, model, tol)
-            problem = checker_problem(result.model) if result.modified else None
-            held = self.held.problem(result.model, names, tol, p.name) \
-                if problem is None and result.modified and p.lossy else None
+            return self._apply(p, model, tol)
         except GraphoptError as e:
-            if not e.problem.startswith(("ONNX Runtime cannot load", "ONNX Runtime failed")):
+            if not _ort_failure(e):
                 raise
-            problem, held = e.problem, None
-        if problem is None and held is None:
-            return result
-        reason = f"reverted: the {p.name} pass is {held}" if held else \
-            f"the {p.name} pass made a model that does not run or check: {problem}"
+            reason = _broke(p, e.problem)
         self.ctx.decisions = mark_reverted(saved, self.ctx.decisions, reason)
         return PassResult(model, False, reason)
 
@@ -171,10 +163,23 @@ class _OnnxBackend:
         return PassResult(model, False, report.reason if report.reverted else None)
 
     def check(self, p: Pass, model: onnx.ModelProto, tol: Tolerance) -> str | None:
-        if p.lossy:
-            return None  # the guard keeps a lossy pass only within tol
+        """Why the driver reverts ``p``: its model fails the ONNX checker or does not run; an
+        exact pass leaves fp32's budget; a lossy one (its guard kept it within ``tol`` on the
+        batches it chose with) leaves it on the held-out batches."""
+        problem = checker_problem(model)
+        if problem is not None:
+            return _broke(p, problem)
         names = [o.name for o in self.original.graph.output]
-        errs = compare(self.reference, run_samples(model, self.ctx.samples, p.name), names, tol)
+        try:
+            if p.lossy:
+                held = self.held.problem(model, names, tol, p.name)
+                return None if held is None else f"reverted: the {p.name} pass is {held}"
+            errs = compare(self.reference, run_samples(model, self.ctx.samples, p.name),
+                           names, tol)
+        except GraphoptError as e:
+            if not _ort_failure(e):
+                raise
+            return _broke(p, e.problem)
         if all(e.within for e in errs):
             return None
         return f"out of fp32 tolerance: {'; '.join(e.describe() for e in errs if not e.within)}"
@@ -182,6 +187,15 @@ class _OnnxBackend:
     def time(self, before: onnx.ModelProto, after: onnx.ModelProto
              ) -> Measured:
         return onnx_measure.faster_or_equal(before, after, self.ctx.samples[0])
+
+
+def _ort_failure(e: GraphoptError) -> bool:
+    """A pass's model that ONNX Runtime cannot load or run (``OrtModel``'s errors)."""
+    return e.problem.startswith(("ONNX Runtime cannot load", "ONNX Runtime failed"))
+
+
+def _broke(p: Pass, problem: str) -> str:
+    return f"the {p.name} pass made a model that does not run or check: {problem}"
 
 
 def _declined_requests(opts: Options, applied: list[str], ctx: OnnxContext) -> list[str]:
