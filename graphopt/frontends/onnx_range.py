@@ -16,7 +16,8 @@ from graphopt.frontends.onnx_symbolic import opt_point_shapes, unknown_dims
 from graphopt.ir.graph import Graph, TensorInfo
 from graphopt.ir.shape_range import MAX_DIM_VALUE, DimRange, ShapeRange
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_OTHER", "is_derived", "onnx_range", "parse_dim_spec"]
+__all__ = ["DEFAULT_BATCH", "DEFAULT_OTHER", "default_opt", "free_input_dims", "onnx_range",
+           "parse_dim_spec"]
 
 #: opt size of a symbolic leading dim (one request) and of any other (a typical sequence)
 DEFAULT_BATCH, DEFAULT_OTHER = 1, 128
@@ -58,8 +59,16 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
                             "pass e.g. dynamic_shapes={'batch': (1, 8, 64), 'seq': 512}")
     _check_keys(graph, spec)
     dims: dict[str, DimRange] = {}
-    inputs: dict[str, tuple[int | str, ...]] = {}
     defaults: list[str] = []
+    for _, axis, d in free_input_dims(graph):
+        if d in dims:
+            continue
+        if spec is not None and d in spec:
+            dims[d] = parse_dim_spec(d, spec[d])
+        else:
+            dims[d] = DimRange(d, 1, default_opt(axis), None, "default")
+            defaults.append(f"{d}={default_opt(axis)}")
+    inputs: dict[str, tuple[int | str, ...]] = {}
     for name in graph.inputs:
         t = graph.tensors.get(name)
         if t is None or t.shape is None or t.is_static:
@@ -68,15 +77,6 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
         if shape != t.shape:
             graph.tensors[name] = TensorInfo(t.name, shape, t.dtype, t.kind)
         inputs[name] = shape
-        for i, d in enumerate(shape):
-            if isinstance(d, int) or d in dims or is_derived(d, graph):
-                continue
-            if spec is not None and d in spec:
-                dims[d] = parse_dim_spec(d, spec[d])
-            else:
-                opt = DEFAULT_BATCH if i == 0 else DEFAULT_OTHER
-                dims[d] = DimRange(d, 1, opt, None, "default")
-                defaults.append(f"{d}={opt}")
     unknown = sorted(set(spec or ()) - set(dims))
     if unknown:
         have = ", ".join(dims) or "none"
@@ -95,14 +95,27 @@ def onnx_range(graph: Graph, spec: Mapping[str, Any] | None) -> Graph:
     return graph
 
 
-def is_derived(dim: str, graph: Graph) -> bool:
-    """A dim written as an expression of the inputs' plain dims (``4*t``, ``t + 1``: how graphopt
-    exports a torch range with derived dims): sized from them, never a dim of its own."""
-    if dim.isidentifier():
-        return False
-    plain = {d for n in graph.inputs if (t := graph.tensors.get(n)) is not None and t.shape
-             for d in t.shape if isinstance(d, str) and d.isidentifier()}
-    return unknown_dims((dim,), plain) == 0
+def default_opt(axis: int) -> int:
+    """The stated opt size of a symbolic dim nobody sized: a leading dim is one request."""
+    return DEFAULT_BATCH if axis == 0 else DEFAULT_OTHER
+
+
+def free_input_dims(graph: Graph) -> list[tuple[str, int, str]]:
+    """(input, axis, dim name) of every symbolic input dim, in input order: an unnamed one
+    ("?") named ``<input>_<axis>``. A dim written as an expression of the inputs' plain dims
+    (``4*t``, ``t + 1``: how graphopt exports a torch range with derived dims) is sized from
+    them and is no dim of its own: left out."""
+    shapes = [(name, t.shape) for name in graph.inputs
+              if (t := graph.tensors.get(name)) is not None and t.shape is not None]
+    plain = {d for _, shape in shapes for d in shape if isinstance(d, str) and d.isidentifier()}
+    out = []
+    for name, shape in shapes:
+        for axis, d in enumerate(shape):
+            if isinstance(d, int) or (not d.isidentifier() and d != "?" and
+                                      unknown_dims((d,), plain) == 0):
+                continue
+            out.append((name, axis, f"{name}_{axis}" if d == "?" else str(d)))
+    return out
 
 
 def _size_at_opt(graph: Graph, opt: dict[str, int]) -> None:
@@ -144,12 +157,7 @@ def _check_keys(graph: Graph, spec: Mapping[str, Any] | None) -> None:
     bad = [k for k in spec or () if not isinstance(k, str)]
     if not bad:
         return
-    names = []
-    for name in graph.inputs:
-        t = graph.tensors.get(name)
-        if t is not None and t.shape is not None and not t.is_static:
-            names += [f"{name}_{i}" if d == "?" else str(d) for i, d in enumerate(t.shape)
-                      if not isinstance(d, int)]
+    names = [d for _, _, d in free_input_dims(graph)]
     raise GraphoptError(f"dynamic_shapes for an ONNX model is keyed by symbolic dim name, got "
                         f"the key {bad[0]!r} ({type(bad[0]).__name__})",
                         f"use the dims' names: {', '.join(dict.fromkeys(names)) or 'none'} "

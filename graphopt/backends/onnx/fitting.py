@@ -38,7 +38,7 @@ import onnx
 
 from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
 from graphopt.errors import GraphoptError
-from graphopt.frontends.onnx_range import DEFAULT_BATCH, DEFAULT_OTHER, is_derived, parse_dim_spec
+from graphopt.frontends.onnx_range import default_opt, free_input_dims, parse_dim_spec
 from graphopt.ir.graph import Graph
 from graphopt.ir.shape_range import ShapeRange
 
@@ -85,21 +85,12 @@ class Fit:
 def _free_dims(graph: Graph, spec: Mapping[str, Any] | None) -> tuple[dict[str, int], set[str]]:
     """The symbolic input dims the user did not size, at their default opt (onnx_range's),
     and those that lead an input (batch dims: never searched)."""
+    dims = free_input_dims(graph)
     free: dict[str, int] = {}
-    leading: set[str] = set()
-    for name in graph.inputs:
-        t = graph.tensors.get(name)
-        if t is None or t.shape is None:
-            continue
-        for i, d in enumerate(t.shape):
-            if isinstance(d, int) or is_derived(d, graph):
-                continue
-            dim = f"{name}_{i}" if d == "?" else str(d)
-            if dim not in (spec or {}) and dim not in free:
-                free[dim] = DEFAULT_BATCH if i == 0 else DEFAULT_OTHER
-            if i == 0:
-                leading.add(dim)
-    return free, leading
+    for _, axis, dim in dims:
+        if dim not in (spec or {}):
+            free.setdefault(dim, default_opt(axis))
+    return free, {dim for _, axis, dim in dims if axis == 0}
 
 
 def _scalars(model: onnx.ModelProto) -> list[str]:
@@ -208,12 +199,8 @@ def fit_from_feed(graph: Graph, spec: Any, feed: Mapping[str, Any]) -> Fit:
         return Fit()
     free, _ = _free_dims(graph, spec)
     sizes: dict[str, int] = {}
-    for name in graph.inputs:
-        t, array = graph.tensors.get(name), feed.get(name)
-        if t is None or t.shape is None or array is None or len(t.shape) != np.ndim(array):
-            continue
-        for i, d in enumerate(t.shape):
-            dim = f"{name}_{i}" if d == "?" else str(d)
-            if dim in free:
-                sizes.setdefault(dim, int(np.shape(array)[i]))
+    for name, axis, dim in free_input_dims(graph):
+        array = feed.get(name)
+        if dim in free and array is not None and axis < np.ndim(array):
+            sizes.setdefault(dim, int(np.shape(array)[axis]))
     return Fit({d: (n, n, None) for d, n in sizes.items() if n >= 1}, source="calibration")
