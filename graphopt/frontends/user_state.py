@@ -169,13 +169,13 @@ def reachable_tensors(model: Any, inputs: Any = _MISSING) -> list[tuple[str, tor
 
 def run_and_watch(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                   ) -> tuple[Any, list[str]]:
-    """``model(*args, **kwargs)`` under no_grad, and the paths of the tensors (parameters
-    aside) the call wrote: a model with state of its own (a static KV cache, a counter)."""
-    held = [(name, t, t.detach().clone()) for name, t in reachable_tensors(model)
-            if not isinstance(t, nn.Parameter)]
+    """``model(*args, **kwargs)`` under no_grad, and the paths of the tensors the call wrote
+    (a model with state of its own: a static KV cache, a counter), each put back after."""
+    snap = Snapshot(model)
     with torch.no_grad():
         out = model(*args, **kwargs)
-    return out, [name for name, t, was in held if not _same(t.detach(), was)]
+    restored, lost = snap.restore()
+    return out, list(dict.fromkeys(r.rsplit(" (", 1)[0] for r in (*restored, *lost)))
 
 
 def private_copy(obj: Any, *, share_parameters: bool = False) -> Any:
