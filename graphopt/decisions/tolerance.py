@@ -9,8 +9,11 @@ floor so a small max error cannot hide a wrong direction. Both backends check ag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Tolerance", "loosest", "tolerance_for"]
+import numpy as np
+
+__all__ = ["Tolerance", "loosest", "same_nonfinite", "tolerance_for"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +56,12 @@ def loosest(formats: set[str] | frozenset[str] | list[str]) -> str:
     """The format among ``formats`` with the widest budget (a pass applying several formats is
     checked against it), "fp32" for none."""
     return max(formats, key=lambda f: tolerance_for(f).rel_to_scale, default="fp32")
+
+
+def same_nonfinite(reference: Any, out: Any) -> bool:
+    """Whether ``out`` holds an inf or NaN exactly where ``reference`` holds the same one: a
+    model whose own outputs hold NaN or inf keeps them and is compared on its finite values;
+    any other inf or NaN is an error (numpy arrays, one comparison for every output check)."""
+    ref, got = np.asarray(reference), np.asarray(out)
+    return bool(np.array_equal(np.where(np.isfinite(ref), 0, ref),
+                               np.where(np.isfinite(got), 0, got), equal_nan=True))

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import torch
 
+from graphopt.decisions.tolerance import same_nonfinite
 from graphopt.errors import GraphoptError, first_line
 from graphopt.frontends.onnx_export_range import ExportRange
 from graphopt.frontends.user_state import run_and_watch
@@ -57,8 +58,7 @@ def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
             return f"output {i} has shape {np.shape(o)}, torch {r.shape}"
         if r.dtype.kind == "f":  # torch's own inf/NaN, matched, count as equal
             o, ok = np.asarray(o), np.isfinite(r)
-            if not np.array_equal(np.where(ok, 0, r), np.where(np.isfinite(o), 0, o),
-                                  equal_nan=True):
+            if not same_nonfinite(r, o):
                 return f"output {i} has inf or NaN where torch's has none or another"
             r, o = r[ok].astype(np.float64), o[ok]
             scale, err = (np.abs(r).max(), np.abs(r - o).max()) if r.size else (0.0, 0.0)

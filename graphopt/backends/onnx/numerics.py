@@ -20,7 +20,7 @@ import onnx
 from tqdm import tqdm
 
 from graphopt.backends.onnx.ort_runner import OrtModel, emulate_fp16
-from graphopt.decisions.tolerance import Tolerance
+from graphopt.decisions.tolerance import Tolerance, same_nonfinite
 
 __all__ = ["OutputError", "compare", "run_samples", "snr_text", "within"]
 
@@ -96,9 +96,7 @@ def compare(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]]
             continue
         bad = int(np.count_nonzero(np.isfinite(r) & ~np.isfinite(c)))
         # the reference's own inf/NaN count as equal where the candidate has the same one
-        finite = bad == 0 and bool(np.array_equal(r[~np.isfinite(r)], c[~np.isfinite(r)],
-                                                  equal_nan=True)) and \
-            bool(np.array_equal(np.isfinite(c), np.isfinite(r)))
+        finite = bad == 0 and same_nonfinite(r, c)
         ok = np.isfinite(r) & np.isfinite(c)
         r, c = r[ok], c[ok]
         if r.size == 0:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from graphopt.decisions.tolerance import Tolerance
+from graphopt.decisions.tolerance import Tolerance, same_nonfinite
 
 __all__ = ["Comparison", "compare_outputs"]
 
@@ -70,7 +70,7 @@ def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comp
             result.append(Comparison(i, math.inf, math.inf, 0.0, 0.0, tol, False))
             continue
         rf, of = r.detach().double().flatten(), o.detach().double().flatten()
-        if not _same_nonfinite(rf, of):  # an inf or NaN the reference does not have there
+        if not same_nonfinite(rf.cpu().numpy(), of.cpu().numpy()):  # not the reference's inf/NaN
             result.append(Comparison(i, math.inf, math.inf, 0.0, 0.0, tol, True))
             continue
         finite = torch.isfinite(rf)
@@ -87,12 +87,3 @@ def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comp
                                  scale, tol, True))
     return result
 
-
-def _same_nonfinite(r: torch.Tensor, o: torch.Tensor) -> bool:
-    """Whether ``o`` has an inf or NaN exactly where ``r`` has the same one (a model whose own
-    outputs hold NaN or inf keeps them; any other inf or NaN is an error)."""
-    bad = ~torch.isfinite(r)
-    if not torch.equal(bad, ~torch.isfinite(o)):
-        return False
-    rb, ob = r[bad], o[bad]
-    return bool(((rb == ob) | (rb.isnan() & ob.isnan())).all())
