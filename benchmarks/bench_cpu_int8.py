@@ -296,7 +296,7 @@ def _ort_linear(m: int, k: int, n: int, threads: int, tmp: Path, w: np.ndarray,
                 b: np.ndarray) -> tuple[ort.InferenceSession, ort.InferenceSession]:
     """ORT fp32 MatMul + Add, and the dynamic INT8 graphopt's ONNX pass writes for it."""
     from graphopt.backends.onnx.quantize_ort import ort_dynamic_int8
-    from graphopt.decisions.quantize_choice import int8_scheme
+    from graphopt.decisions.quantization.choice import int8_scheme
     from graphopt.hardware.detect import host_cpu_profile
 
     graph = helper.make_graph(

@@ -89,8 +89,8 @@ def main() -> int:
                 raw = graphopt.profile(module, inputs, runs=args.runs, warmup=3,
                                        threads=threads)
             assert got.target.calibrated and not raw.target.calibrated
-            cached.append(got.summary["prediction"])
-            plain.append(raw.summary["prediction"])
+            cached.append(got.summary.prediction)
+            plain.append(raw.summary.prediction)
         p, r = _best(cached), _best(plain)
         after = [c["model_ratio"] for c in cached]
         rows[name] = (r["model_ratio"], p["model_ratio"])

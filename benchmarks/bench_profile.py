@@ -43,7 +43,7 @@ RATIO_FLOOR = (0.67, 1.5)
 
 
 def _row(plan: graphopt.Plan) -> dict:
-    pred = plan.summary["prediction"]
+    pred = plan.summary.prediction
     pairs = [(n.cost.est_time_s, n.measured_s) for n in plan.nodes
              if n.measured_s and n.cost.est_time_s > 0]
     return {"spearman": pred["spearman"], "median": pred["median_ratio"],

@@ -13,7 +13,7 @@ scaled by 1/sqrt(K), Gaussian inputs).
 
 ``--probe`` instead runs each kernel on shapes around its limits in a child process per shape
 (a crash is a result) and prints which ran: the measurements behind
-``graphopt.decisions.torch_quant_kernels``.
+``graphopt.decisions.quantization.torch_kernels``.
 
 Run: ``python benchmarks/bench_torch_quant_kernels.py [--rounds N] [--threads T] [--probe]``.
 """

@@ -160,12 +160,12 @@ def test_a_calibrated_target_is_profiled_and_predicts_both_numbers(calibrated):
     torch.manual_seed(0)
     model, x = _Small().eval(), (torch.randn(8, 64), torch.randn(1, 4, 8, 8))
     plan = graphopt.profile(model, x, target=str(path), runs=3, warmup=1, threads=1)
-    pred = plan.summary["prediction"]
+    pred = plan.summary.prediction
     assert plan.target.calibrated
-    assert pred["module_ratio"] == pytest.approx(plan.summary["est_latency_s"]
-                                                 / pred["measured_module_s"])
-    assert pred["model_ratio"] == pytest.approx(plan.summary["est_latency_s"]
-                                                / pred["measured_model_s"])
+    assert pred.module_ratio == pytest.approx(plan.summary.est_latency_s
+                                                 / pred.measured_module_s)
+    assert pred.model_ratio == pytest.approx(plan.summary.est_latency_s
+                                                / pred.measured_model_s)
     views = [n for n in plan.nodes if n.analysis.kernel_class.value == "view"]
     assert views and all(n.cost.est_time_s > 0 for n in views)
 

@@ -43,7 +43,7 @@ def test_plan_traces_without_cache_and_says_so(build) -> None:
     plan = graphopt.plan(model, (ids,))
     assert model.config.use_cache is True
     assert _cache_warning(plan.warnings), plan.warnings
-    assert plan.summary["node_count"] > 10
+    assert plan.summary.node_count > 10
     assert not any("make_fx" in w for w in plan.warnings)  # torch.export captured it
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import graphopt
-from graphopt.decisions.compile_mode import compile_mode
+from graphopt.decisions.memory_runtime.compile_mode import compile_mode
 from graphopt.hardware import get_target
 
 BACKEND = "inductor" if shutil.which("c++") or shutil.which("g++") else "aot_eager"
@@ -99,7 +99,7 @@ def test_compile_mode_in_plan_and_reports() -> None:
     # a handful of tiny GEMMs: on an H100 each is a ~us launch, so latency dominates
     p = graphopt.plan(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).eval(),
                       torch.randn(2, 8), target="h100")
-    times = p.summary["time_by_bottleneck_s"]
+    times = p.summary.time_by_bottleneck_s
     assert times["latency"] > sum(times.values()) / 2
     rt = p.to_dict()["runtime_settings"]
     assert rt["compile_mode"]["value"] == "reduce-overhead"

@@ -22,7 +22,12 @@ import torch
 import graphopt
 from graphopt.api.deploy import NO_DEPLOY_MEASURE_ENV
 from graphopt.cli.main import main
-from graphopt.decisions.deploy import ARTIFACTS, MEASURED_MARGIN, ArtifactTiming, pick_measured
+from graphopt.decisions.deploy.artifact import (
+    ARTIFACTS,
+    MEASURED_MARGIN,
+    ArtifactTiming,
+    pick_measured,
+)
 from graphopt.frontends.onnx_export import export_torch
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning",
@@ -58,7 +63,7 @@ def rows(**seconds: float | None) -> tuple[ArtifactTiming, ...]:
     return tuple(ArtifactTiming(a.replace("_", "."), s, True) for a, s in seconds.items())
 
 
-# --- the pick (decisions/deploy.py case 2) -------------------------------------------------
+# --- the pick (decisions/deploy/artifact.py case 2) -----------------------------------------------
 
 def test_the_fastest_candidate_within_tolerance_is_chosen_with_its_margin() -> None:
     choice = pick_measured(rows(torch=2e-3, torch_compile=1.5e-3, onnxruntime=1e-3), "m", 3e-3)

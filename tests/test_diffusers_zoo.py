@@ -75,7 +75,7 @@ def test_plan_classifies_every_op(name: str) -> None:
         assert kernel in classes, f"{name}: no {kernel} node in {sorted(set(classes))}"
     assert classes.count("other") == 0, [n.op for n in plan.nodes
                                          if n.analysis.kernel_class.value == "other"]
-    assert not plan.summary["unsupported_ops"]
+    assert not plan.summary.unsupported_ops
     heavy = [n for n in plan.nodes if n.analysis.kernel_class.value in ("gemm", "conv",
                                                                        "attention")]
     assert all(n.analysis.flops > 0 and n.cost.est_time_s > 0 for n in heavy)
@@ -125,7 +125,7 @@ def test_batch_range_matches_at_other_batch_sizes(name: str) -> None:
     batch = Dim("batch", min=1, max=4)
     spec = tuple({0: batch} if t.ndim and t.shape[0] == BATCH else None for t in inputs)
     opt = graphopt.optimize(model, inputs, target="cpu", measure=False, dynamic_shapes=spec)
-    assert opt.plan.extra["shape_range"]["dims"][0]["name"] == "batch"
+    assert opt.plan.shape_range["dims"][0]["name"] == "batch"
     tol = opt.numerics[0]["tolerance"]
     for size in (1, 3):
         x = _batched(inputs, size)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
-from graphopt.decisions.exec_path import CPU_PATHS, GPU_PATHS, exec_path
-from graphopt.decisions.kernel_config import elementwise_config, gemm_config, gemv_config
-from graphopt.decisions.kernel_tiles import (
+from graphopt.decisions.kernels.config import elementwise_config, gemm_config, gemv_config
+from graphopt.decisions.kernels.exec_path import CPU_PATHS, GPU_PATHS, exec_path
+from graphopt.decisions.kernels.tiles import (
     MMA_SYNC,
     TCGEN05,
     WGMMA,
@@ -170,7 +170,7 @@ def test_cpu_host_path_follows_its_flags() -> None:
     assert path(ew, "xeon-8480") == "avx512"  # AMX is for GEMMs only
 
 
-# --- kernel_config -------------------------------------------------------------------------
+# --- kernels.config -------------------------------------------------------------------------
 
 dims = st.integers(min_value=1, max_value=20000)
 

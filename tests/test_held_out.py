@@ -51,7 +51,7 @@ def test_a_pass_within_budget_only_on_its_own_batches_is_not_kept() -> None:
     calibration = [_batch(1, 0.01), _batch(2, 100.0)]
     opt = graphopt.optimize(model, target="cpu", quantize="int8_static",
                             calibration=calibration, measure=False)
-    info = opt.plan.extra["optimization"]
+    info = opt.plan.optimization
     assert info["held_out_batches"] == 1
     budget = info["tolerance"]["rel_to_scale"]
     for seed, scale in ((11, 0.01), (12, 100.0)):  # fresh inputs like each batch
@@ -64,7 +64,7 @@ def test_a_pass_within_budget_only_on_its_own_batches_is_not_kept() -> None:
 def test_one_calibration_batch_says_nothing_is_held_out() -> None:
     opt = graphopt.optimize(_mlp(), target="cpu", quantize="int8_static",
                             calibration=[_batch(1, 1.0)], measure=False)
-    assert opt.plan.extra["optimization"]["held_out_batches"] == 0
+    assert opt.plan.optimization["held_out_batches"] == 0
     assert any("one calibration batch" in w for w in opt.plan.warnings)
 
 
@@ -73,6 +73,6 @@ def test_the_stated_error_is_the_held_out_batches(count: int) -> None:
     calibration = [_batch(i, 1.0) for i in range(count)]
     opt = graphopt.optimize(_mlp(), target="cpu", quantize="int8_static",
                             calibration=calibration, measure=False)
-    info = opt.plan.extra["optimization"]
+    info = opt.plan.optimization
     assert info["held_out_batches"] == count - (count + 1) // 2
     assert info["calibration_batches"] == (count + 1) // 2

@@ -25,9 +25,13 @@ import pytest
 import torch
 
 import graphopt
-from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, GROUPED_CONV_INT8_MEASURED, MIN_GAIN
-from graphopt.decisions.gemm_precision import node_precision
 from graphopt.decisions.planner import build_plan
+from graphopt.decisions.precision.gemm import node_precision
+from graphopt.decisions.quantization.cpu_int8 import (
+    CONV_INT8_MEASURED,
+    GROUPED_CONV_INT8_MEASURED,
+    MIN_GAIN,
+)
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.frontends.onnx_export import export_torch
 from graphopt.frontends.onnx_frontend import load_onnx

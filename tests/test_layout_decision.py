@@ -1,5 +1,6 @@
 """One layout decision for both backends: a conv model optimized as torch and as ONNX gets the
-same channels_last answer and reason (decided once in ``graphopt.decisions.layout``)."""
+same channels_last answer and reason (decided once in
+``graphopt.decisions.layout.channels_last``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import graphopt
-from graphopt.decisions.layout import decide_layout
+from graphopt.decisions.layout.channels_last import decide_layout
 from graphopt.frontends.onnx_export import export_torch
 from graphopt.hardware.registry import resolve_targets
 from graphopt.ir.plan import Plan

@@ -17,8 +17,8 @@ from torch import nn
 import graphopt
 from graphopt.analysis import KernelClass
 from graphopt.api.llm import batch_points, plan_llm
-from graphopt.decisions.batch_advice import KNEE_FRACTION, advise_batch, step_time_at
-from graphopt.decisions.memory import ReservePolicy, memory_plan
+from graphopt.decisions.memory_runtime.batch_advice import KNEE_FRACTION, advise_batch, step_time_at
+from graphopt.decisions.memory_runtime.memory import ReservePolicy, memory_plan
 from graphopt.errors import GraphoptError
 from graphopt.frontends.llm_steps import DecodeStep, PrefillStep
 from graphopt.hardware import get_target
@@ -182,7 +182,7 @@ def cnn_plan() -> graphopt.Plan:
 
 
 def test_cnn_batch_knee_below_the_memory_max(cnn_plan) -> None:
-    mem = cnn_plan.extra["memory"]
+    mem = cnn_plan.memory
     rec, top = mem["recommended_batch_size"], mem["max_batch_size"]
     assert 8 <= rec < top // 8 and mem["batch_decided_by"] == "throughput"
     assert f"memory allows up to {top}" in mem["batch_advice"]
@@ -201,7 +201,7 @@ def test_batch_curve_at_the_traced_batch_is_the_plan_estimate(cnn_plan) -> None:
 
 def test_memory_decides_when_it_caps_the_batch(cnn_plan) -> None:
     total = cnn_plan.target.memory_bytes
-    mem = cnn_plan.extra["memory"]
+    mem = cnn_plan.memory
     room = mem["param_bytes"] + mem["constant_bytes"] + mem["workspace_bytes"] \
         + int(20.5 * mem["activation_peak_per_sample_bytes"])
     tight = ReservePolicy(total - room, 0.0, "test: about 20 samples of room")
@@ -236,7 +236,7 @@ def test_llm_section_recommends_within_the_range_and_memory(tiny_plan) -> None:
     assert 1 <= mem["recommended_batch_size"] <= 16
     assert mem["batch_decided_by"] in ("throughput", "range")
     assert mem["weight_bytes"] == memory_plan(tiny_plan.decode).param_bytes  # as traced
-    assert tiny_plan.decode.extra["memory"]["param_bytes"] == mem["weight_bytes"]
+    assert tiny_plan.decode.memory["param_bytes"] == mem["weight_bytes"]
     assert tiny_plan.section["quantize"] == "none" and mem["param_format"] == "as traced"
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import graphopt
 from graphopt.decisions import memory_plan, plan_precisions, render_breakdown
-from graphopt.decisions.memory import (
+from graphopt.decisions.memory_runtime.memory import (
     CPU_RESERVE,
     GIB,
     GPU_RESERVE,
@@ -117,7 +117,7 @@ def test_precision_decisions_as_input() -> None:
     mp = memory_plan(p, plan_precisions(p))
     assert mp.param_format == "per-node"
     assert mp.param_bytes < memory_plan(p).param_bytes
-    assert memory_plan(p).param_bytes == p.model["param_bytes"]
+    assert memory_plan(p).param_bytes == p.model.param_bytes
 
 
 def test_reserve_policy_scales() -> None:

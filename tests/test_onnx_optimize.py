@@ -274,7 +274,7 @@ def test_export_onnx_keeps_the_onnx_artifacts_decisions_and_numerics_in_the_repo
     showed only the torch module's decisions for an ONNX file decided separately."""
     model, inputs = ZOO["transformer_hd72"]
     opt = graphopt.optimize(model, inputs, target="h100", measure=False)
-    torch_section = dict(opt.plan.extra["optimization"])
+    torch_section = dict(opt.plan.optimization)
     out = opt.export_onnx(tmp_path / "t.onnx")
     report = json.loads(opt.plan.to_json())
     assert report["optimization"] == json.loads(json.dumps(torch_section))  # unchanged

@@ -26,7 +26,7 @@ def _plan(m: onnx.ModelProto, target: str = "cpu") -> Plan:
 
 def _groups(p: Plan) -> dict[frozenset[str], str]:
     """graphopt's multi-node ORT groups: node set -> the op ORT makes of them."""
-    return {frozenset(g["nodes"]): g["fused_op"] for g in p.extra["fusion"]["groups"]
+    return {frozenset(g["nodes"]): g["fused_op"] for g in p.fusion["groups"]
             if g["kind"] == "ort"}
 
 
@@ -103,8 +103,8 @@ def test_fusions_follow_the_targets_execution_provider() -> None:
     assert _groups(_plan(om.mm_add_relu(), "h100")) == {frozenset({"mm", "add"}): "Gemm"}
     assert _groups(_plan(om.mm_add_relu(), "cpu")) == {
         frozenset({"mm", "add", "relu"}): "FusedGemm"}
-    cpu = _plan(om.conv_relu()).extra["fusion"]
-    gpu = _plan(om.conv_relu(), "h100").extra["fusion"]
+    cpu = _plan(om.conv_relu()).fusion
+    gpu = _plan(om.conv_relu(), "h100").fusion
     assert cpu["runtime"]["name"] == gpu["runtime"]["name"] == "onnxruntime"
     assert (cpu["runtime"]["execution_provider"], gpu["runtime"]["execution_provider"]) == \
         (CPU_EP, CUDA_EP)
@@ -113,13 +113,13 @@ def test_fusions_follow_the_targets_execution_provider() -> None:
 
 def test_ort_groups_are_costed_as_one_kernel() -> None:
     p = _plan(om.layer_norm(), "a100")
-    (g,) = p.extra["fusion"]["groups"]
+    (g,) = p.fusion["groups"]
     assert g["kind"] == "ort" and g["fused_op"] == "SkipLayerNormalization"
     assert g["rules"] == ["LayerNormFusion", "SkipLayerNormFusion"]
     assert g["est_time_s"] < g["unfused_s"] == pytest.approx(p.est_latency_s)
     # x, r, gamma, beta and the two scalars in, y out: the nine intermediates stay inside
     assert g["external_bytes"] == 4 * (3 * 2 * 4 * 16 + 2 * 16 + 2)
-    assert p.summary["est_latency_fused_s"] == pytest.approx(g["est_time_s"])
+    assert p.summary.est_latency_fused_s == pytest.approx(g["est_time_s"])
     assert p.to_json() == _plan(om.layer_norm(), "a100").to_json()  # byte-deterministic
 
 
@@ -140,9 +140,9 @@ def test_torch_exported_models_group_as_ort_fuses_them(cls: type, shape: tuple[i
     split = {s for s in fused if all("Slice" in n for n in s)}
     assert ("Split" in ops) == bool(split)
     assert set(groups) == fused - split
-    folded = [g for g in p.extra["fusion"]["groups"] if g["kind"] == "folded"]
+    folded = [g for g in p.fusion["groups"] if g["kind"] == "folded"]
     assert all(g["est_time_s"] == 0 for g in folded)
-    assert p.summary["est_latency_fused_s"] < p.est_latency_s
+    assert p.summary.est_latency_fused_s < p.est_latency_s
 
 
 def test_the_onnx_artifact_reports_ort_groups_for_its_ep(tmp_path) -> None:

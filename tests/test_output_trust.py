@@ -64,11 +64,13 @@ def _refused(argv: list[str], capsys, needle: str) -> str:
 def no_work(monkeypatch):
     """Fail the test if optimize runs: a bad path must be refused before the slow work."""
     import graphopt.api.optimized
+    import graphopt.cli.optimize
 
     def ran(*a, **k):
         raise AssertionError("the optimize work ran before the output paths were checked")
 
     monkeypatch.setattr(graphopt.api.optimized, "optimize", ran)
+    monkeypatch.setattr(graphopt.cli.optimize, "optimize", ran)  # the CLI's own binding
 
 
 def _onnx_model(path: Path) -> Path:
@@ -158,12 +160,12 @@ def test_one_target_claimed_twice_is_refused_at_the_claim(tmp_path):
 def test_a_failure_after_staging_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
     """A step after the artifact was staged (the device split, a report) failed: its temp
     file stayed in the output folder."""
-    import graphopt.api.planning
+    import graphopt.cli.optimize
 
     def broken(*a, **k):
         raise GraphoptError("the split failed", "fix the devices")
 
-    monkeypatch.setattr(graphopt.api.planning, "with_partition", broken)
+    monkeypatch.setattr(graphopt.cli.optimize, "with_partition", broken)
     spec = _spec(tmp_path)
     (tmp_path / "o.pt2").write_bytes(VICTIM)
     before = _files(tmp_path)

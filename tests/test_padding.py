@@ -20,7 +20,7 @@ from graphopt.backends.driver import Pass
 from graphopt.backends.torch.fx_utils import aten_name, val
 from graphopt.backends.torch.padding import pad_channels
 from graphopt.backends.torch.pipeline import optimize_torch
-from graphopt.decisions.channel_map import ChannelMap, reshape_map, scatter_weight
+from graphopt.decisions.padding.channel_map import ChannelMap, reshape_map, scatter_weight
 from graphopt.ir.options import Options
 from tests.padding_models import (
     NVIDIA_DIMS,

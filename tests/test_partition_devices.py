@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphopt.decisions.memory import usable_memory
+from graphopt.decisions.memory_runtime.memory import usable_memory
 from graphopt.errors import GraphoptError, UnknownTargetError
 from graphopt.hardware import get_target
 from graphopt.partition import detect_devices, parse_devices, parse_size

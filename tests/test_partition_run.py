@@ -268,7 +268,7 @@ def test_workload_latency_uses_the_plans_cost_model() -> None:
     w = Workload.of("mlp", graphopt.plan(model, inputs, target="h100-sxm"), priority=1)
     a100 = graphopt.plan(model, inputs, target="a100-40gb")
     assert w.latency_on(get_target("a100-40gb")) == pytest.approx(a100.est_latency_s)
-    assert w.memory_bytes == a100.model["param_bytes"] > 0
+    assert w.memory_bytes == a100.model.param_bytes > 0
     with pytest.raises(GraphoptError, match="no latency"):
         Workload("x", {"h100-sxm": 1.0}).latency_on(get_target("a100-40gb"))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from graphopt.backends.driver import Pass, PassResult, run_passes
+from graphopt.backends.driver import Pass, PassResult, ToleranceKind, run_passes
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision
@@ -61,7 +61,8 @@ class FakeBackend:
 
 
 def _pass(name: str, dy: float = 0.0, dt: float = 0.0, *, fires: bool = True,
-          tolerance: str = "fp32", option: str | None = None) -> Pass:
+          tolerance: ToleranceKind | str = ToleranceKind.FP32, option: str | None = None
+          ) -> Pass:
     """A pass that moves the output by ``dy`` (relative) and the run time by ``dt``, and records
     a decision on node "n" either way."""
     def run(model: Model, ctx: Ctx) -> Model | None:
@@ -131,7 +132,7 @@ def test_measure_off_times_nothing() -> None:
 
 def test_a_lossy_pass_gets_its_budget_and_loosens_the_later_checks() -> None:
     backend = FakeBackend(Ctx(compute_dtype="bf16"))
-    passes = [_pass("precision", 1e-2, tolerance="compute"), _pass("exact", 1e-4)]
+    passes = [_pass("precision", 1e-2, tolerance=ToleranceKind.COMPUTE), _pass("exact", 1e-4)]
     out = run_passes(backend, Model(REFERENCE), passes, measure=False)
     assert out.applied == ["precision", "exact"]  # 1e-4 after bf16: within bf16's budget
     assert backend.tolerances == {"precision": tolerance_for("bf16"),
@@ -143,6 +144,16 @@ def test_a_lossy_pass_gets_its_budget_and_loosens_the_later_checks() -> None:
     assert tight.tolerances["precision"] == dataclasses.replace(tolerance_for("bf16"),
                                                                 rel_to_scale=1e-3)
     assert tight.ctx.compute_dtype == "fp32"  # reverted: the model computes in fp32 again
+
+
+def test_the_budget_kinds_have_one_spelling() -> None:
+    """"fp32" and "compute" are kinds, not formats: as strings they would be read as lossy."""
+    for magic in ("fp32", "compute"):
+        with pytest.raises(TypeError, match="not a format name"):
+            Pass("p", lambda m, c: m, magic)
+    assert not Pass("p", lambda m, c: m).lossy
+    assert Pass("p", lambda m, c: m, ToleranceKind.COMPUTE).lossy
+    assert Pass("p", lambda m, c: m, "int8").lossy
 
 
 def test_a_self_checking_pass_that_backs_out_keeps_its_own_decisions() -> None:
@@ -175,11 +186,12 @@ def test_the_pipelines_load_every_pass_by_plain_import() -> None:
     from graphopt.backends.torch.pipeline import default_passes as torch_passes
 
     assert [(p.name, p.tolerance, p.option) for p in onnx_passes()] == [
-        ("padding", "fp32", "pad"), ("precision", "fp16", "precision"),
+        ("padding", ToleranceKind.FP32, "pad"), ("precision", "fp16", "precision"),
         ("quantize", "int8", "quantize")]
     # the torch quantize pass's budget is its formats' (FP8, INT4...): decided per run
     assert [(p.name, "per run" if callable(p.tolerance) else p.tolerance, p.option)
             for p in torch_passes()] == [
-        ("cleanup", "fp32", None), ("padding", "fp32", "pad"), ("layout", "fp32", "layout"),
-        ("precision", "compute", "precision"), ("quantize", "per run", "quantize"),
+        ("cleanup", ToleranceKind.FP32, None), ("padding", ToleranceKind.FP32, "pad"),
+        ("layout", ToleranceKind.FP32, "layout"),
+        ("precision", ToleranceKind.COMPUTE, "precision"), ("quantize", "per run", "quantize"),
         ("quantize_without_ends", "int8", "quantize")]

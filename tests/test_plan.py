@@ -24,7 +24,7 @@ def convnet_onnx(tmp_path_factory):
 
 def test_report_schema(convnet_onnx):
     d = graphopt.plan(str(convnet_onnx), target="h100").to_dict()
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2
     assert d["target"]["name"] == "h100-sxm"
     assert {"est_latency_s", "bottleneck_mix", "costliest_nodes"} <= set(d["summary"])
     assert d["summary"]["est_latency_s"] == pytest.approx(sum(n["est_time_s"] for n in d["nodes"]))
@@ -51,8 +51,8 @@ def test_json_is_deterministic_torch_and_onnx(convnet_onnx):
 def test_rmsnorm_and_swiglu_found_in_trace():
     torch.manual_seed(0)
     p = graphopt.plan(RMSNormMLP().eval(), (torch.randn(2, 8, 64),), target="h100")
-    assert p.summary["patterns"].get("rmsnorm") == 1
-    assert p.summary["patterns"].get("swiglu") == 1
+    assert p.summary.patterns.get("rmsnorm") == 1
+    assert p.summary.patterns.get("swiglu") == 1
     classes = {n.analysis.kernel_class.value for n in p.nodes}
     assert {"rmsnorm", "silu", "gemm"} <= classes
 
@@ -83,7 +83,7 @@ def test_unknown_op_is_kept_and_listed():
     p = graphopt.plan(model, target="h100")
     node = p.node("<script>")
     assert node.analysis.kernel_class.value == "other"
-    assert p.summary["unsupported_ops"] == {"acme::Frobnicate": 1}
+    assert p.summary.unsupported_ops == {"acme::Frobnicate": 1}
     assert any("Frobnicate" in w for w in p.warnings)
 
 
@@ -97,14 +97,14 @@ def test_dynamic_batch_is_planned_at_a_stated_default(tmp_path):
                       target="h100")
     # N is planned at the stated default (1, a leading dim), costed at min and max too
     assert p.node("mm").analysis.dims["M"] == 1
-    assert p.extra["shape_range"]["dims"] == [
+    assert p.shape_range["dims"] == [
         {"name": "N", "min": 1, "opt": 1, "max": None, "source": "default"}]
     assert any("default sizes: N=1" in w for w in p.warnings)
     p = graphopt.plan(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)]),
                       target="h100", dynamic_shapes={"N": (1, 256, 1 << 20)})
     assert p.node("mm").analysis.dims["M"] == 256
     assert p.node("mm").at_points["max"]["dims"]["M"] == 1 << 20
-    est = p.extra["shape_range"]["est_latency_s"]
+    est = p.shape_range["est_latency_s"]
     assert est["min"] <= est["opt"] < est["max"]
 
 

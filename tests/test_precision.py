@@ -15,7 +15,7 @@ from graphopt.backends.torch.fx_utils import aten_name
 from graphopt.backends.torch.pipeline import prepare
 from graphopt.backends.torch.precision import reduce_precision
 from graphopt.backends.torch.verify import compare_outputs
-from graphopt.decisions.precision_format import choose_precision
+from graphopt.decisions.precision.format import choose_precision
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target

@@ -1,11 +1,11 @@
 """Same model, same precision decisions: the torch plan and the plan of graphopt's ONNX export
-of it agree on which GEMM / norm / softmax nodes are fp32 islands (``decisions.precision_plan``).
+of it agree on which GEMM / norm / softmax nodes are fp32 islands (``decisions.precision.by_op``).
 
 Compared by kernel class (derived from the canonical op: torch's ``Linear`` is ONNX's ``Gemm``
 or ``MatMul``), as the set of (kernel class, island) pairs of each plan. The only differences
 are the exporter's rewrites, each asserted with its reason below.
 
-And one rule per node: the planner's precision (``gemm_precision``) makes the islands the
+And one rule per node: the planner's precision (``precision.gemm``) makes the islands the
 backends make, and the torch and ONNX passes apply them (x*x, softmax, layernorm, a Linear).
 """
 
@@ -19,10 +19,10 @@ import torch
 
 import graphopt
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
-from graphopt.decisions.gemm_precision import carrier_format
-from graphopt.decisions.precision_format import choose_precision, native_format
-from graphopt.decisions.precision_islands import ISLAND_OPS
-from graphopt.decisions.precision_plan import LOW_KINDS, island_reason, plan_decisions
+from graphopt.decisions.precision.by_op import LOW_KINDS, island_reason, plan_decisions
+from graphopt.decisions.precision.format import choose_precision, native_format
+from graphopt.decisions.precision.gemm import carrier_format
+from graphopt.decisions.precision.islands import ISLAND_OPS
 from graphopt.frontends.onnx_export import export_torch
 from graphopt.hardware import list_targets
 from graphopt.ir import ops
@@ -142,7 +142,7 @@ def test_a_square_is_an_island_by_canonical_op_and_inputs() -> None:
 
 @pytest.mark.parametrize("name", sorted(_EXPECTED))
 def test_the_planners_islands_are_the_backends_rule(name: str) -> None:
-    """On h100 (bf16 carrier) a plan node is fp32 exactly where ``precision_plan`` makes it an
+    """On h100 (bf16 carrier) a plan node is fp32 exactly where ``precision.by_op`` makes it an
     island, with the same reason the backends record."""
     model, inputs = zoo()[name]
     for plan in (graphopt.plan(model, inputs, target="h100"),

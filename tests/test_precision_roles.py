@@ -1,4 +1,4 @@
-"""One precision rule table for both backends (``decisions.precision_roles``, issue 20 item 3).
+"""One precision rule table for both backends (``decisions.precision.roles``, issue 20 item 3).
 
 The rule function case by case, in both backends' words; the named exceptions (ONNX lowers to
 fp16 only; the op tables' one difference); inf/NaN constants decided once, by value, with
@@ -27,9 +27,9 @@ from graphopt.backends.torch import precision_rules as torch_rules
 from graphopt.backends.torch.pipeline import prepare
 from graphopt.backends.torch.precision import _Assigner, reduce_precision
 from graphopt.decisions.planner import build_plan
-from graphopt.decisions.precision_islands import ISLAND_OPS, SIGNIFICAND_BITS
-from graphopt.decisions.precision_plan import LOW_KINDS
-from graphopt.decisions.precision_roles import (
+from graphopt.decisions.precision.by_op import LOW_KINDS
+from graphopt.decisions.precision.islands import ISLAND_OPS, SIGNIFICAND_BITS
+from graphopt.decisions.precision.roles import (
     BACKEND_FORMATS,
     FORMAT_MAX,
     OP_TABLE_EXCEPTIONS,

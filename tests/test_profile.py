@@ -18,6 +18,7 @@ from torch import nn
 
 import graphopt
 from graphopt.cli.main import main
+from graphopt.ir.plan_summary import Prediction
 from graphopt.measure import spearman
 from graphopt.measure.torch_runs import per_node
 from graphopt.report.prediction import prediction_html, prediction_md, worst_nodes
@@ -27,19 +28,19 @@ from tests.zoo import ConvNet, TransformerBlock
 RUNS = dict(runs=3, warmup=1)  # enough for a median; keeps the suite fast on a shared host
 
 
-def _check_summary(plan: graphopt.Plan) -> dict:
+def _check_summary(plan: graphopt.Plan) -> Prediction:
     """The summary's numbers recomputed from the nodes."""
-    pred = plan.summary["prediction"]
+    pred = plan.summary.prediction
     pairs = [(n.cost.est_time_s, n.measured_s) for n in plan.nodes
              if n.measured_s and n.cost.est_time_s > 0]
-    assert pred["nodes_measured"] == len(pairs) >= 3
-    assert pred["median_ratio"] == pytest.approx(np.median([p / m for p, m in pairs]))
-    assert pred["spearman"] == pytest.approx(spearman(*zip(*pairs, strict=True)), abs=1e-6)
-    assert -1 <= pred["spearman"] <= 1
-    assert pred["measured_model_s"] > 0 and math.isfinite(pred["measured_model_s"])
-    assert pred["model_ratio"] == pytest.approx(plan.summary["est_latency_s"]
-                                                / pred["measured_model_s"])
-    assert all(math.isfinite(pred[k]) for k in ("spearman", "median_ratio", "model_ratio"))
+    assert pred.nodes_measured == len(pairs) >= 3
+    assert pred.median_ratio == pytest.approx(np.median([p / m for p, m in pairs]))
+    assert pred.spearman == pytest.approx(spearman(*zip(*pairs, strict=True)), abs=1e-6)
+    assert -1 <= pred.spearman <= 1
+    assert pred.measured_model_s > 0 and math.isfinite(pred.measured_model_s)
+    assert pred.model_ratio == pytest.approx(plan.summary.est_latency_s / pred.measured_model_s)
+    assert all(math.isfinite(getattr(pred, k))
+               for k in ("spearman", "median_ratio", "model_ratio"))
     return pred
 
 
@@ -97,7 +98,7 @@ def test_an_onnx_file_is_profiled_node_for_node(tmp_path):
     for n in plan.nodes:
         assert n.measured_s is not None and n.measured_s > 0, n.name
     pred = _check_summary(plan)
-    assert "ONNX Runtime" in pred["method"]
+    assert "ONNX Runtime" in pred.method
 
 
 def test_spearman_by_hand():

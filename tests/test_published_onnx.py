@@ -92,7 +92,7 @@ def _opt_feed(path: Path, opt: graphopt.Optimized) -> dict[str, np.ndarray]:
     """A fresh sample at the sizes and values the optimization fitted (another seed)."""
     import onnx
 
-    info = opt.plan.extra["optimization"]
+    info = opt.plan.optimization
     dims = {d["name"]: d["opt"] for d in info.get("shape_range", {}).get("dims", [])}
     return sample_feeds(onnx.load(path), 1, seed=7, dims=dims,
                         values=info.get("sample_values"))[0]
@@ -111,7 +111,7 @@ def _plans_optimizes_and_matches(path: Path) -> graphopt.Optimized:
     opt = graphopt.optimize(path, target="cpu")
     assert all(n["within"] for n in opt.numerics), opt.numerics
     feed = _opt_feed(path, opt)
-    tol = opt.plan.extra["optimization"]["tolerance"]["rel_to_scale"]
+    tol = opt.plan.optimization["tolerance"]["rel_to_scale"]
     for ref, out in zip(_run(path, feed), _run(opt.onnx_model, feed), strict=True):
         ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
         scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-30)
@@ -129,7 +129,7 @@ def test_the_recognizer_is_fed_text_lines_it_can_read(cache: Path) -> None:
     """The line height is free in the file, and the default (128) does not run: the search
     finds one that does, fixed from below, and the report says so."""
     opt = graphopt.optimize(_fetch(cache, "paddle_rec"), target="cpu")
-    dims = {d["name"]: d for d in opt.plan.extra["optimization"]["shape_range"]["dims"]}
+    dims = {d["name"]: d for d in opt.plan.optimization["shape_range"]["dims"]}
     height = dims["x_2"]
     assert height["source"] == "fitted" and height["opt"] != 128
     assert height["min"] == height["opt"]
@@ -138,13 +138,13 @@ def test_the_recognizer_is_fed_text_lines_it_can_read(cache: Path) -> None:
 
 def test_the_vad_gets_a_sample_rate(cache: Path) -> None:
     opt = graphopt.optimize(_fetch(cache, "vad_if"), target="cpu")
-    assert opt.plan.extra["optimization"]["sample_values"] == {"sr": 16000}
+    assert opt.plan.optimization["sample_values"] == {"sr": 16000}
 
 
 def test_a_pre_quantized_published_model(cache: Path) -> None:
     path = _quantized(cache)
     plan = graphopt.plan(path, target="cpu")
-    assert plan.extra["quantization"]["original_format"] == "int8"
+    assert plan.quantization["original_format"] == "int8"
     classes = {n.op_type: n.analysis.kernel_class.value for n in plan.nodes}
     assert classes.get("ConvInteger") == "conv"
     _plans_optimizes_and_matches(path)
@@ -162,7 +162,7 @@ def test_static_int8_inside_a_model_with_control_flow(cache: Path) -> None:
     batches = [{"input": rng.standard_normal((1, 512)).astype(np.float32),
                 "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000)}]
     opt = graphopt.optimize(path, target="cpu", quantize="int8_static", calibration=batches)
-    info = opt.plan.extra["optimization"]
+    info = opt.plan.optimization
     assert info["passes_applied"] == ["quantize"], info["passes_reverted"]
     assert all(n["within"] for n in opt.numerics)
     onnx.checker.check_model(opt.onnx_model, full_check=True)

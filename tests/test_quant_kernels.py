@@ -25,7 +25,7 @@ from graphopt.backends.torch.quant_kernels import (
     pack_int4,
     pack_int8_weight_only,
 )
-from graphopt.decisions.torch_quant_kernels import INT4_GROUPS, kernel_refuses
+from graphopt.decisions.quantization.torch_kernels import INT4_GROUPS, kernel_refuses
 
 #: format -> (max error over the output's scale, cosine floor)
 BOUNDS = {"fp8_e4m3": (0.06, 0.999), "int8_weight_only": (0.015, 0.9999),
@@ -50,9 +50,9 @@ t.run("int8_weight_only", *t.linear(4, 250, 256))
 @pytest.fixture(scope="module", autouse=True)
 def _no_kernel_crashes_this_host() -> None:
     """Every kernel call below, first in a child process: one of these kernels crashes the
-    process (SIGSEGV) on shapes it does not take (case 2 of ``torch_quant_kernels``), measured
-    on an AVX512-BF16 host; on another CPU a crash fails these tests with its signal instead of
-    ending the whole test run."""
+    process (SIGSEGV) on shapes it does not take (case 2 of ``quantization.torch_kernels``),
+    measured on an AVX512-BF16 host; on another CPU a crash fails these tests with its signal
+    instead of ending the whole test run."""
     done = subprocess.run([sys.executable, "-c", _EVERY_CALL], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1], check=False, timeout=300)
     if done.returncode != 0:

@@ -17,7 +17,7 @@ from graphopt.decisions import (
     recommend_quant,
     runs_natively,
 )
-from graphopt.decisions.memory import GIB, MIB
+from graphopt.decisions.memory_runtime.memory import GIB, MIB
 from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.hardware.detect import CpuInfo, build_host_profile

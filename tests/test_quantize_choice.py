@@ -17,8 +17,7 @@ import pytest
 import torch
 
 import graphopt
-from graphopt.decisions.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
-from graphopt.decisions.quantize_choice import (
+from graphopt.decisions.quantization.choice import (
     Int8Scheme,
     auto_choice,
     auto_quantize_blocked,
@@ -26,6 +25,7 @@ from graphopt.decisions.quantize_choice import (
     method_blocked,
     method_description,
 )
+from graphopt.decisions.quantization.cpu_int8 import CONV_INT8_MEASURED, int8_pays_on_cpu
 from graphopt.hardware import get_target
 from graphopt.hardware.cpus import cpu_profile
 from graphopt.hardware.profile import HardwareProfile

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import graphopt
-from graphopt.decisions.cpu_int8 import int8_pays_on_cpu
-from graphopt.decisions.precision_format import choose_precision
+from graphopt.decisions.precision.format import choose_precision
+from graphopt.decisions.quantization.cpu_int8 import int8_pays_on_cpu
 from graphopt.hardware import get_target
 from tests.hostisa import host_isa
 

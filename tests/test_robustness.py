@@ -226,7 +226,7 @@ def test_shapes_with_zeros_plan_on_every_target(b, s, c_in, c_out, heads, hd):
                 assert t == 0.0 and n.decisions["exec_path"].fields["path"] == "none"
             else:
                 assert t > 0, (name, n.name)
-        assert math.isfinite(plan.summary["predicted_speedup"])
+        assert math.isfinite(plan.summary.predicted_speedup)
         json.loads(plan.to_json(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     empty_fc = 0 in (b, s, c_out)
     assert plan.node("fc").analysis.no_work is empty_fc

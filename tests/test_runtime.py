@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from graphopt.decisions.runtime import (
+from graphopt.decisions.memory_runtime.runtime import (
     ALLOC_CONF_ENV,
     RuntimeSettings,
     Setting,

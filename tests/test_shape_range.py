@@ -51,7 +51,7 @@ def test_a_plan_over_a_range_costs_min_opt_and_max():
     x = torch.randn(2, 16, 288)
     spec = ({0: Dim("batch", min=1, max=64), 1: Dim("seq", min=4, max=512)},)
     p = graphopt.plan(Attention().eval(), (x,), target="h100", dynamic_shapes=spec)
-    rng = p.extra["shape_range"]
+    rng = p.shape_range
     assert [(d["name"], d["min"], d["opt"], d["max"]) for d in rng["dims"]] == [
         ("batch", 1, 2, 64), ("seq", 4, 16, 512)]
     est = rng["est_latency_s"]
@@ -71,7 +71,7 @@ def test_a_plan_over_a_range_costs_min_opt_and_max():
 def test_an_unbounded_dim_is_accepted_and_said():
     p = graphopt.plan(OddMLP().eval(), (torch.randn(4, 61),), target="h100",
                       dynamic_shapes=({0: Dim.DYNAMIC},))
-    assert p.extra["shape_range"]["dims"][0]["max"] is None
+    assert p.shape_range["dims"][0]["max"] is None
     assert any("no max given" in w for w in p.warnings)
 
 
@@ -109,7 +109,7 @@ def test_the_module_takes_every_shape_in_the_range_and_matches(case):
         with torch.no_grad():
             result = compare_outputs(model(x), opt.module(x), tol)
         assert all(c.within for c in result), (shape, [c.describe() for c in result])
-    top = [d["max"] for d in opt.plan.extra["shape_range"]["dims"]]
+    top = [d["max"] for d in opt.plan.shape_range["dims"]]
     too_big = list(shapes[-1])
     too_big[0] = top[0] + 1
     with pytest.raises(GraphoptError, match=r"outside \[1, \d+\].*optimized for batch in"):
@@ -208,7 +208,7 @@ def test_a_range_that_cannot_be_exported_is_said(tmp_path):
     p = graphopt.plan(Branchy(), (torch.randn(4, 8),), target="cpu",
                       dynamic_shapes=({0: Dim("batch", min=1, max=8)},))
     assert any("dynamic_shapes could not be kept" in w for w in p.warnings)
-    assert "shape_range" not in p.extra
+    assert p.shape_range is None
     with pytest.raises(GraphoptError, match="torch.export"):
         graphopt.optimize(Branchy().eval(), (torch.randn(4, 8),), target="cpu",
                           dynamic_shapes=({0: Dim("batch", min=1, max=8)},))
@@ -224,7 +224,7 @@ def test_python_spec_can_return_dynamic_shapes(tmp_path: Path):
             return model, (torch.randn(4, 8),), ({0: Dim("batch", min=2, max=32)},)
     """))
     p = graphopt.plan(f"{tmp_path / 'model.py'}:build", target="h100")
-    assert p.extra["shape_range"]["dims"][0]["max"] == 32
+    assert p.shape_range["dims"][0]["max"] == 32
 
 
 def test_inputs_sharing_a_dim_must_agree():
@@ -272,14 +272,14 @@ def test_runtime_settings_know_the_shapes_vary():
     static = graphopt.plan(OddResidualCNN().eval(), (x,), target="h100")
     ranged = graphopt.plan(OddResidualCNN().eval(), (x,), target="h100",
                            dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
-    assert static.extra["runtime_settings"]["cudnn_benchmark"]["value"] is True
-    bench = ranged.extra["runtime_settings"]["cudnn_benchmark"]
+    assert static.runtime_settings["cudnn_benchmark"]["value"] is True
+    bench = ranged.runtime_settings["cudnn_benchmark"]
     assert bench["value"] is False and "dynamic shapes" in bench["reason"]
     # the batch setting is the memory plan's recommended batch, with the maximum beside it
     for p in (static, ranged):
-        batch = p.extra["runtime_settings"]["batch_size"]
-        assert batch["value"] == p.extra["memory"]["recommended_batch_size"]
-        assert str(p.extra["memory"]["max_batch_size"]) in batch["reason"].replace(",", "")
+        batch = p.runtime_settings["batch_size"]
+        assert batch["value"] == p.memory["recommended_batch_size"]
+        assert str(p.memory["max_batch_size"]) in batch["reason"].replace(",", "")
 
 
 def test_onnx_default_sizes_the_model_refuses_are_fitted_and_said():
@@ -301,7 +301,7 @@ def test_onnx_default_sizes_the_model_refuses_are_fitted_and_said():
     model = h.make_model(h.make_graph(nodes, "pos", [x], [y], [table, *consts]),
                          opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     bare = graphopt.optimize(model, target="cpu", measure=False)
-    seq = next(d for d in bare.plan.extra["optimization"]["shape_range"]["dims"]
+    seq = next(d for d in bare.plan.optimization["shape_range"]["dims"]
                if d["name"] == "seq")
     assert seq["source"] == "fitted" and seq["opt"] <= 64 and seq["min"] == seq["opt"]
     assert any("fitted" in w and "seq=" in w for w in bare.plan.warnings)

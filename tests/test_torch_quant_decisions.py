@@ -1,6 +1,8 @@
 """The plan's low-bit formats that graphopt's torch module applies (issue 22): per-node decisions
-on GPUs (``decisions/gpu_formats.py`` cases 7 and 9), the torch kernels' legality per device
-(``decisions/torch_quant_kernels.py``), the INT4 group, the formats' table entries and the torch
+on GPUs (``decisions/precision/gpu_formats.py`` cases 3 and 5), the torch kernels' legality per
+device
+(``decisions/quantization/torch_kernels.py``), the INT4 group, the formats' table entries and the
+torch
 modes ``method_blocked`` refuses.
 
 The Llama-like graphs are a 2-layer Llama-2-7B-shaped decoder (hidden 4096, MLP 11008, 32 heads,
@@ -18,8 +20,8 @@ import graphopt
 from graphopt.decisions import FORMATS, get_format, node_precision, runs_natively
 from graphopt.decisions.planner import build_plan
 from graphopt.decisions.quant_formats import FORMAT_DTYPE, int4_bits_per_weight
-from graphopt.decisions.quantize_choice import method_blocked
-from graphopt.decisions.torch_quant_kernels import (
+from graphopt.decisions.quantization.choice import method_blocked
+from graphopt.decisions.quantization.torch_kernels import (
     INT4_GROUPS,
     KERNEL_OPS,
     MODE_FORMAT,
@@ -100,7 +102,7 @@ BF16 = ("bf16", "torch", None, None)
 def test_decode_gemvs_take_int4_where_tinygemm_runs(phases, target: str) -> None:
     plan = _plan(phases, "decode", target)
     roles = _by_role(plan)
-    # case 6: the first and last weight GEMMs stay at the carrier; k/v (N = 1024) are launch-bound
+    # case 2: the first and last weight GEMMs stay at the carrier; k/v (N = 1024) are launch-bound
     assert roles["first"] == roles["lm_head"] == roles["k"] == roles["v"] == {BF16}
     for role in ("q", "o", "gate", "up", "down"):
         assert roles[role] == {INT4}, (role, roles[role])
@@ -172,7 +174,7 @@ def test_prefill_reasons_name_who_runs_the_format(phases) -> None:
 def _mid(target: str, m: int, k: int, n: int, dtype: str = "bf16", op: str = "Linear"
          ) -> Decision:
     """The decision on the middle one (K = k, N = n) of three weight GEMMs
-    x[m, n] -> [m, k] -> [m, n] -> [m, k] (the first and last stay at the carrier, case 6)."""
+    x[m, n] -> [m, k] -> [m, n] -> [m, k] (the first and last stay at the carrier, case 2)."""
     g = G()
     x = g.input("x", (m, n), dtype)
     for i, (a, b) in enumerate([(n, k), (k, n), (n, k)]):
@@ -220,7 +222,7 @@ def test_a_low_bit_matmul_is_plan_only_torch_replaces_linear_only() -> None:
 
 
 def test_the_cpu_path_is_unchanged() -> None:
-    """Must not fire on CPUs: INT8 by cost (case 8) with torch's dynamic INT8 pass, no kernel
+    """Must not fire on CPUs: INT8 by cost (case 4) with torch's dynamic INT8 pass, no kernel
     key (``backends/torch/quantize.py`` runs it, not the GPU kernels)."""
     cpu = get_target("xeon-8380")
     g = G()

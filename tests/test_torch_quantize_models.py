@@ -30,8 +30,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import graphopt
 from graphopt.backends.torch.quant_ops import QUANT_OPS, int4_from_saved, int4_to_saved
+from graphopt.decisions.quantization.torch_kernels import MODE_FORMAT, torch_kernel_for
 from graphopt.decisions.tolerance import tolerance_for
-from graphopt.decisions.torch_quant_kernels import MODE_FORMAT, torch_kernel_for
 
 VOCAB, SEQ = 256, 8
 TARGETS = ("h100", "b200", "a100")

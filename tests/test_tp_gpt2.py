@@ -100,7 +100,7 @@ def test_tensor_strategy_plans_gpt2_with_its_conv1d_blocks() -> None:
     report's parallelize_module plan is available, not "runs unsplit"."""
     plan = graphopt.plan(tiny_gpt2(), (_ids(),), target="h100-sxm", devices=TWO,
                          strategy="tensor")
-    section = plan.extra["tensor_parallel"]
+    section = plan.tensor_parallel
     assert [str(s["kind"]) for s in section["splits"]] == ["attention", "mlp"] * LAYERS
     emitted = section["parallelize_module"]
     assert "unavailable" not in emitted and emitted["unsplit"] == []

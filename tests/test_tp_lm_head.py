@@ -130,7 +130,7 @@ def test_the_emitted_plan_follows_the_cost_models_choice():
 
     ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(2))
     plan = graphopt.plan(tiny_llama(), (ids,), target="h100", devices=TWO, strategy="tensor")
-    tp = plan.extra["tensor_parallel"]
+    tp = plan.tensor_parallel
     # 16 tokens x 256 logits: the split saves nothing a launch does not cost anyway
     assert [s["kind"] for s in tp["splits"]] == ["attention", "mlp"] * LAYERS
     assert len(tp["fallbacks"]) == 1 and "less than the all-gather" in tp["fallbacks"][0]

@@ -138,7 +138,7 @@ def test_tensor_strategy_takes_sequence_parallelism_when_it_is_faster() -> None:
     ids = torch.randint(0, 256, (1, 1024), generator=torch.Generator().manual_seed(5))
     plan = graphopt.plan(_wide_llama(), (ids,), target="h100-sxm", devices=TWO,
                          strategy="tensor")
-    st, tp = plan.extra["strategy"], plan.extra["tensor_parallel"]
+    st, tp = plan.strategy, plan.tensor_parallel
     assert st["sequence_parallel"] is True
     assert "with sequence parallelism:" in st["candidates"][0]["detail"]
     assert tp["notes"]["sequence_parallel"]["enabled"] is True
@@ -158,11 +158,11 @@ def test_tensor_strategy_stays_plain_when_not_faster_or_not_emittable() -> None:
     model = tiny_llama()
     plan = graphopt.plan(model, (_input_ids(),), target="h100-sxm", devices=TWO,
                          strategy="tensor")
-    st = plan.extra["strategy"]
+    st = plan.strategy
     assert st["sequence_parallel"] is False and "plain:" in st["candidates"][0]["detail"]
-    assert plan.extra["tensor_parallel"]["parallelize_module"]["sequence_parallel"] is False
+    assert plan.tensor_parallel["parallelize_module"]["sequence_parallel"] is False
     graph = load_graph(model, (_input_ids(),))
     alone = with_partition(build_plan(graph, get_target("h100-sxm")), TWO, "tensor",
                            source=graph)  # the traced graph alone names no norms
     assert "no sequence parallelism: no torch module given" in \
-        alone.extra["strategy"]["candidates"][0]["detail"]
+        alone.strategy["candidates"][0]["detail"]

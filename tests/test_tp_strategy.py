@@ -67,7 +67,7 @@ def test_bad_machine_specs_are_refused(spec, needle):
 def test_tensor_strategy_attaches_sections_and_group_decisions(llama):
     plan, graph = llama
     out = with_partition(plan, TWO, "tensor", source=graph)
-    tp, st, part = (out.extra[k] for k in ("tensor_parallel", "strategy", "partition"))
+    tp, st, part = out.tensor_parallel, out.strategy, out.partition
     assert st["winner"] == "tensor" and tp["degree"] == 2 and len(tp["splits"]) == 2
     assert part["strategy"] == "tensor" and part["makespan_s"] == tp["makespan_s"]
     assert len(part["collectives"]) == 2  # one all-reduce per row GEMM
@@ -170,7 +170,7 @@ def test_two_d_needs_several_groups(llama):
 def test_auto_picks_the_lowest_latency_and_keeps_the_losers(llama):
     plan, graph = llama
     out = with_partition(plan, NODES, "auto", source=graph)
-    st = out.extra["strategy"]
+    st = out.strategy
     cands = {c["strategy"]: c for c in st["candidates"]}
     assert set(cands) == {"heft", "pipeline", "tensor", "2d"}
     assert all(c["feasible"] and c["latency_s"] > 0 and c["throughput_per_s"] > 0

@@ -80,7 +80,7 @@ def test_devices_as_a_list_is_the_same_split_as_the_string() -> None:
     x = (torch.randn(8, 64),)
     as_list = graphopt.plan(_Mlp().eval(), x, "h100", devices=["cuda:0=h100", "cuda:1=h100"])
     as_text = graphopt.plan(_Mlp().eval(), x, "h100", devices="cuda:0=h100,cuda:1=h100")
-    assert as_list.extra["partition"] == as_text.extra["partition"]
+    assert as_list.partition == as_text.partition
     with pytest.raises(graphopt.GraphoptError, match="not a device list"):
         graphopt.plan(_Mlp().eval(), x, "h100", devices=42)
 
@@ -159,7 +159,7 @@ def test_a_saved_files_thread_count_is_bounded(tmp_path) -> None:
     import os
     import zipfile
 
-    from graphopt.decisions.runtime import Setting, apply_runtime_settings
+    from graphopt.decisions.memory_runtime.runtime import Setting, apply_runtime_settings
 
     opt = graphopt.optimize(_Mlp().eval(), (torch.randn(2, 64),), target="cpu", measure=False)
     good = opt.save(tmp_path / "good.pt2")

@@ -254,7 +254,7 @@ def test_auto_compares_only_what_it_can_emit() -> None:
     assert g.feasible and not g.emittable and "Llama/Mistral/Qwen2" in g.not_emitted
     assert g.result.not_emitted == g.not_emitted
     out = with_partition(plan, NODES, "auto", source=model, module=model)
-    st = out.extra["strategy"]
+    st = out.strategy
     ok = [c for c in st["candidates"] if c["feasible"] and c["emittable"]]
     assert st["winner"] == min(ok, key=lambda c: c["latency_s"])["strategy"]
 

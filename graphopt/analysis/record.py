@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
 
@@ -53,3 +54,25 @@ class NodeAnalysis:
     def arithmetic_intensity(self) -> float:
         """FLOPs per byte of DRAM traffic (0 for nodes that move nothing)."""
         return self.flops / self.bytes_total if self.bytes_total else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The analysis as the plan report writes a control-flow body's node (a plan node's
+        own analysis is written flat into its record, under the same keys)."""
+        return {"op_type": self.op_type, "kernel_class": self.kernel_class.value,
+                "dims": dict(self.dims), "dtype": self.dtype, "flops": self.flops,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "params": self.param_count, "pattern": self.pattern, "flags": list(self.flags),
+                **({} if not self.branches else {
+                    "branches": [[b.to_json() for b in body] for body in self.branches],
+                    "trips": self.trips})}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NodeAnalysis:
+        """The analysis in a plan report's node record (or a body's, :meth:`to_json`)."""
+        return cls(kernel_class=KernelClass(d["kernel_class"]), dims=dict(d["dims"]),
+                   flops=d["flops"], bytes_read=d["bytes_read"],
+                   bytes_written=d["bytes_written"], param_count=d["params"], dtype=d["dtype"],
+                   pattern=d["pattern"], flags=tuple(d["flags"]), op_type=d.get("op_type"),
+                   branches=tuple(tuple(cls.from_json(b) for b in body)
+                                  for body in d.get("branches", ())),
+                   trips=d.get("trips", 1))

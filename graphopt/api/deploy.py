@@ -6,8 +6,8 @@ On the host CPU with ``measure`` on, the candidates are built and timed interlea
 runtime settings), ``torch.compile`` of it (compiled once before timing; its compile seconds
 are reported), and an ONNX Runtime session of the optimized ONNX export (in its session
 config). Each candidate's outputs are compared with the original model's first; the choice
-itself is :func:`graphopt.decisions.deploy.pick_measured`'s. Elsewhere the choice is predicted
-(:func:`graphopt.decisions.deploy.predict_deploy`) and says so.
+itself is :func:`graphopt.decisions.deploy.artifact.pick_measured`'s. Elsewhere the choice is
+predicted (:func:`graphopt.decisions.deploy.artifact.predict_deploy`) and says so.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from graphopt.decisions.deploy import (
+from graphopt.backends.driver import measure_here
+from graphopt.backends.onnx.ort_runner import OrtModel
+from graphopt.backends.onnx.session import session_settings
+from graphopt.decisions.deploy.artifact import (
     ArtifactTiming,
     DeployChoice,
     pick_measured,
@@ -30,6 +33,8 @@ from graphopt.decisions.deploy import (
 )
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError, first_line
+from graphopt.hardware.registry import is_this_machine
+from graphopt.measure.deploy_runs import ROUNDS, interleaved_rounds
 
 __all__ = ["NO_DEPLOY_MEASURE_ENV", "Deployed", "choose_deploy", "deployed"]
 
@@ -81,9 +86,6 @@ class Deployed:
 
 def choose_deploy(opt: Any) -> DeployChoice:
     """Measured on this machine's CPU when ``measure`` is on, else predicted (module doc)."""
-    from graphopt.backends.driver import measure_here
-    from graphopt.hardware.registry import is_this_machine
-
     target = opt.plan.target
     torch_model = opt.module is not None
     options = opt.source_options
@@ -126,7 +128,7 @@ MAX_ROUNDS = 28
 
 
 def _measure(opt: Any) -> DeployChoice:
-    """Case 2 of ``decisions/deploy.py``: build, check and time every candidate."""
+    """Case 2 of ``decisions/deploy/artifact.py``: build, check and time every candidate."""
     import torch
 
     from graphopt.backends.torch.isolation import clone_inputs, private_copy, run_isolated
@@ -173,8 +175,6 @@ def _timed_until_settled(calls: dict[str, Callable[[], Any]],
                          ) -> tuple[dict[str, list[float]], tuple[ArtifactTiming, ...]]:
     """Interleaved rounds, more of them while a choice's interval straddles the margin (the
     noise decides how many), up to :data:`MAX_ROUNDS`."""
-    from graphopt.measure.deploy_runs import ROUNDS, interleaved_rounds
-
     per_round: dict[str, list[float]] = {name: [] for name in calls}
     while True:
         for name, times in interleaved_rounds(calls, rounds=ROUNDS).items():
@@ -229,9 +229,6 @@ def _session(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]
 
 
 def _ort_runner(opt: Any) -> Deployed:
-    from graphopt.backends.onnx.ort_runner import OrtModel
-    from graphopt.backends.onnx.session import session_settings
-
     model = opt.ensure_onnx()
     options, providers = session_settings(opt.onnx_session)
     session = OrtModel(model, providers, "the optimized ONNX model", options).session

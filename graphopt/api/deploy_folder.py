@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.api.deploy_record import DEPLOY_FILE, FILES, read_record
+from graphopt.backends.onnx.save import claim_onnx, stage_onnx
+from graphopt.backends.onnx.session import config_path, ort_session
 from graphopt.errors import GraphoptError
 from graphopt.files.outputs import OutputSet
 
@@ -50,8 +52,6 @@ def is_deploy_folder(path: str | os.PathLike[str]) -> bool:
 def claim_deploy(outputs: OutputSet, folder: str | os.PathLike[str]) -> Path:
     """Claim ``folder``'s ``deploy.json`` and reserve each artifact's files there (the work
     picks one), so that no other output (a report) can go to one; returns deploy.json."""
-    from graphopt.backends.onnx.session import config_path
-
     if not os.fspath(folder):
         raise GraphoptError("the deploy folder path is empty",
                             "give a folder, e.g. out/ (the current folder is never implied)")
@@ -68,8 +68,6 @@ def stage_deploy(opt: Any, outputs: OutputSet, folder: str | os.PathLike[str]
                  ) -> list[Path]:
     """Stage the recommended artifact and ``deploy.json`` in ``folder`` (written on
     ``outputs.commit()``); returns the staged paths."""
-    from graphopt.backends.onnx.save import claim_onnx, stage_onnx
-    from graphopt.backends.onnx.session import config_path
     from graphopt.backends.torch.saved import stage
 
     choice = opt.deploy
@@ -111,8 +109,6 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
     record = read_record(folder, _MAX_BYTES, _REWRITE)
     artifact = record["artifact"]
     if artifact == "onnxruntime":
-        from graphopt.backends.onnx.session import ort_session
-
         return ort_session(folder / FILES[artifact], device=device)
     module = load_pt2(folder / FILES[artifact], device)
     if artifact == "torch":

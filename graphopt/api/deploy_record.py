@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from graphopt.decisions.deploy import ARTIFACTS
+from graphopt.decisions.deploy.artifact import ARTIFACTS
 from graphopt.errors import GraphoptError
 from graphopt.files.read import read_small_file
 

@@ -25,14 +25,15 @@ Numbers, for each batch B in the range (1, 2, 4, ... and the range's ends):
 3. Prefill: tokens/s = B x P / step (the step is also the time to first token). Bound =
    B x P / max(sum of FLOPs / peak at each node's dtype, (weight bytes + KV written) /
    bandwidth), the datasheet roofline.
-4. Memory: the decode plan's memory plan (:func:`graphopt.decisions.memory.memory_plan`, the
+4. Memory: the decode plan's memory plan
+   (:func:`graphopt.decisions.memory_runtime.memory.memory_plan`, the
    weights at case 5's formats) counts the cache inputs as activations that grow with the
    batch, so its max batch is the largest that fits with a cache of L tokens each; the section
    adds the cache and the total at the range's max batch, and whether they fit. Each phase
    plan's ``memory`` section is that memory plan, so the two sections agree.
 5. Formats (``quantize``): "none" costs every node at the weights' own dtype; "auto" each weight
    GEMM at the format its precision decision picked; a format name ("fp8", "int8", "int4")
-   every weight GEMM but the sensitive ones (gemm_precision case 6), at the format's bits per
+   every weight GEMM but the sensitive ones (precision.gemm case 2), at the format's bits per
    weight and peak: :mod:`graphopt.api.llm_formats`. The KV cache stays at the model's dtype.
    :meth:`LLMPlan.requantize` re-costs the traced phases at another ``quantize`` without
    tracing again.
@@ -58,14 +59,15 @@ from graphopt.api.llm_formats import (
     weight_formats,
 )
 from graphopt.cost.roofline import NodeCost, estimate, peak_key
-from graphopt.decisions.batch_advice import advise_batch
 from graphopt.decisions.decide import model_format
-from graphopt.decisions.gemm_precision import carrier_format
-from graphopt.decisions.memory import MemoryPlan, memory_plan
+from graphopt.decisions.memory_runtime.batch_advice import advise_batch
+from graphopt.decisions.memory_runtime.memory import MemoryPlan, memory_plan
 from graphopt.decisions.planner import build_plan
-from graphopt.decisions.precision_cost import weight_tensors
+from graphopt.decisions.precision.cost import weight_tensors
+from graphopt.decisions.precision.gemm import carrier_format
 from graphopt.decisions.quant_formats import get_format
 from graphopt.errors import GraphoptError
+from graphopt.frontends import load_graph
 from graphopt.hardware.detect import host_cpu_info
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET, resolve_targets
@@ -92,7 +94,7 @@ class LLMPlan:
 
     @property
     def section(self) -> dict[str, Any]:
-        return dict(self.decode.extra["llm"])
+        return dict(self.decode.llm)
 
     def requantize(self, quantize: str) -> LLMPlan:
         """The same traced phases costed at another ``quantize`` (case 5), without a new trace:
@@ -167,7 +169,6 @@ def plan_llm(model: Any, target: str | HardwareProfile = DEFAULT_TARGET, *,
     """
     import torch
 
-    from graphopt.frontends import load_graph
     from graphopt.frontends.llm_steps import DecodeStep, PrefillStep, cache_layout
 
     profiles = resolve_targets(target)
@@ -229,9 +230,7 @@ def _costed(plans: Mapping[str, Plan], graphs: Mapping[str, Graph], quantize: st
     section = llm_section(plans["prefill"], graphs["prefill"], plans["decode"], graphs["decode"],
                           plans["decode"].target, batch, prompt_len, cache_len, shape,
                           formats=formats, memory=memory["decode"])
-    out = {p: replace(plans[p], extra={**plans[p].extra, "memory": memory[p].to_dict(),
-                                       "llm": section})
-           for p in _PHASES}
+    out = {p: replace(plans[p], memory=memory[p].to_dict(), llm=section) for p in _PHASES}
     return LLMPlan(out["prefill"], out["decode"], MappingProxyType(dict(graphs)))
 
 
@@ -358,8 +357,8 @@ def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph:
     logger.info("llm plan on %s (%s): decode %.0f tokens/s at batch %d", target.name,
                 formats["decode"].quantize, append["tokens_per_s"], high)
     return {
-        "model": {**shape, "param_bytes": int(decode.model.get("param_bytes", 0)),
-                  "param_count": int(decode.model.get("param_count", 0))},
+        "model": {**shape, "param_bytes": decode.model.param_bytes,
+                  "param_count": decode.model.param_count},
         "target": target.name, "bandwidth_bytes_per_s": target.bandwidth_bytes_per_s,
         "prompt_len": prompt_len, "cache_len": cache_len,
         "batch": {"min": low, "opt": opt, "max": high},

@@ -2,13 +2,13 @@
 
 5. Formats (``quantize``): "none" costs every node at the weights' own dtype; "auto" each weight
    GEMM at the format its precision decision picked
-   (:mod:`graphopt.decisions.gemm_precision`, at the plan's opt batch); a format name ("fp8",
+   (:mod:`graphopt.decisions.precision.gemm`, at the plan's opt batch); a format name ("fp8",
    "int8", "int4") every weight GEMM but the sensitive ones, which stay at the weights' dtype
-   as the precision decision keeps them (:func:`~graphopt.decisions.gemm_precision.sensitive_gemms`,
-   gemm_precision case 6: on GPUs the first and last weight GEMM; GEMMs no output depends
+   as the precision decision keeps them (:func:`~graphopt.decisions.precision.gemm.sensitive_gemms`,
+   precision.gemm case 2: on GPUs the first and last weight GEMM; GEMMs no output depends
    on); a format the target cannot run is an error that names those it can. A GEMM at a
    format reads its weights at the format's bits per weight and its activations at the
-   carrier (:func:`~graphopt.decisions.precision_cost.cost_at_format`, what gemm_precision
+   carrier (:func:`~graphopt.decisions.precision.cost.cost_at_format`, what precision.gemm
    costs with); it computes at the format's peak (FP8, INT8: W8A8) or, weight-only, at the
    dtype its kernel runs (``quant_formats.FORMAT_DTYPE``: INT4 in bf16), which its
    activations are converted to. The KV cache stays at the model's dtype.
@@ -25,10 +25,10 @@ from typing import Any
 
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import NodeCost
-from graphopt.decisions.gemm_precision import sensitive_gemms
-from graphopt.decisions.precision_cost import cost_at_format, is_weight_gemm, weight_tensors
+from graphopt.decisions.precision.cost import cost_at_format, is_weight_gemm, weight_tensors
+from graphopt.decisions.precision.gemm import sensitive_gemms
 from graphopt.decisions.quant_formats import FORMAT_DTYPE, FORMATS, QuantFormat, get_format
-from graphopt.decisions.quantization import runnable
+from graphopt.decisions.quantization.recommend import runnable
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import DTYPE_BITS, TensorInfo
@@ -58,7 +58,8 @@ class WeightFormats:
 
     @property
     def precision(self) -> dict[str, str] | None:
-        """The ``precision`` argument of :func:`~graphopt.decisions.memory.memory_plan`."""
+        """The ``precision`` argument of
+        :func:`~graphopt.decisions.memory_runtime.memory.memory_plan`."""
         return dict(self.applied) or None
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,23 +5,35 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from graphopt.api.deploy import choose_deploy, deployed
+from graphopt.api.deploy_folder import stage_deploy
+from graphopt.backends.metric import MetricGoal, metric_goal
+from graphopt.backends.onnx.pipeline import optimize_onnx, save_onnx
+from graphopt.decisions.decide import plan_runtime_settings
+from graphopt.decisions.memory_runtime.runtime import apply_runtime_settings
 from graphopt.errors import GraphoptError
+from graphopt.files.inputs import input_files
+from graphopt.files.outputs import OutputSet
 from graphopt.files.progress import progress
+from graphopt.frontends import is_onnx_proto
 from graphopt.frontends.python_spec import (
     is_python_spec,
     load_python_spec,
     names_python_file,
     needs_function_error,
 )
+from graphopt.frontends.torch_inputs import positional_inputs
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.kinds import REWRITE_KINDS
+from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan
+from graphopt.measure.host_cache import host_target
 
 if TYPE_CHECKING:  # torch is imported only where a torch model is optimized
     import torch
@@ -51,7 +63,7 @@ class Optimized:
         #: the model's input names, which key the shape range; kept here for every module,
         #: the plain copy of the model included, so that save() exports over the range
         self.input_names: list[str] = []
-        #: which artifact to deploy and why (``graphopt.decisions.deploy.DeployChoice``):
+        #: which artifact to deploy and why (``graphopt.decisions.deploy.artifact.DeployChoice``):
         #: measured on this machine's CPU, else predicted; the report's "Deploy" section
         self.deploy: Any = None
         #: artifact -> ``graphopt.api.deploy.Deployed`` built while measuring (reused)
@@ -71,16 +83,11 @@ class Optimized:
         """The recommended artifact (:attr:`deploy`), ready to run: a
         ``graphopt.api.deploy.Deployed`` with ``.module`` (torch, torch.compile) or
         ``.session`` (an ONNX Runtime session); call it with the model's inputs."""
-        from graphopt.api.deploy import deployed
-
         return deployed(self)
 
     def save_deploy(self, folder: str | os.PathLike[str]) -> list[Path]:
         """Write the recommended artifact into ``folder`` with ``deploy.json`` (the choice and
         how to load it), all or nothing; ``graphopt.load(folder)`` loads it ready to run."""
-        from graphopt.api.deploy_folder import stage_deploy
-        from graphopt.files.outputs import OutputSet
-
         with OutputSet(self.input_files) as outputs:  # a failed stage leaves no temp file
             stage_deploy(self, outputs, folder)
             return outputs.commit()
@@ -88,17 +95,13 @@ class Optimized:
     @property
     def runtime_settings(self) -> Any:
         """The torch runtime settings for running this module on its target (issue 4 rules)."""
-        from graphopt.decisions.decide import plan_runtime_settings
-
         return plan_runtime_settings(self.plan, self.info.get("compute_dtype", "fp32"),
-                                     self.plan.extra.get("memory", {}).get("max_batch_size"),
-                                     self.plan.extra.get("memory"))
+                                     (self.plan.memory or {}).get("max_batch_size"),
+                                     self.plan.memory)
 
     def runtime(self) -> contextlib.AbstractContextManager[dict[str, str]]:
         """``with opt.runtime(): ...`` applies :attr:`runtime_settings` and restores the
         previous torch state on exit (also after an exception)."""
-        from graphopt.decisions.runtime import apply_runtime_settings
-
         return apply_runtime_settings(self.runtime_settings)
 
     @property
@@ -137,8 +140,6 @@ class Optimized:
         applied at the ONNX level (``backends.onnx.pipeline``), checked in ONNX Runtime. An ONNX
         input keeps its opset.
         """
-        from graphopt.backends.onnx.pipeline import save_onnx
-
         self.ensure_onnx(opset)
         return save_onnx(self.onnx_model, path, self.onnx_session, protect=self.input_files)
 
@@ -153,7 +154,6 @@ class Optimized:
                                     "convert the input model first (onnx.version_converter), "
                                     "or leave opset out")
         elif self.onnx_model is None or opset not in (None, self.info["onnx"]["opset"]):
-            from graphopt.backends.onnx.pipeline import optimize_onnx
             from graphopt.backends.torch.isolation import clone_inputs
             from graphopt.frontends.onnx_export import export_torch
 
@@ -173,19 +173,16 @@ class Optimized:
             # the report keeps each artifact's own decisions and numerics: the torch module's
             # under "optimization", the ONNX file's here (its nodes are the ONNX graph's)
             # its kernels are ONNX Runtime's, fused for the target's EP (cost/ort_fusion.py)
-            self.plan = replace(self.plan, extra={**self.plan.extra, "onnx_optimization": {
-                **onnx_plan.extra["optimization"], **export,
+            self.plan = replace(self.plan, onnx_optimization={
+                **onnx_plan.optimization, **export,
                 "decisions": _rewrite_decisions(onnx_plan),
-                **({"fusion": onnx_plan.extra["fusion"]} if "fusion" in onnx_plan.extra
-                   else {})}})
+                **({"fusion": onnx_plan.fusion} if onnx_plan.fusion is not None else {})})
         return self.onnx_model
 
     @property
     def input_files(self) -> list[Path]:
         """The files this result was read from (an ONNX model and its external data): no
         export or report may overwrite them."""
-        from graphopt.files.inputs import input_files
-
         return [] if isinstance(self._source, tuple) else input_files(self._source)
 
 
@@ -204,7 +201,9 @@ def optimize(model: Any, example_inputs: Any = None,
              kwargs: Mapping[str, Any] | None = None, precision: str = "auto",
              pad: str = "auto", layout: str = "auto", quantize: str = "auto",
              measure: bool | None = None, calibration: Any = None,
-             tolerance: float | None = None, dynamic_shapes: Any = None) -> Optimized:
+             tolerance: float | None = None, dynamic_shapes: Any = None,
+             metric: Callable[[Any, Any], float] | None = None,
+             min_metric: float | None = None) -> Optimized:
     """Optimize ``model`` for ``target``; its outputs stay equal within the reported tolerance.
 
     Args:
@@ -226,9 +225,11 @@ def optimize(model: Any, example_inputs: Any = None,
             layers in float until the outputs are within the format's budget.
         measure: time each auto-decided pass and revert it if slower; default: only when the
             target is this machine's CPU ("cpu").
-        calibration: ONNX only: batches for static quantization and the accuracy guard (an
-            .npz path, a folder of .npz, or a list of {input: array}; see
-            ``backends.onnx.calibration``).
+        calibration: real batches for the lossy passes: of two or more, the first half
+            chooses (ranges, which nodes stay float) and the rest checks; all check where
+            nothing is chosen from data. The stated error is the held-out batches'. A list of
+            batches (torch: tuples of tensors, {input: tensor} or one tensor, see
+            ``backends.torch.calibration``; ONNX: {input: array}, or an .npz file or folder).
         tolerance: the budget of the lossy passes (precision, quantize), max |ref - out| <=
             tolerance * max |ref| per output; default: each format's own.
         dynamic_shapes: a shape range, torch.export's own argument (``torch.export.Dim`` with
@@ -236,20 +237,26 @@ def optimize(model: Any, example_inputs: Any = None,
             module then accepts every shape in the range (checked at min, opt and max) and
             raises a GraphoptError outside it. For ONNX: symbolic dim name -> opt size or
             ``(min, opt, max)``.
+        metric: a task metric ``metric(reference_outputs, outputs) -> float``, higher is
+            better, called per check batch: for a torch module with the outputs as
+            ``forward`` returns them (tensors), for ONNX with the list of output arrays (numpy)
+            in graph order. Each lossy pass is kept only if the metric's mean over the
+            held-out batches (else the batches there are, with a warning) is at least
+            ``min_metric``, on top of the output budget ``tolerance``; the report's
+            ``optimization.metric`` gives each lossy pass's value. Give both or neither.
+        min_metric: the lowest metric value a lossy pass may reach.
 
     An ``.onnx`` path or ``onnx.ModelProto`` is optimized at the ONNX level (``quantize`` also
     takes "int8_dynamic" | "int8_static" | "fp8" | "int4" there): ``.module`` is None and
     :meth:`Optimized.export_onnx` writes the result.
     """
-    from graphopt.ir.options import Options
-    from graphopt.measure.host_cache import host_target
-
     if isinstance(model, (str, os.PathLike)) and is_python_spec(os.fspath(model)):
         model, inputs, dynamic = load_python_spec(os.fspath(model))  # as plan() reads it
         if example_inputs is None and not kwargs:
             example_inputs, dynamic_shapes = inputs, dynamic_shapes or dynamic
     elif isinstance(model, (str, os.PathLike)) and names_python_file(os.fspath(model)):
         raise needs_function_error(os.fspath(model))
+    goal = metric_goal(metric, min_metric)
     target = host_target(target)  # "cpu": this host, calibrated and cached
     options = Options(precision=precision, pad=pad, layout=layout, quantize=quantize,
                       tolerance=tolerance, measure=measure)
@@ -259,35 +266,28 @@ def optimize(model: Any, example_inputs: Any = None,
                                 "example inputs and kwargs are for a torch module",
                                 "leave them out; give symbolic dims' sizes with "
                                 "dynamic_shapes={'batch': 8}")
-        return _optimize_onnx_model(model, target, options, calibration, dynamic_shapes)
-    if calibration is not None:
-        raise GraphoptError("calibration= feeds ONNX Runtime's static quantizers and the ONNX "
-                            "accuracy guard",
-                            "pass the .onnx file (or optimize the file export_onnx writes), or "
-                            "leave calibration out for a torch module")
+        return _optimize_onnx_model(model, target, options, calibration, dynamic_shapes,
+                                    goal)
     if kwargs or isinstance(example_inputs, Mapping):
-        from graphopt.frontends.torch_inputs import positional_inputs
-
         example_inputs = positional_inputs(model, example_inputs, kwargs)
     from graphopt.frontends.user_state import user_state_guard
 
     # every run is on private copies; the guard puts back and names anything changed anyway
     with user_state_guard(model, example_inputs, "graphopt.optimize"):
-        return _optimize_torch_module(model, example_inputs, target, options, dynamic_shapes)
+        return _optimize_torch_module(model, example_inputs, target, options, dynamic_shapes,
+                                      calibration, goal)
 
 
 def _is_onnx(model: Any) -> bool:
     """An ``.onnx`` path or an ``onnx.ModelProto``."""
-    from graphopt.frontends import is_onnx_proto
-
     return isinstance(model, (str, os.PathLike)) or is_onnx_proto(model)
 
 
 def _optimize_onnx_model(model: Any, target: str | HardwareProfile, options: Any,
-                         calibration: Any, dynamic_shapes: Any) -> Optimized:
-    from graphopt.backends.onnx.pipeline import optimize_onnx
-
-    done = optimize_onnx(model, target, options, calibration, dynamic_shapes=dynamic_shapes)
+                         calibration: Any, dynamic_shapes: Any,
+                         goal: MetricGoal | None = None) -> Optimized:
+    done = optimize_onnx(model, target, options, calibration, dynamic_shapes=dynamic_shapes,
+                         metric=goal)
     result = Optimized(None, done.plan, (), done.report, onnx_model=done.model,
                        session=done.session,
                        source=model if isinstance(model, (str, os.PathLike)) else None)
@@ -296,23 +296,22 @@ def _optimize_onnx_model(model: Any, target: str | HardwareProfile, options: Any
 
 def _with_deploy(result: Optimized) -> Optimized:
     """The deploy choice (``api/deploy.py``), on the result and in its report."""
-    from graphopt.api.deploy import choose_deploy
-
     result.deploy = choose_deploy(result)
-    result.plan = replace(result.plan, extra={**result.plan.extra,
-                                              "deploy": result.deploy.to_dict()})
+    result.plan = replace(result.plan, deploy=result.deploy.to_dict())
     return result
 
 
 def _optimize_torch_module(model: Any, example_inputs: Any, target: str | HardwareProfile,
-                           options: Any, dynamic_shapes: Any) -> Optimized:
+                           options: Any, dynamic_shapes: Any, calibration: Any = None,
+                           goal: MetricGoal | None = None) -> Optimized:
     import torch
     from torch import fx
 
     from graphopt.backends.torch.optimized_module import OptimizedModule
     from graphopt.backends.torch.pipeline import optimize_torch
 
-    done = optimize_torch(model, example_inputs, target, options, dynamic_shapes=dynamic_shapes)
+    done = optimize_torch(model, example_inputs, target, options, dynamic_shapes=dynamic_shapes,
+                          calibration=calibration, metric=goal)
     args, names = done.example_inputs, list(done.input_names)
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
     # the pipeline hands back a plain copy of the model when nothing it does pays on this
@@ -324,6 +323,5 @@ def _optimize_torch_module(model: Any, example_inputs: Any, target: str | Hardwa
                        source=(model, example_inputs, options, dynamic_shapes))
     result.shape_range, result.input_names = done.shape_range, names
     # the report shows the settings for the precision actually applied, not the planner's guess
-    result.plan = replace(done.plan, extra={
-        **done.plan.extra, "runtime_settings": result.runtime_settings.to_dict()})
+    result.plan = replace(done.plan, runtime_settings=result.runtime_settings.to_dict())
     return _with_deploy(result)

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from graphopt.backends.onnx.padding import padding_view as onnx_view
+from graphopt.backends.onnx.session import record_layout
 from graphopt.decisions.planner import build_plan
-from graphopt.decisions.precision_format import choose_precision, onnx_precision
+from graphopt.decisions.precision.format import choose_precision, onnx_precision
 from graphopt.decisions.rewrites import HostFacts, with_rewrites
 from graphopt.files.inputs import input_files
 from graphopt.frontends import load_graph
@@ -18,6 +20,10 @@ from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, PlanSet
 from graphopt.measure.host_cache import host_target
+from graphopt.partition import apply_partition, parse_devices, split
+from graphopt.partition.result import Partition
+from graphopt.partition.strategies import run_strategy
+from graphopt.partition.tp_attach import attach_split
 
 __all__ = ["dry_run", "plan", "with_partition"]
 
@@ -67,8 +73,6 @@ def dry_run(plan_: Plan, graph: Graph, options: Options | None = None) -> Plan:
     the model: its compute dtype, its legality and constants, this machine's oneDNN."""
     opts = options or Options()
     if graph.source == "onnx":
-        from graphopt.backends.onnx.padding import padding_view as onnx_view
-        from graphopt.backends.onnx.session import record_layout
 
         dtype = onnx_precision(plan_.target, opts.precision)[0]
         return with_rewrites(plan_, graph, opts, dtype,
@@ -90,10 +94,6 @@ def with_partition(plan_: Plan, devices: str | Sequence[str] | None, strategy: s
     ``module`` (the user's ``nn.Module``) lets it use sequence parallelism."""
     if not devices:
         return plan_
-    from graphopt.partition import apply_partition, parse_devices, split
-    from graphopt.partition.result import Partition
-    from graphopt.partition.strategies import run_strategy
-    from graphopt.partition.tp_attach import attach_split
 
     ds = parse_devices(devices)
     if strategy in ("heft", "pipeline"):
@@ -101,6 +101,6 @@ def with_partition(plan_: Plan, devices: str | Sequence[str] | None, strategy: s
     win, section = run_strategy(plan_, ds, strategy, source=source, module=module)
     if isinstance(win.result, Partition):
         out = apply_partition(plan_, win.result)
-        return replace(out, extra={**out.extra, "strategy": section})
+        return replace(out, strategy=section)
     assert win.result is not None
     return attach_split(plan_, win.result, section, source=source, module=module)

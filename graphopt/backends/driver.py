@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
 
 from graphopt.backends.timing import Measured
@@ -36,12 +37,25 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, mark_reverted
 
-__all__ = ["Backend", "DriverResult", "Pass", "PassContext", "PassResult", "measure_here",
-           "run_passes"]
+__all__ = ["Backend", "DriverResult", "Pass", "PassContext", "PassResult", "ToleranceKind",
+           "measure_here", "run_passes"]
 
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M")
+
+
+class ToleranceKind(Enum):
+    """The two budgets a pass names without naming a format of ``decisions.tolerance``."""
+
+    #: an exact rewrite (folding, padding, layout): fp32's budget, never loosened by the user
+    FP32 = "fp32"
+    #: a precision pass: the budget of the context's ``compute_dtype`` (fp32 again if reverted)
+    COMPUTE = "compute"
+
+
+#: what a pass is checked against: a kind, or a lossy format ("int8", "fp16", "int4")
+PassTolerance = ToleranceKind | str
 
 
 @dataclass(frozen=True)
@@ -50,23 +64,28 @@ class Pass:
 
     ``name``: also the decision kind a lossy ONNX pass records (the guard finds the nodes it
     lowered by it). ``run``: the backend's pass function (``TorchPass``, ``OnnxPass`` or, for
-    a lossy ONNX pass, the guard's ``LossyPass``). ``tolerance``: "fp32" for exact rewrites,
-    "compute" for the budget of the context's ``compute_dtype``, else a format of
-    ``decisions.tolerance`` ("int8", "fp16"), or a function of the context that names one;
-    a lossy pass (anything but "fp32") gets the
-    user's ``tolerance`` option as its budget. ``option``: the ``Options`` field that decides
+    a lossy ONNX pass, the guard's ``LossyPass``). ``tolerance``: :class:`ToleranceKind`
+    (``FP32`` for exact rewrites, ``COMPUTE`` for the context's ``compute_dtype``), else a
+    format of ``decisions.tolerance`` ("int8", "fp16"), or a function of the context that names
+    one; a lossy pass (anything but ``FP32``) gets the user's ``tolerance`` option as its
+    budget. ``option``: the ``Options`` field that decides
     the pass; only its "auto" is timed, so a pass the user forced is never measured away.
     """
 
     name: str
     run: Callable[..., Any]
     #: or a function of the context, for a pass whose formats are decided per run
-    tolerance: str | Callable[[Any], str] = "fp32"
+    tolerance: PassTolerance | Callable[[Any], PassTolerance] = ToleranceKind.FP32
     option: str | None = None
+
+    def __post_init__(self) -> None:  # the kinds are not formats: one spelling each
+        if isinstance(self.tolerance, str) and self.tolerance in {k.value for k in ToleranceKind}:
+            raise TypeError(f"pass {self.name!r}: tolerance {self.tolerance!r} is "
+                            f"{ToleranceKind(self.tolerance)}, not a format name")
 
     @property
     def lossy(self) -> bool:
-        return self.tolerance != "fp32"
+        return self.tolerance is not ToleranceKind.FP32
 
 
 @dataclass(frozen=True)
@@ -125,7 +144,9 @@ def measure_here(options: Options, target: HardwareProfile) -> bool:
 
 def _tolerance(p: Pass, ctx: PassContext, loosest: Tolerance) -> Tolerance:
     fmt = p.tolerance(ctx) if callable(p.tolerance) else p.tolerance
-    tol = tolerance_for(ctx.compute_dtype if fmt == "compute" else fmt)
+    if fmt is ToleranceKind.COMPUTE:
+        fmt = ctx.compute_dtype
+    tol = tolerance_for(fmt.value if isinstance(fmt, ToleranceKind) else fmt)
     if p.lossy:
         tol = ctx.options.lossy_budget(tol)
     return loosest if loosest.rel_to_scale > tol.rel_to_scale else tol
@@ -169,7 +190,7 @@ def _step(p: Pass, backend: Backend[M], model: M, measure: bool, out: DriverResu
         logger.info("pass %s reverted: %s", p.name, reason)
         out.reverted.append({"pass": p.name, "reason": reason})
         ctx.decisions = mark_reverted(saved, ctx.decisions, reason)
-        if p.tolerance == "compute":  # the model computes in fp32 again
+        if p.tolerance is ToleranceKind.COMPUTE:  # the model computes in fp32 again
             ctx.compute_dtype = "fp32"
         return before
     logger.info("pass %s applied", p.name)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from graphopt.decisions.confidence import clears, speedup_interval
+from graphopt.decisions.deploy.confidence import clears, speedup_interval
 
 __all__ = ["NOISE", "Measured", "best_time", "compare_paired", "not_slower"]
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from graphopt.hardware.registry import resolve_targets
+from graphopt.measure.host_cache import host_target
+
 __all__ = ["add_devices", "add_dynamic", "add_no_calibrate", "add_reports", "cli_target",
            "fmt_time"]
 
@@ -22,9 +25,6 @@ def cli_target(args: argparse.Namespace, threads: int | None = None) -> list[Any
     """``--target`` as profiles, ``cpu``/``host`` as this CPU's cached calibration
     (``measure.host_cache.host_target``) unless ``--no-calibrate``: resolved here, once, so
     the API the command calls takes them as given."""
-    from graphopt.hardware.registry import resolve_targets
-    from graphopt.measure.host_cache import host_target
-
     return resolve_targets(host_target(args.target, threads=threads,
                                        calibrate=False if args.no_calibrate else None))
 

@@ -6,16 +6,16 @@ import argparse
 import json
 import statistics
 
+from graphopt.cost.calibrated import runtime_tables
+from graphopt.files.outputs import OutputSet
+from graphopt.hardware.detect import host_cpu_profile
+from graphopt.measure.calibrate import calibrate_host
+from graphopt.report.format import fmt_seconds
+
 __all__ = ["add_parser"]
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from graphopt.cost.calibrated import runtime_tables
-    from graphopt.files.outputs import OutputSet
-    from graphopt.hardware.detect import host_cpu_profile
-    from graphopt.measure.calibrate import calibrate_host
-    from graphopt.report.format import fmt_seconds
-
     OutputSet(()).claim(args.output, "hardware profile")  # a bad path fails before measuring
     guessed = host_cpu_profile()
     profile = calibrate_host(args.output, quick=args.quick, threads=args.threads)

@@ -6,16 +6,15 @@ import argparse
 import json
 
 from graphopt.cli.args import add_no_calibrate, cli_target
+from graphopt.cost.whatif import KINDS, estimate_op
 from graphopt.errors import GraphoptError
 from graphopt.hardware.registry import DEFAULT_TARGET
+from graphopt.report.format import fmt_seconds
 
 __all__ = ["add_parser"]
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    from graphopt.cost.whatif import KINDS, estimate_op
-    from graphopt.report.format import fmt_seconds
-
     _, required, optional = KINDS[args.kind]
     order, dims = list(required + optional), {}
     for i, item in enumerate(args.dims):
@@ -43,8 +42,6 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from graphopt.cost.whatif import KINDS
-
     pc = sub.add_parser("cost", help="what one op costs on a target (the planner's own model)",
                         epilog="dims in order: " + "; ".join(
                             f"{k}: {' '.join(r)} [{' '.join(o)}]" for k, (_, r, o) in

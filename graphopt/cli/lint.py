@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphopt.api.planning import plan
 from graphopt.cli.args import add_no_calibrate, cli_target
+from graphopt.decisions.lint import lint
 from graphopt.hardware.registry import DEFAULT_TARGET
+from graphopt.ir.plan import PlanSet
 
 __all__ = ["add_parser"]
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    from graphopt.api.planning import plan
-    from graphopt.decisions.lint import lint
-    from graphopt.ir.plan import PlanSet
-
     targets = cli_target(args)
     result = plan(args.model, target=targets)
     plans = result.plans if isinstance(result, PlanSet) else (result,)

@@ -5,20 +5,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from graphopt.api.llm import plan_llm
 from graphopt.cli.args import add_no_calibrate, cli_target
 from graphopt.errors import GraphoptError
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
+from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 from graphopt.hardware.registry import DEFAULT_TARGET
+from graphopt.report.format import fmt_bytes, fmt_seconds
 
 __all__ = ["add_parser"]
 
 
 def _cmd_llm(args: argparse.Namespace) -> int:
-    from graphopt.api.llm import plan_llm
-    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
-    from graphopt.report.format import fmt_bytes, fmt_seconds
-
     if not is_python_spec(args.model):
         raise GraphoptError(f"graphopt llm takes file.py:function, got {args.model!r}",
                             "write a function that returns (model, example_inputs) for a "
@@ -38,7 +37,7 @@ def _cmd_llm(args: argparse.Namespace) -> int:
     written = outputs.commit()
     llm = lp.section
     mem = llm["memory"]
-    print(f"{lp.decode.model['name']} on {lp.decode.target.display_name}: KV cache "
+    print(f"{lp.decode.model.name} on {lp.decode.target.display_name}: KV cache "
           f"{fmt_bytes(mem['kv_bytes_per_sequence'])} per sequence of {args.cache} "
           f"tokens; largest batch that fits: {mem['max_batch_size']}; recommended decode "
           f"batch {mem['recommended_batch_size']} ({mem['batch_decided_by']})")

@@ -9,14 +9,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graphopt.api.deploy_folder import ARTIFACT_SUFFIXES, is_deploy_folder
+from graphopt.api.deploy_folder import (
+    ARTIFACT_SUFFIXES,
+    claim_deploy,
+    is_deploy_folder,
+    stage_deploy,
+)
+from graphopt.api.optimized import optimize
+from graphopt.api.planning import with_partition
+from graphopt.backends.onnx.guard import snr_text
+from graphopt.backends.onnx.pipeline import optimize_onnx
+from graphopt.backends.onnx.result import OnnxResult
+from graphopt.backends.onnx.save import claim_onnx, stage_onnx
 from graphopt.cli.args import add_devices, add_dynamic, add_no_calibrate, add_reports, cli_target
+from graphopt.cli.dynamic_spec import parse_dynamic
 from graphopt.cli.terminal import terminal_safe
 from graphopt.errors import GraphoptError
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
+from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.options import CHOICES, Options
+from graphopt.report.deploy import deploy_summary
 
 __all__ = ["add_parser"]
 
@@ -53,13 +67,6 @@ def _check_output(output: str) -> None:
 def _optimize_onnx(args: argparse.Namespace, target: Any, options: Options,
                    outputs: OutputSet) -> int:
     """``-o OUT.onnx``: the optimized ONNX model with its session config."""
-    from graphopt.api.planning import with_partition
-    from graphopt.backends.onnx.guard import snr_text
-    from graphopt.backends.onnx.pipeline import optimize_onnx
-    from graphopt.backends.onnx.save import claim_onnx, stage_onnx
-    from graphopt.cli.dynamic_spec import parse_dynamic
-    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
-
     claim_onnx(outputs, args.output)  # refuse a bad path before the work, not after
     outputs.claim_each((args.json, args.md, args.html), "report")
     model: Any = args.model
@@ -76,8 +83,13 @@ def _optimize_onnx(args: argparse.Namespace, target: Any, options: Options,
         print(f"exported {type(module).__name__} with {how} in {exported.seconds:.1f} s "
               f"({len(exported.model.graph.node)} nodes)")
         model, samples, dynamic = exported.model, [exported.feeds], exported.dim_sizes
-    done = optimize_onnx(model, target, options, args.calibration, samples=samples,
-                         dynamic_shapes=dynamic)
+        done = optimize_onnx(model, target, options, args.calibration, samples=samples,
+                             dynamic_shapes=dynamic)
+    else:  # the API's own call, so the report is graphopt.optimize's (its deploy choice too)
+        opt = optimize(model, None, target, calibration=args.calibration,
+                       dynamic_shapes=dynamic, **_optimize_kwargs(options))
+        done = OnnxResult(opt.onnx_model, opt.plan, opt.info, opt.onnx_session,
+                          tuple(opt.info.get("warnings", ())))
     info = done.report
     plan = with_partition(done.plan, args.devices, args.strategy)
     stage_onnx(outputs, done.model, args.output, done.session)
@@ -86,7 +98,7 @@ def _optimize_onnx(args: argparse.Namespace, target: Any, options: Options,
     for warning in done.warnings:
         print(terminal_safe(f"graphopt: warning: {warning}"), file=sys.stderr)
     applied = ", ".join(info["passes_applied"]) or "none"
-    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: {applied}")
+    print(f"{plan.model.name} on {plan.target.display_name}: passes applied: {applied}")
     print(f"  precision: {info['precision_choice']['reason']}")
     for r in info["passes_reverted"]:
         print(f"  reverted {r['pass']}: {r['reason']}")
@@ -122,10 +134,7 @@ def _torch_range(module: Any, inputs: Any, dynamic: Any) -> Any:
 def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
                   outputs: OutputSet) -> int:
     """``-o OUT.pt2``: run the torch pipeline on a ``file.py:function`` model and save it."""
-    from graphopt.api.optimized import optimize
-    from graphopt.api.planning import with_partition
     from graphopt.backends.torch.saved import stage
-    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 
     if not is_python_spec(args.model):
         raise GraphoptError(f"-o {args.output} saves a torch module, but {args.model} is not a "
@@ -143,7 +152,7 @@ def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     info = opt.info
-    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: "
+    print(f"{plan.model.name} on {plan.target.display_name}: passes applied: "
           f"{', '.join(info['passes_applied']) or 'none'}")
     for r in info["passes_reverted"]:
         print(f"  reverted {r['pass']}: {r['reason']}")
@@ -167,8 +176,6 @@ def _optimize_kwargs(options: Options) -> dict[str, Any]:
 
 def _print_deploy(choice: Any, folder: bool = False) -> None:
     """The deploy line (``report/deploy.deploy_summary``) and each candidate's time."""
-    from graphopt.report.deploy import deploy_summary
-
     d = choice.to_dict()
     print(terminal_safe(f"  {deploy_summary(d)}"))
     for c in d["candidates"]:
@@ -183,12 +190,6 @@ def _optimize_folder(args: argparse.Namespace, target: Any, options: Options,
                      outputs: OutputSet) -> int:
     """``-o DIR/``: optimize (a torch model: measuring its artifacts on this CPU), then write
     the recommended artifact with ``deploy.json`` (``api/deploy_folder.py``)."""
-    from graphopt.api.deploy_folder import claim_deploy, stage_deploy
-    from graphopt.api.optimized import optimize
-    from graphopt.api.planning import with_partition
-    from graphopt.cli.dynamic_spec import parse_dynamic
-    from graphopt.frontends.python_spec import is_python_spec, load_python_spec
-
     claim_deploy(outputs, args.output)  # a bad folder, a report on the artifact: before work
     outputs.claim_each((args.json, args.md, args.html), "report")
     kwargs = _optimize_kwargs(options)
@@ -207,7 +208,7 @@ def _optimize_folder(args: argparse.Namespace, target: Any, options: Options,
     plan = with_partition(opt.plan, args.devices, args.strategy)
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
-    print(f"{plan.model['name']} on {plan.target.display_name}: passes applied: "
+    print(f"{plan.model.name} on {plan.target.display_name}: passes applied: "
           f"{', '.join(opt.info['passes_applied']) or 'none'}")
     _print_deploy(opt.deploy, folder=True)
     for path_written in written:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from graphopt.api.planning import plan
 from graphopt.cli.args import (
     add_devices,
     add_dynamic,
@@ -13,19 +14,17 @@ from graphopt.cli.args import (
     cli_target,
     fmt_time,
 )
+from graphopt.cli.dynamic_spec import parse_dynamic
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
+from graphopt.frontends.python_spec import is_python_spec
 from graphopt.hardware.registry import DEFAULT_TARGET
+from graphopt.ir.plan import PlanSet
 
 __all__ = ["add_parser"]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from graphopt.api.planning import plan
-    from graphopt.cli.dynamic_spec import parse_dynamic
-    from graphopt.frontends.python_spec import is_python_spec
-    from graphopt.ir.plan import PlanSet
-
     outputs = OutputSet(input_files(args.model))
     outputs.claim_each((args.json, args.md, args.html), "report")  # before the work
     dynamic = parse_dynamic(args.dynamic, is_python_spec(args.model))
@@ -38,22 +37,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"warning: {w}")
     for p in plans:
         s = p.summary
-        fused = s.get("est_latency_fused_s")
-        print(f"{p.model['name']} ({p.model['source']}, {s['node_count']} nodes) on "
-              f"{p.target.display_name}: estimated {fmt_time(s['est_latency_s'])}"
+        fused = s.est_latency_fused_s
+        print(f"{p.model.name} ({p.model.source}, {s.node_count} nodes) on "
+              f"{p.target.display_name}: estimated {fmt_time(s.est_latency_s)}"
               + (f" unfused, {fmt_time(fused)} fused" if fused is not None else ""))
-        rng = p.extra.get("shape_range")
+        rng = p.shape_range
         if rng:
             est = rng["est_latency_s"]
             at = ", ".join(f"{d['name']} {d['min']}/{d['opt']}/{d['max'] or 'inf'}"
                            for d in rng["dims"])
             print(f"  shape range ({at}): min {fmt_time(est['min'])}, opt "
                   f"{fmt_time(est['opt'])}, max {fmt_time(est['max'])}")
-        mix = ", ".join(f"{k} {v}" for k, v in s["bottleneck_mix"].items())
+        mix = ", ".join(f"{k} {v}" for k, v in s.bottleneck_mix.items())
         print(f"  bottlenecks (kernels): {mix}")
-        for n in s["costliest_nodes"][:5]:
-            print(f"  {n['share']:6.1%}  {fmt_time(n['est_time_s']):>10}  "
-                  f"{n['kernel_class']:<13} {n['name']}")
+        for n in s.costliest_nodes[:5]:
+            print(f"  {n.share:6.1%}  {fmt_time(n.est_time_s):>10}  "
+                  f"{n.kernel_class:<13} {n.name}")
     for path in written:
         print(f"wrote {path}")
     return 0

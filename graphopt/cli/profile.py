@@ -9,35 +9,34 @@ from collections.abc import Callable
 from graphopt.cli.args import add_no_calibrate, cli_target
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
+from graphopt.measure import profile
+from graphopt.report.format import fmt_seconds
+from graphopt.report.prediction import worst_nodes
 
 __all__ = ["add_parser"]
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from graphopt.measure import profile
-    from graphopt.report.format import fmt_seconds
-    from graphopt.report.prediction import worst_nodes
-
     outputs = OutputSet(input_files(args.model))
     outputs.claim_each((args.json, args.md, args.html), "report")  # before the work
     plan = profile(args.model, target=cli_target(args, args.threads), runs=args.runs,
                    warmup=args.warmup, threads=args.threads)
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
-    pred = plan.summary["prediction"]
+    pred = plan.summary.prediction
 
     def num(key: str, fmt: str) -> str:
-        v = pred.get(key)
+        v = getattr(pred, key)
         return "n/a" if v is None or not math.isfinite(v) else format(v, fmt)
 
-    print(f"{plan.model['name']} on {plan.target.display_name}: predicted "
-          f"{fmt_seconds(plan.summary['est_latency_s'])}, measured "
-          f"{fmt_seconds(pred['measured_model_s'])} (best of {pred['runs']} runs)")
-    print(f"  per node ({pred['nodes_measured']} measured): Spearman {num('spearman', '.3f')}, "
+    print(f"{plan.model.name} on {plan.target.display_name}: predicted "
+          f"{fmt_seconds(plan.summary.est_latency_s)}, measured "
+          f"{fmt_seconds(pred.measured_model_s)} (best of {pred.runs} runs)")
+    print(f"  per node ({pred.nodes_measured} measured): Spearman {num('spearman', '.3f')}, "
           f"median predicted/measured {num('median_ratio', '.3g')}x; whole model "
           f"{num('model_ratio', '.3g')}x")
-    if pred.get("measured_module_s") is not None:
-        print(f"  your module as called: {fmt_seconds(pred['measured_module_s'])}, predicted/"
+    if pred.measured_module_s is not None:
+        print(f"  your module as called: {fmt_seconds(pred.measured_module_s)}, predicted/"
               f"measured {num('module_ratio', '.3g')}x (the rest is Python around the graph)")
     if not plan.target.calibrated:
         print("  uncalibrated host numbers (--no-calibrate, GRAPHOPT_NO_CALIBRATE=1 or "

@@ -6,12 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from graphopt.hardware import list_targets
+from graphopt.hardware.detect import detect_report
+
 __all__ = ["add_parser"]
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
-    from graphopt.hardware import list_targets
-
     targets = list_targets()
     if args.json:
         fields = ("name", "compute_capability", "generation", "sm_count", "memory_bytes",
@@ -36,8 +37,6 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
-    from graphopt.hardware.detect import detect_report
-
     print(json.dumps(detect_report(), indent=1, sort_keys=True))
     return 0
 

@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
+from graphopt.cost.ort_fusion import ort_units
 
-__all__ = ["FusionGroup", "fusion_groups", "fusion_section"]
+__all__ = ["COSTLIEST_KERNELS", "FusionGroup", "costliest_kernels", "fusion_groups",
+           "fusion_section"]
 
 _POINTWISE = frozenset({KernelClass.ELEMENTWISE, KernelClass.SILU, KernelClass.ROPE})
 _REDUCING = frozenset({KernelClass.NORM, KernelClass.RMSNORM, KernelClass.SOFTMAX,
@@ -74,8 +76,6 @@ def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
                 readers.setdefault(t.name, []).append(n.name)
     outputs = set(graph_outputs)
     if ep is not None:
-        from graphopt.cost.ort_fusion import ort_units
-
         groups = []
         for i, u in enumerate(ort_units(nodes, graph_outputs, ep)):
             kind = "folded" if u.folded else "ort" if len(u.nodes) > 1 else "single"
@@ -180,4 +180,26 @@ def fusion_section(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
             "est_latency_fused_s": fused, "est_latency_unfused_s": unfused,
             "kernels_fused": len(kernels), "nodes": len(nodes),
             "group_of": {m: g.id for g in groups for m in g.nodes},
-            "groups": [g.to_dict() for g in groups if len(g.nodes) > 1]}
+            "groups": [g.to_dict() for g in groups if len(g.nodes) > 1],
+            "costliest_kernels": costliest_kernels(kernels, kind, fused)}
+
+
+#: kernels listed in the summary's fused ranking (as many as ``costliest_nodes``)
+COSTLIEST_KERNELS = 10
+
+
+def costliest_kernels(kernels: Sequence[FusionGroup], kind: dict[str, KernelClass],
+                      fused_total: float, top: int = COSTLIEST_KERNELS) -> list[dict[str, Any]]:
+    """The summary's ranking by what runs: each kernel (a fusion group, or a node alone) at its
+    fused time, named by its nodes, beside the unfused sum of its nodes. ``costliest_nodes``
+    ranks nodes by their own unfused times, which a fused group does not pay."""
+    ranked = sorted(kernels, key=lambda g: (-g.est_time_s, g.nodes[0] if g.nodes else g.id))
+    rows = []
+    for g in ranked[:top]:
+        real = [m for m in g.nodes if kind[m] is not KernelClass.VIEW] or list(g.nodes)
+        rows.append({"kernel": g.id, "name": "+".join(real), "nodes": list(g.nodes),
+                     "kind": g.kind, "fused": len(g.nodes) > 1,
+                     "kernel_class": kind[real[0]].value, "est_time_s": g.est_time_s,
+                     "unfused_s": g.unfused_s,
+                     "share": g.est_time_s / fused_total if fused_total else 0.0})
+    return rows

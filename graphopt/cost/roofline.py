@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
+from graphopt.cost.attention import attention_kernel, kv_splits, query_tiles, scores_bytes
 from graphopt.cost.calibrated import (
     fixed_cost,
     measured_bandwidth,
@@ -210,7 +211,6 @@ def _utilization(a: NodeAnalysis, profile: HardwareProfile, *, mma: bool = False
         return 1.0
     d = a.dims
     if a.kernel_class is KernelClass.ATTENTION:  # split-KV when the queries are few (decode)
-        from graphopt.cost.attention import kv_splits, query_tiles
 
         tiles = query_tiles(d)
         splits = kv_splits(tiles, profile.sm_count, math.ceil(d.get("seq_kv", 1) / _GEMM_TILE))
@@ -265,8 +265,6 @@ def _compute_rate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None
                     rate *= taps
                     note = f"{note}; {why}" if note else why
                 if a.kernel_class is KernelClass.ATTENTION and profile.is_gpu:
-                    from graphopt.cost.attention import attention_kernel
-
                     factor, why = attention_kernel(a, profile)
                     rate *= factor
                     note = f"{note}; {why}" if note else why
@@ -313,8 +311,6 @@ def estimate(a: NodeAnalysis, profile: HardwareProfile, dtype: str | None = None
     compute_t = a.flops / rate if a.flops else 0.0
     moved = a.bytes_total
     if a.kernel_class is KernelClass.ATTENTION and unit == "tensor_core":
-        from graphopt.cost.attention import scores_bytes
-
         moved += scores_bytes(a, profile)  # the math path's scores through memory
     memory_t = moved / bandwidth
     overhead = fixed_cost(a, profile)

@@ -14,13 +14,13 @@ from typing import Any
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.cost.roofline import estimate
-from graphopt.decisions.compile_mode import compile_mode
-from graphopt.decisions.exec_path import exec_path
-from graphopt.decisions.gemm_precision import plan_precisions
-from graphopt.decisions.memory import memory_plan
+from graphopt.decisions.kernels.exec_path import exec_path
+from graphopt.decisions.memory_runtime.compile_mode import compile_mode
+from graphopt.decisions.memory_runtime.memory import memory_plan
+from graphopt.decisions.memory_runtime.runtime import RuntimeSettings, runtime_settings
+from graphopt.decisions.precision.gemm import plan_precisions
 from graphopt.decisions.quant_formats import FORMAT_DTYPE
-from graphopt.decisions.quantization import recommend_quant
-from graphopt.decisions.runtime import RuntimeSettings, runtime_settings
+from graphopt.decisions.quantization.recommend import recommend_quant
 from graphopt.ir.plan import Plan
 
 __all__ = ["decide", "model_format", "plan_runtime_settings"]
@@ -66,11 +66,11 @@ def plan_runtime_settings(plan: Plan, precision: str,
     settings = runtime_settings(
         plan.target, precision=precision,
         has_convs=any(n.analysis.kernel_class is KernelClass.CONV for n in plan.nodes),
-        static_shapes=not plan.extra.get("shape_range"), max_batch_size=max_batch_size,
+        static_shapes=not plan.shape_range, max_batch_size=max_batch_size,
         head_dim=max((h for h in head_dims if h), default=None),
         batch_size=memory.get("recommended_batch_size"), batch_reason=memory.get("batch_advice"))
-    mode = compile_mode(plan.target, plan.summary.get("time_by_bottleneck_s"),
-                        dynamic=bool(plan.extra.get("shape_range")))
+    mode = compile_mode(plan.target, plan.summary.time_by_bottleneck_s,
+                        dynamic=bool(plan.shape_range))
     return replace(settings, compile_mode=mode)
 
 
@@ -99,13 +99,13 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
         decided_time += (estimate(a, target, dtype).est_time_s if dtype and dtype != a.dtype
                          else n.cost.est_time_s)
         nodes.append(replace(n, decisions=decisions))
-    summary = dict(plan.summary)
-    summary["est_latency_with_decisions_s"] = decided_time
-    summary["predicted_speedup"] = (plan.est_latency_s / decided_time) if decided_time else 1.0
+    summary = replace(plan.summary, est_latency_with_decisions_s=decided_time,
+                      predicted_speedup=(plan.est_latency_s / decided_time) if decided_time
+                      else 1.0)
     decided = replace(plan, nodes=tuple(nodes), summary=summary)
     memory = memory_plan(decided, precisions)
     original = model_format(plan)
-    params = int(plan.model.get("param_count", 0))
+    params = plan.model.param_count
     quant = (recommend_quant(target, params, original, preference,
                              activation_bytes=memory.activation_peak_bytes).to_dict()
              if params > 0 else {"format": None, "fits": True,
@@ -116,6 +116,5 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
         memory.max_batch_size, memory)
     gemms = sum(1 for n in plan.nodes if n.analysis.kernel_class in GEMM_LIKE)
     logger.info("decided %d nodes (%d GEMM-like) on %s", len(nodes), gemms, target.name)
-    extra = {**plan.extra, "memory": memory.to_dict(), "quantization": quant,
-             "runtime_settings": settings.to_dict()}
-    return replace(decided, extra=extra)
+    return replace(decided, memory=memory.to_dict(), quantization=quant,
+                   runtime_settings=settings.to_dict())

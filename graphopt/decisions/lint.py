@@ -20,6 +20,7 @@ from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.cost.roofline import peak_key, tc_alignment
+from graphopt.decisions.precision.format import choose_precision
 from graphopt.ir.plan import Plan
 
 __all__ = ["LintIssue", "lint"]
@@ -44,8 +45,6 @@ def _up(n: int, m: int) -> int:
 
 def lint(plan: Plan, precision: str = "auto") -> list[LintIssue]:
     """Issues of every GEMM-like node of ``plan`` for its target, in graph order."""
-    from graphopt.decisions.precision_format import choose_precision
-
     target = plan.target
     dtype, _ = choose_precision(target, precision)
     multiple = tc_alignment(peak_key(dtype)) if target.is_gpu and dtype != "fp32" else None
@@ -99,7 +98,7 @@ def lint(plan: Plan, precision: str = "auto") -> list[LintIssue]:
                                         + (" or tf32" if tf32_gpu else "")))
         if kc is KernelClass.CONV:
             fix = ("layout=channels_last (graphopt optimize decides per region)"
-                   if plan.model.get("source") == "torch"
+                   if plan.model.source == "torch"
                    else "run with ONNX Runtime's NHWC preference (prefer_nhwc)")
             issues.append(LintIssue(n.name, "TC005", "convolution in NCHW layout",
                                     _decided(n, "layout") or fix))

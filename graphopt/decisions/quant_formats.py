@@ -34,7 +34,7 @@ Native execution (``requires``) is a set of capability flags of which the target
     NVFP4 there as partial) [TE-MATRIX, NV-FP4].
   * INT8: int8 tensor cores (Turing+, Xavier) or a CPU int8 dot-product instruction: VNNI
     (AVX512-VNNI / AVX-VNNI) or AMX-INT8 [INTEL-OPT]. Plain AVX2 has no single-instruction int8
-    dot product (see :func:`graphopt.decisions.cpu_int8.int8_pays_on_cpu`).
+    dot product (see :func:`graphopt.decisions.quantization.cpu_int8.int8_pays_on_cpu`).
   * GGUF K-quants are weight-only: llama.cpp dequantizes blocks inside its matmul kernels on any
     GPU or CPU, so they run everywhere but save memory and bandwidth, not arithmetic [GGUF].
   * INT4 weight-only runs in torch on every CPU (``_weight_int4pack_mm_for_cpu``) and on GPUs
@@ -57,7 +57,7 @@ Sources:
   [IEEE]      IEEE 754 binary16; bfloat16 = fp32's 8-bit exponent with 8 significant bits.
   [TORCH-Q]   torch 2.13's ``native_functions.yaml`` (``_weight_int4pack_mm``,
               ``_weight_int8pack_mm``) and ``aten/src/ATen/native/cuda/int4mm.cu``; the kernels'
-              rules are :mod:`graphopt.decisions.torch_quant_kernels`.
+              rules are :mod:`graphopt.decisions.quantization.torch_kernels`.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ __all__ = [
 #: the integer width their GEMMs run in). torch's weight-only formats compute at the dtype
 #: their GPU kernel runs, where the plan picks them (``gpu_formats`` case 7): tinygemm
 #: (INT4) in bf16, the only activations it takes; the CUDA 8-bit weight-only kernel in fp32 on
-#: the CUDA cores (it converts the activations, ``torch_quant_kernels`` case 2)
+#: the CUDA cores (it converts the activations, ``quantization.torch_kernels`` case 2)
 FORMAT_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
                 "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "int8": "int8", "nvfp4": "fp4",
                 "q4_k_m": "int4", "q5_k_m": "int8", "q6_k": "int8", "q8_0": "int8",

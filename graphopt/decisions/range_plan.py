@@ -17,6 +17,7 @@ from graphopt.analysis import KernelClass, annotate
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate_all
 from graphopt.cost.roofline import NodeCost
+from graphopt.decisions.padding import required_multiple
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import Plan
@@ -72,17 +73,17 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
                         "size, and the max point is costed at opt (give torch.export.Dim(..., "
                         "max=N), or min:opt:max on the CLI, for a real max)")
     return replace(plan, nodes=tuple(nodes), warnings=tuple(warnings),
-                   extra={**plan.extra, "shape_range": section})
+                   shape_range=section)
 
 
 def with_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
     """``plan``'s shape-range section with the alignment hints, read from its decisions (the
     precision decides which multiple tensor cores want)."""
-    section = plan.extra.get("shape_range")
+    section = plan.shape_range
     if section is None:
         return plan
     hints = alignment_hints(plan, graph, target)
-    return replace(plan, extra={**plan.extra, "shape_range": {**section, "hints": hints}})
+    return replace(plan, shape_range={**section, "hints": hints})
 
 
 def _record(records: dict[int, dict[str, Any]], a: NodeAnalysis, c: NodeCost
@@ -103,8 +104,6 @@ def alignment_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> list[s
     rng = graph.shape_range
     if not target.is_gpu or not rng:
         return []
-    from graphopt.decisions.padding_cost import required_multiple
-
     dtype = next((n.analysis.dtype for n in plan.nodes
                   if n.analysis.kernel_class in _TILED and n.analysis.dtype), "fp32")
     fmt = next((str(n.decisions["precision"].fields.get("format")) for n in plan.nodes

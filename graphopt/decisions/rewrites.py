@@ -2,11 +2,11 @@
 
 Two structural rewrites are decided here for a plan, its target and the user's options:
 
-1. Layout (:func:`graphopt.decisions.layout.decide_layout`): decided once per run, at the
-   compute dtype of the backend that will run the model, with the host facts the caller passes
+1. Layout (:func:`graphopt.decisions.layout.channels_last.decide_layout`): decided once per run, at
+   the compute dtype of the backend that will run the model, with the host facts the caller passes
    in (:class:`HostFacts`). The torch backend converts the fx regions it says; the ONNX backend
    turns it into session options. Named exception: the ONNX backend's compute dtype is
-   ``precision_format.onnx_precision`` (bf16 becomes fp16 on GPUs, fp32 on the CPU EP), so an
+   ``precision.format.onnx_precision`` (bf16 becomes fp16 on GPUs, fp32 on the CPU EP), so an
    ONNX run decides at that dtype; on GPUs fp16 and bf16 give the same answer (same tensor
    cores, same size), and on a CPU ORT picks its own conv layout anyway (``ort_session``
    case 1).
@@ -30,10 +30,8 @@ from types import MappingProxyType
 from typing import Any
 
 from graphopt.analysis.record import NodeAnalysis
-from graphopt.decisions.layout import LayoutPlan, decide_layout
-from graphopt.decisions.padding import plan_padding
-from graphopt.decisions.padding_sites import Values
-from graphopt.decisions.padding_steps import PadBackend
+from graphopt.decisions.layout.channels_last import LayoutPlan, decide_layout
+from graphopt.decisions.padding import PadBackend, Values, plan_padding
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
@@ -141,4 +139,4 @@ def with_rewrites(plan: Plan, graph: Graph, options: Options, compute_dtype: str
                "note": "what graphopt.optimize would apply with these options; optimize "
                        "decides padding again on the graph it rewrites, and its report says "
                        "what was applied"}
-    return replace(plan, nodes=nodes, extra={**plan.extra, "rewrites": section})
+    return replace(plan, nodes=nodes, rewrites=section)

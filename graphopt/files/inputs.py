@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.frontends.onnx_safety import check_external_data, read_model
 from graphopt.frontends.python_spec import is_python_spec
 
 __all__ = ["input_files", "onnx_input_files"]
@@ -18,8 +19,6 @@ __all__ = ["input_files", "onnx_input_files"]
 
 def onnx_input_files(path: str | os.PathLike[str]) -> list[Path]:
     """``path`` and the external-data files it references."""
-    from graphopt.frontends.onnx_safety import check_external_data, read_model
-
     model_path = Path(path)
     files = [model_path]
     try:

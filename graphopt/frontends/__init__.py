@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from graphopt.errors import GraphoptError, TraceError
+from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.frontends.onnx_range import onnx_range
 from graphopt.frontends.python_spec import (
     is_python_spec,
@@ -46,12 +47,9 @@ def load_graph(model: Any, example_inputs: Any = None, dynamic_shapes: Any = Non
             return load_graph(module, example_inputs, dynamic_shapes)
         if names_python_file(text):
             raise needs_function_error(text)
-        from graphopt.frontends.onnx_frontend import load_onnx
 
         return onnx_range(load_onnx(text), dynamic_shapes)
     if is_onnx_proto(model):
-        from graphopt.frontends.onnx_frontend import load_onnx
-
         return onnx_range(load_onnx(model), dynamic_shapes)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(model, torch.nn.Module):

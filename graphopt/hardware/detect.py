@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
-from graphopt.hardware.cpus import cpu_profile
+from graphopt.hardware.cpus import CPU_PROFILES, cpu_profile
 from graphopt.hardware.generations import (
     capabilities_for,
     family_for,
@@ -245,8 +245,6 @@ HOST_ISA_ENV = "GRAPHOPT_HOST_ISA"
 
 def with_isa_of(info: CpuInfo, name: str) -> CpuInfo:
     """``info`` with the vendor and ISA flags of the table CPU ``name`` (see HOST_ISA_ENV)."""
-    from graphopt.hardware.cpus import CPU_PROFILES
-
     ref = CPU_PROFILES.get(name.strip().lower())
     if ref is None:
         raise GraphoptError(f"{HOST_ISA_ENV}={name!r} is not a CPU of graphopt's table",

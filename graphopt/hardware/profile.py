@@ -97,6 +97,25 @@ class HardwareProfile:
             "source": self.source,
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> HardwareProfile:
+        """The profile a :meth:`to_dict` record (a plan report's ``target``) was written from."""
+        cc = d["compute_capability"]
+        peer = d["peer_link"]
+        return cls(
+            name=d["name"], display_name=d["display_name"], kind=d["kind"], vendor=d["vendor"],
+            generation=d["generation"], peak_flops=dict(d["peak_flops"]),
+            memory_bytes=d["memory_bytes"], bandwidth_bytes_per_s=d["bandwidth_bytes_per_s"],
+            host_link=Link(**d["host_link"]), source=d["source"],
+            compute_capability=None if cc is None else tuple(int(x) for x in cc.split(".")),
+            sm_count=d["sm_count"], cores=d["cores"], vector_flops=dict(d["vector_flops"]),
+            l2_bytes=d["l2_bytes"], smem_per_sm_bytes=d["smem_per_sm_bytes"],
+            peer_link=None if peer is None else Link(**peer),
+            capabilities=frozenset(d["capabilities"]),
+            launch_overhead_s=d["launch_overhead_s"],
+            op_overhead_s=dict(d.get("op_overhead_s", {})),
+            measured_rates=dict(d.get("measured_rates", {})))
+
     @property
     def calibrated(self) -> bool:
         """Measured on a machine by ``graphopt calibrate``, not taken from a datasheet."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.files.outputs import OutputSet
 from graphopt.files.read import read_small_file
 from graphopt.hardware.profile import HardwareProfile, Link
 
@@ -65,8 +66,6 @@ def profile_text(profile: HardwareProfile, extra: Mapping[str, Any] | None = Non
 
 def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> Path:
     """Write ``profile`` to ``path`` whole (a temporary file renamed over it) or not at all."""
-    from graphopt.files.outputs import OutputSet
-
     outputs = OutputSet(())
     target = outputs.write(path, profile_text(profile), "hardware profile")
     outputs.commit()

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-import networkx as nx
-
 __all__ = ["DTYPE_BITS", "Graph", "Node", "TensorInfo", "TensorKind", "dtype_bytes"]
 
 TensorKind = Literal["input", "activation", "param", "constant"]
@@ -106,7 +104,7 @@ class Node:
 
 
 class Graph:
-    """Nodes in topological order plus the tensor table; the networkx DAG is built on demand."""
+    """Nodes in topological order plus the tensor table, with producer and consumer maps."""
 
     def __init__(
         self,
@@ -164,19 +162,3 @@ class Graph:
                 if t:
                     out.setdefault(t, []).append(n)
         return out
-
-    @cached_property
-    def dag(self) -> nx.DiGraph:
-        """Node-level DAG: an edge u -> v carries the tensors u writes and v reads."""
-        g = nx.DiGraph()
-        g.add_nodes_from(n.name for n in self.nodes)
-        producer = self.producer
-        for n in self.nodes:
-            for t in n.inputs:
-                p = producer.get(t)
-                if p is not None:
-                    if g.has_edge(p.name, n.name):
-                        g.edges[p.name, n.name]["tensors"].append(t)
-                    else:
-                        g.add_edge(p.name, n.name, tensors=[t])
-        return g

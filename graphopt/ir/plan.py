@@ -6,6 +6,9 @@ same model and target always give the same dict, so the JSON bytes are determini
 
 from __future__ import annotations
 
+import functools
+import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -14,14 +17,23 @@ from typing import Any
 from graphopt._version import __version__
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import NodeCost
+from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import TensorInfo
+from graphopt.ir.plan_summary import ModelInfo, Summary
+from graphopt.ir.records import read_json, write_json
 from graphopt.report.emitters import ReportEmitters
 
-__all__ = ["SCHEMA_VERSION", "Decision", "NodePlan", "Plan", "PlanSet", "mark_reverted"]
+__all__ = ["SCHEMA_VERSION", "SECTIONS", "Decision", "NodePlan", "Plan", "PlanSet",
+           "mark_reverted"]
 
-#: version of the JSON report layout; bump on incompatible changes
-SCHEMA_VERSION = 1
+#: version of the JSON report layout; bump on incompatible changes. 2: the sections are typed
+#: records read back by ``Plan.from_json``; a node's cost holds its overhead and bandwidth, and
+#: a control-flow node its bodies' analyses, so that the JSON holds the whole plan
+SCHEMA_VERSION = 2
+
+#: a report section whose typed record has not landed yet: its JSON object as it is
+Section = Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,11 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.fields, "applied": self.applied, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Decision:
+        fields = {k: v for k, v in d.items() if k not in ("applied", "reason")}
+        return cls(d["reason"], fields, d["applied"])
 
 
 
@@ -104,7 +121,11 @@ class NodePlan:
             "peak_flops_used": c.peak_flops_used,
             "cost": {"unit": c.unit, "precision": c.precision,
                      "alignment_efficiency": c.alignment_efficiency,
-                     "utilization": c.utilization, "note": c.note},
+                     "utilization": c.utilization, "note": c.note,
+                     "overhead_s": c.overhead_s, "bandwidth_used": c.bandwidth_used},
+            **({} if not a.branches else {"branches": [[b.to_json() for b in body]
+                                                       for body in a.branches],
+                                          "trips": a.trips}),
             "inputs": [_tensor_dict(t) for t in self.inputs],
             "outputs": [_tensor_dict(t) for t in self.outputs],
             "decisions": {k: d.to_dict() for k, d in sorted(self.decisions.items())},
@@ -114,20 +135,69 @@ class NodePlan:
         }
 
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NodePlan:
+        """The node a :meth:`to_dict` record was written from."""
+        analysis = NodeAnalysis.from_json({**d, "op_type": d["op_type"]})
+        cost = d["cost"]
+        points = d.get("range")
+        if points is not None:  # the opt point is the node's own fields
+            opt = {"dims": d["dims"], "est_time_s": d["est_time_s"],
+                   "bottleneck": d["bottleneck"], "flops": d["flops"], "bytes": d["bytes"]}
+            points = {**points, "opt": opt}
+        return cls(
+            name=d["name"], op=d["op"], op_type=d["op_type"], analysis=analysis,
+            cost=NodeCost(est_time_s=d["est_time_s"], compute_time_s=d["compute_time_s"],
+                          memory_time_s=d["memory_time_s"], overhead_s=cost["overhead_s"],
+                          bottleneck=d["bottleneck"], peak_flops_used=d["peak_flops_used"],
+                          bandwidth_used=cost["bandwidth_used"], unit=cost["unit"],
+                          precision=cost["precision"],
+                          alignment_efficiency=cost["alignment_efficiency"],
+                          utilization=cost["utilization"], note=cost["note"]),
+            inputs=tuple(_tensor(t) for t in d["inputs"]),
+            outputs=tuple(_tensor(t) for t in d["outputs"]),
+            decisions={k: Decision.from_json(v) for k, v in d["decisions"].items()},
+            at_points=points, measured_s=d.get("measured_s"))
+
+
 def _tensor_dict(t: TensorInfo | None) -> dict[str, Any] | None:
-    return None if t is None else t.to_dict()
+    """A tensor's JSON: its kind only when it is not an activation (weights, inputs)."""
+    if t is None:
+        return None
+    return t.to_dict() if t.kind == "activation" else {**t.to_dict(), "kind": t.kind}
+
+
+def _tensor(d: Mapping[str, Any] | None) -> TensorInfo | None:
+    if d is None:
+        return None
+    shape = d["shape"]
+    return TensorInfo(d["name"], None if shape is None else tuple(shape), d["dtype"],
+                      d.get("kind", "activation"))
 
 
 @dataclass(frozen=True, slots=True)
 class Plan(ReportEmitters):
-    """A model planned for one target."""
+    """A model planned for one target: its nodes, its summary and one field per report section
+    (None until the step that fills it has run; a section's JSON key is its field's name)."""
 
-    model: Mapping[str, Any]
+    model: ModelInfo
     target: HardwareProfile
     nodes: tuple[NodePlan, ...]
-    summary: Mapping[str, Any]
+    summary: Summary
     warnings: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    fusion: Section = None
+    memory: Section = None
+    quantization: Section = None
+    runtime_settings: Section = None
+    rewrites: Section = None
+    shape_range: Section = None
+    optimization: Section = None
+    onnx_optimization: Section = None
+    deploy: Section = None
+    partition: Section = None
+    tensor_parallel: Section = None
+    strategy: Section = None
+    llm: Section = None
     #: the files the model was read from (not in the report): :meth:`save` never writes them
     inputs: tuple[str, ...] = field(default=(), compare=False)
 
@@ -150,21 +220,36 @@ class Plan(ReportEmitters):
 
     @property
     def est_latency_s(self) -> float:
-        return float(self.summary["est_latency_s"])
+        return float(self.summary.est_latency_s)
+
+    def sections(self) -> dict[str, Any]:
+        """The report sections this plan has, by JSON key."""
+        return {name: value for name in SECTIONS if (value := getattr(self, name)) is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        fusion = self.extra.get("fusion")
+        fusion = write_json(self.fusion) if self.fusion is not None else None
         group_of = fusion.get("group_of", {}) if isinstance(fusion, Mapping) else {}
         return {
             "schema_version": SCHEMA_VERSION,
             "graphopt_version": __version__,
-            "model": dict(self.model),
+            "model": self.model.to_json(),
             "target": self.target.to_dict(),
-            "summary": dict(self.summary),
+            "summary": self.summary.to_json(),
             "warnings": list(self.warnings),
-            **{k: v for k, v in sorted(self.extra.items())},
+            **{k: write_json(v) for k, v in sorted(self.sections().items())},
             "nodes": [n.to_dict(group_of.get(n.name)) for n in self.nodes],
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | str) -> Plan:
+        """The plan a report's JSON (:meth:`to_dict`, or its text) was written from."""
+        return plan_from_json(cls, data)
+
+
+#: the plan's report sections, in the order the steps fill them
+SECTIONS = ("fusion", "memory", "quantization", "runtime_settings", "rewrites", "shape_range",
+            "optimization", "onnx_optimization", "deploy", "partition", "tensor_parallel",
+            "strategy", "llm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,3 +270,30 @@ class PlanSet(ReportEmitters):
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, "plans": [p.to_dict() for p in self.plans]}
+
+
+def plan_from_json(cls: type[Plan], data: Mapping[str, Any] | str) -> Plan:
+    """A :class:`Plan` from its report JSON; a report of another schema is refused by name."""
+    if isinstance(data, str):
+        data = json.loads(data)
+    version = data.get("schema_version") if isinstance(data, Mapping) else None
+    if version != SCHEMA_VERSION:
+        raise GraphoptError(f"plan JSON: schema_version {version!r}, but this graphopt reads "
+                            f"{SCHEMA_VERSION}; write the report again with this version")
+    hints = _plan_hints()
+    try:
+        sections = {name: read_json(hints[name], data[name], name)
+                    for name in SECTIONS if name in data}
+        return cls(model=read_json(ModelInfo, data["model"], "model"),
+                   target=HardwareProfile.from_dict(data["target"]),
+                   nodes=tuple(NodePlan.from_json(n) for n in data["nodes"]),
+                   summary=read_json(Summary, data["summary"], "summary"),
+                   warnings=tuple(data["warnings"]), **sections)
+    except (KeyError, TypeError, ValueError) as e:
+        raise GraphoptError(f"plan JSON: not a graphopt plan report ({type(e).__name__}: "
+                            f"{e}); give the JSON that graphopt plan/optimize wrote") from None
+
+
+@functools.cache
+def _plan_hints() -> dict[str, Any]:
+    return typing.get_type_hints(Plan)

@@ -13,10 +13,16 @@ import os
 from dataclasses import replace
 from typing import Any
 
+from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
-from graphopt.frontends import is_onnx_proto
+from graphopt.files.inputs import input_files
+from graphopt.frontends import is_onnx_proto, load_graph
 from graphopt.frontends.python_spec import is_python_spec, load_python_spec
+from graphopt.hardware.detect import detect_gpus, gpu_profile_for
+from graphopt.hardware.registry import is_this_machine, resolve_targets
 from graphopt.ir.plan import Plan
+from graphopt.measure.host_cache import host_target
+from graphopt.measure.ort_runs import measure_onnx
 from graphopt.measure.stats import Measured, spearman, with_measurements
 
 __all__ = ["Measured", "profile", "spearman"]
@@ -26,10 +32,6 @@ def _measured_on(target: Any, threads: int | None) -> tuple[Any, str]:
     """(profile, device): this machine's CPU (``"cpu"``: its cached calibration with
     ``threads``, ``measure.host_cache``), or one of its CUDA GPUs; nothing else can be timed
     here."""
-    from graphopt.hardware.detect import detect_gpus, gpu_profile_for
-    from graphopt.hardware.registry import is_this_machine, resolve_targets
-    from graphopt.measure.host_cache import host_target
-
     profiles = resolve_targets(host_target(target, threads=threads))
     if len(profiles) == 1 and is_this_machine(profiles[0]):
         return profiles[0], "cpu"
@@ -74,12 +76,8 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
             a scheduler tick per op); the plan still costs the whole CPU.
 
     Returns:
-        The plan, with ``measured_s`` per measured node and ``summary["prediction"]``.
+        The plan, with ``measured_s`` per measured node and ``summary.prediction``.
     """
-    from graphopt.decisions.planner import build_plan
-    from graphopt.files.inputs import input_files
-    from graphopt.frontends import load_graph
-
     if not (isinstance(runs, int) and isinstance(warmup, int)) or runs < 1 or warmup < 0 \
             or not (threads is None or (isinstance(threads, int) and threads >= 1)):
         raise GraphoptError(f"runs={runs!r}, warmup={warmup!r}, threads={threads!r}: need "
@@ -90,7 +88,6 @@ def profile(model: Any, example_inputs: Any = None, target: Any = "cpu", *, runs
         if device != "cpu":
             raise GraphoptError("profiling an ONNX model measures ONNX Runtime's CPU "
                                 "execution provider only", "use target='cpu'")
-        from graphopt.measure.ort_runs import measure_onnx
 
         graph = load_graph(model)
         measured = measure_onnx(graph, runs=runs, warmup=warmup, threads=threads)

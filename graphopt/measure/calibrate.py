@@ -42,8 +42,11 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
+from graphopt.hardware.detect import host_cpu_profile
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.hardware.profile_file import is_profile_path, save_profile
 from graphopt.measure.calibrate_ort import ort_fixed_costs
 from graphopt.measure.calibrate_rates import achievable_rates, time_call
 from graphopt.measure.calibrate_reference import (
@@ -276,7 +279,6 @@ def calibrate(base: HardwareProfile | None = None, *, quick: bool = False,
     """
     import torch
 
-    from graphopt.hardware.detect import host_cpu_profile
     from graphopt.measure.torch_runs import intra_op_threads
 
     base = base or host_cpu_profile()
@@ -329,9 +331,6 @@ def calibrate_host(path: str | os.PathLike[str] | None = None, *, quick: bool = 
         threads: intra-op threads to measure with (default: torch's); use the number the
             model will run with.
     """
-    from graphopt.errors import GraphoptError
-    from graphopt.hardware.profile_file import is_profile_path, save_profile
-
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise GraphoptError(f"threads={threads!r} is not a positive integer",
                             "pass threads=None (torch's default) or a count >= 1")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from graphopt.cost.calibrated import ORT_PREFIX
+from graphopt.measure.ort_runs import node_times_per_run, profile_options
 
 __all__ = ["ort_fixed_costs"]
 _COPIES = 4
@@ -96,7 +97,6 @@ def ort_fixed_costs(rounds: int = 60, warmup: int = 5, threads: int | None = Non
     """``ort:<OpType>`` -> median seconds of one node, measured by ORT's profiler."""
     import onnxruntime as ort
 
-    from graphopt.measure.ort_runs import node_times_per_run, profile_options
 
     model, feeds = _model()
     with tempfile.TemporaryDirectory() as tmp:

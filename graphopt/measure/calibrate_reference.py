@@ -25,6 +25,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from graphopt.analysis.kernel_class import KernelClass
+from graphopt.decisions.planner import build_plan
+from graphopt.frontends import load_graph
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = ["FACTOR_BOUNDS", "in_graph_factors", "measure_blocks", "reference_blocks",
@@ -114,8 +117,6 @@ def reference_models() -> list[tuple[Any, tuple[Any, ...]]]:
 
 def reference_blocks() -> list[Block]:
     """:func:`reference_models`, each traced once."""
-    from graphopt.frontends import load_graph
-
     return [(module, inputs, load_graph(module, inputs))
             for module, inputs in reference_models()]
 
@@ -136,9 +137,6 @@ def in_graph_factors(profile: HardwareProfile, blocks: list[Block] | None = None
     for ops that launch a kernel, one for views (dispatch only, whose cost in a model grows
     with the rank of the tensors they restride); see the module doc. ``rounds`` are
     :func:`measure_blocks` of ``blocks`` (default: one round now)."""
-    from graphopt.analysis.kernel_class import KernelClass
-    from graphopt.decisions.planner import build_plan
-
     blocks = blocks if blocks is not None else reference_blocks()
     rounds = rounds or [measure_blocks(blocks)]
     measured = {True: 0.0, False: 0.0}

@@ -1,5 +1,5 @@
 """Time several runnables of one model against each other, interleaved, for the deploy choice
-(``decisions/deploy.py``, case 2).
+(``decisions/deploy/artifact.py``, case 2).
 
 Each round runs every candidate best-of-n (:func:`graphopt.backends.timing.best_time`, after a
 warm-up) in an order rotated by one each round, so drift from other jobs on a shared host hits

@@ -54,6 +54,7 @@ from graphopt.hardware.detect import HOST_ISA_ENV, host_cpu_profile
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import profile_text, read_profile_file
 from graphopt.hardware.registry import HOST_NAMES, TargetSpec, is_this_machine
+from graphopt.measure import calibrate as calibration
 
 __all__ = ["NO_CALIBRATE_ENV", "cache_folder", "cache_key", "cache_path", "cached_host_profile",
            "calibration_wanted", "default_threads", "host_calibration", "host_target"]
@@ -145,10 +146,8 @@ def _version(*distributions: str) -> str | None:
 def cache_key(threads: int) -> dict[str, Any]:
     """What the calibrated numbers depend on (module doc, rule 3); read without importing
     torch."""
-    from graphopt.measure.calibrate import CALIBRATION_VERSION
-
     host = host_cpu_profile()
-    return {"calibration": CALIBRATION_VERSION, "cpu": _model(host),
+    return {"calibration": calibration.CALIBRATION_VERSION, "cpu": _model(host),
             "isa": sorted(host.capabilities), "threads": int(threads),
             "python": ".".join(platform.python_version_tuple()[:2]),
             "torch": _version("torch"),
@@ -239,9 +238,7 @@ def _stale(made: Any) -> str | None:
 
 def _measure(threads: int) -> HardwareProfile:
     """The calibration itself (tests replace it)."""
-    from graphopt.measure.calibrate import calibrate
-
-    return calibrate(threads=threads)
+    return calibration.calibrate(threads=threads)
 
 
 def _make(path: Path, key: dict[str, Any]) -> HardwareProfile | None:

@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
 from graphopt.errors import GraphoptError
 from graphopt.ir.graph import Graph
 from graphopt.measure.stats import Measured
@@ -65,8 +66,6 @@ def measure_onnx(graph: Graph, *, runs: int, warmup: int,
                  threads: int | None = None) -> Measured:
     """Per-node medians from ORT's profiler and the whole model's best wall time, on
     ``threads`` intra-op threads (ORT's default, one per physical core, when None)."""
-    from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
-
     model = graph.source_model
     if model is None:  # pragma: no cover - the ONNX frontend always sets it
         raise GraphoptError("the ONNX frontend kept no model to run")

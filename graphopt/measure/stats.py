@@ -1,6 +1,6 @@
 """Predicted against measured: per-node ratios, rank correlation, and the plan that carries them.
 
-The numbers (``summary["prediction"]``):
+The numbers (``summary.prediction``):
 
 1. ``spearman``: rank correlation of predicted and measured time over the nodes with both
    numbers positive. It asks whether the cost model orders the nodes right, which is what the
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_summary import Prediction
 
 __all__ = ["Measured", "prediction_summary", "spearman", "with_measurements"]
 
@@ -65,36 +65,32 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 
 def prediction_summary(pairs: Sequence[tuple[float, float]], est_latency_s: float,
-                       measured: Measured) -> dict[str, Any]:
-    """``summary["prediction"]`` from (predicted, measured) per node; see the module doc."""
+                       measured: Measured) -> Prediction:
+    """``summary.prediction`` from (predicted, measured) per node; see the module doc."""
     both = [(p, m) for p, m in pairs if p > 0 and m > 0]
     ratios = [p / m for p, m in both]
     rho = spearman([p for p, _ in both], [m for _, m in both])
-    return {
-        "spearman": None if rho is None else round(rho, 6),
-        "median_ratio": float(np.median(ratios)) if ratios else None,
-        "model_ratio": est_latency_s / measured.model_s if measured.model_s > 0 else None,
-        "nodes_measured": len(both),
-        "measured_model_s": measured.model_s,
-        **({} if measured.module_s is None else {
-            "module_ratio": est_latency_s / measured.module_s if measured.module_s > 0
-            else None,
-            "measured_module_s": measured.module_s}),
-        "measured_nodes_s": sum(m for _, m in pairs if m > 0),
-        "runs": measured.runs,
-        "warmup": measured.warmup,
-        "threads": measured.threads,
-        "method": measured.method,
-    }
+    module = measured.module_s
+    return Prediction(
+        spearman=None if rho is None else round(rho, 6),
+        median_ratio=float(np.median(ratios)) if ratios else None,
+        model_ratio=est_latency_s / measured.model_s if measured.model_s > 0 else None,
+        nodes_measured=len(both),
+        measured_model_s=measured.model_s,
+        module_ratio=None if module is None else est_latency_s / module if module > 0 else None,
+        measured_module_s=module,
+        measured_nodes_s=sum(m for _, m in pairs if m > 0),
+        runs=measured.runs, warmup=measured.warmup, threads=measured.threads,
+        method=measured.method)
 
 
 def with_measurements(plan: Plan, measured: Measured) -> Plan:
-    """``plan`` with each measured node's ``measured_s`` and ``summary["prediction"]``."""
+    """``plan`` with each measured node's ``measured_s`` and ``summary.prediction``."""
     nodes = tuple(replace(n, measured_s=measured.per_node[n.name])
                   if n.name in measured.per_node else n for n in plan.nodes)
     pairs = [(n.cost.est_time_s, n.measured_s) for n in nodes if n.measured_s is not None]
-    est = float(plan.summary["est_latency_s"])
-    summary = {**plan.summary, "prediction": prediction_summary(pairs, est, measured)}
+    summary = replace(plan.summary, prediction=prediction_summary(pairs, plan.est_latency_s,
+                                                                  measured))
     missing = sum(1 for n in nodes if n.measured_s is None)
     notes = list(measured.notes)
     if missing:

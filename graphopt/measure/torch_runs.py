@@ -37,7 +37,9 @@ from torch.fx._pytree import tree_flatten_spec
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils import _pytree as pytree
 
+from graphopt.backends.torch.pipeline import strip_unused
 from graphopt.errors import GraphoptError, first_line
+from graphopt.frontends.fx_convert import computes_nothing
 from graphopt.frontends.user_state import clone_inputs, private_copy, user_state_guard
 from graphopt.ir.graph import Graph
 from graphopt.measure.stats import Measured
@@ -228,8 +230,6 @@ def _emitted(graph: Graph, gm: fx.GraphModule, model: torch.nn.Module) -> Any:
     inputs, so there the user's module stands in."""
     if not isinstance(graph.source_model, torch.export.ExportedProgram):
         return model
-    from graphopt.backends.torch.pipeline import strip_unused
-    from graphopt.frontends.fx_convert import computes_nothing
 
     with warnings.catch_warnings():  # torch's own deprecation in copying a pytree spec
         warnings.simplefilter("ignore", FutureWarning)

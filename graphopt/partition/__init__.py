@@ -73,4 +73,4 @@ def apply_partition(plan: Plan, partition: Partition) -> Plan:
         logger.warning("partition covers %d of %d nodes", len(plan.nodes) - missing,
                        len(plan.nodes))
     return replace(plan, nodes=tuple(nodes),
-                   extra={**plan.extra, "partition": partition.to_dict()})
+                   partition=partition.to_dict())

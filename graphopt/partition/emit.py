@@ -35,6 +35,7 @@ import torch
 from torch import fx, nn
 
 from graphopt.errors import GraphoptError, TraceError
+from graphopt.frontends.torch_frontend import _quiet_torch, _split_inputs
 from graphopt.frontends.user_state import private_copy
 from graphopt.partition.result import Partition
 
@@ -94,8 +95,6 @@ def resolve_device(name: str, device_map: Mapping[str, torch.device | str] | Non
 def export_graph_module(model: nn.Module, example_inputs: Any) -> fx.GraphModule:
     """``torch.export`` the model (as the torch frontend does, so node names match the plan's)
     and return a private copy of ``ep.module()`` without its input-shape guard."""
-    from graphopt.frontends.torch_frontend import _quiet_torch, _split_inputs
-
     args, kwargs = _split_inputs(model, example_inputs)
     model = private_copy(model, share_parameters=True)  # ep.module() shares its buffers
     try:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from graphopt.errors import GraphoptError
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import Plan
+from graphopt.partition.assemble import to_partition
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.problem import Problem, build_problem
 from graphopt.partition.result import Partition
@@ -84,8 +85,6 @@ def evaluate(pb: Problem, assign: tuple[int, ...] | list[int]) -> Sim:
 def evaluate_assignment(plan: Plan | Graph, devices: DeviceSet,
                         assignment: Mapping[str, str]) -> Partition:
     """A user's (or another splitter's) node -> device map, scheduled and measured honestly."""
-    from graphopt.partition.assemble import to_partition
-
     pb = build_problem(plan, devices)
     index = {d.name: i for i, d in enumerate(devices.devices)}
     missing = [n for n in pb.names if n not in assignment]

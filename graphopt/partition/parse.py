@@ -20,8 +20,9 @@ Grammar (comma-separated): ``NAME[=TARGET][:CAP]``.
    grows with the square of the count.
 
 Usable memory = min(cap, total - reserve) with the reserve policy of
-:func:`graphopt.decisions.memory.usable_memory`; a cap above the device's total memory is a
-mistake, not a wish, and is refused. Links come from :func:`graphopt.cost.link_between` for each
+:func:`graphopt.decisions.memory_runtime.memory.usable_memory`; a cap above the device's total
+memory is a mistake, not a wish, and is refused. Links come from :func:`graphopt.cost.link_between`
+for each
 ordered pair.
 """
 
@@ -34,9 +35,10 @@ import re
 from collections.abc import Sequence
 
 from graphopt.cost.transfer import link_between
-from graphopt.decisions.memory import usable_memory
+from graphopt.decisions.memory_runtime.memory import usable_memory
 from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target, host_cpu_profile
+from graphopt.hardware.detect import detect_gpus, gpu_profile_for
 from graphopt.hardware.profile import HardwareProfile, Link
 from graphopt.partition.devices import Device, DeviceSet, check_device_count
 
@@ -216,8 +218,6 @@ def parse_devices(spec: str | Sequence[str]) -> DeviceSet:
 
 def detect_devices() -> DeviceSet:
     """This machine: the host CPU plus every CUDA device torch sees that graphopt can describe."""
-    from graphopt.hardware.detect import detect_gpus, gpu_profile_for
-
     devices = []
     for info in detect_gpus():
         try:

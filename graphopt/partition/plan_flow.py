@@ -31,7 +31,7 @@ class PlanFlow:
                     self.producer[t.name] = n.name
             for t in activations(n):
                 self.consumers.setdefault(t.name, []).append(n.name)
-        self.outputs = {o["name"] for o in plan.model.get("outputs", [])}
+        self.outputs = set(plan.model.output_names)
 
     def cls(self, name: str) -> KernelClass:
         return self.nodes[name].analysis.kernel_class

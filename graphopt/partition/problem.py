@@ -10,8 +10,8 @@ Every splitter and the schedule evaluator read this one record, so they agree on
    once per device (tied weights are shared).
 3. A transfer takes ``latency + bytes / bandwidth`` of the link of that ordered pair.
 4. Workspace: a device running any GEMM-like node also holds one GEMM workspace
-   (:func:`graphopt.decisions.memory.gemm_workspace_bytes`), as the single-device memory plan
-   does.
+   (:func:`graphopt.decisions.memory_runtime.memory.gemm_workspace_bytes`), as the single-device
+   memory plan does.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 from graphopt.analysis.kernel_class import GEMM_LIKE
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost import estimate
-from graphopt.decisions.memory import gemm_workspace_bytes
+from graphopt.decisions.memory_runtime.memory import gemm_workspace_bytes
+from graphopt.decisions.planner import build_plan
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import NodePlan, Plan
 from graphopt.partition.devices import DeviceSet
@@ -83,7 +84,6 @@ class Problem:
 def _as_plan(plan_or_graph: Plan | Graph, devices: DeviceSet) -> Plan:
     if isinstance(plan_or_graph, Plan):
         return plan_or_graph
-    from graphopt.decisions.planner import build_plan
 
     return build_plan(plan_or_graph, devices.devices[0].profile, decisions=False)
 
@@ -100,7 +100,7 @@ def build_problem(plan_or_graph: Plan | Graph, devices: DeviceSet) -> Problem:
     nodes = plan.nodes
     cost = _costs(plan, devices)
     flow = _Flow(nodes)
-    outputs = {o["name"] for o in plan.model.get("outputs", [])}
+    outputs = set(plan.model.output_names)
     lat, inv = _links(devices)
     return Problem(
         plan=plan, devices=devices, names=tuple(n.name for n in nodes),

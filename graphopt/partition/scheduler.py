@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from graphopt.cost import estimate
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.plan import Plan, PlanSet
@@ -60,7 +61,7 @@ class Workload:
         """From a plan, plans for several targets, or ``{target name: seconds}``."""
         if isinstance(source, Plan | PlanSet):
             plans = (source,) if isinstance(source, Plan) else source.plans
-            mem = int(plans[0].model.get("param_bytes", 0))
+            mem = plans[0].model.param_bytes
             return cls(name, {p.target.name: p.est_latency_s for p in plans}, priority,
                        rate_hz, mem if memory_bytes is None else memory_bytes, plans)
         return cls(name, dict(source), priority, rate_hz, memory_bytes or 0)
@@ -72,7 +73,6 @@ class Workload:
         if not self.plans:
             raise GraphoptError(f"workload {self.name!r} has no latency for {profile.name}",
                                 f"give latency_s[{profile.name!r}] or a Plan to re-cost")
-        from graphopt.cost import estimate
 
         return sum(estimate(n.analysis, profile).est_time_s for n in self.plans[0].nodes)
 

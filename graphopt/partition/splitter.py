@@ -27,6 +27,7 @@ from graphopt.partition.assemble import human_bytes, human_s, to_partition
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.greedy import greedy_split
 from graphopt.partition.heft import REFINE_BUDGET, heft, rank_order, refine
+from graphopt.partition.parse import parse_devices
 from graphopt.partition.pipeline_dp import pipeline_split
 from graphopt.partition.problem import Problem, build_problem, live_profile
 from graphopt.partition.result import Partition
@@ -46,7 +47,6 @@ def split(plan: Plan | Graph, devices: DeviceSet | str, strategy: str = "heft", 
     """Assign every node of ``plan`` to one of ``devices`` (a DeviceSet or a ``--devices``
     string); a Graph is planned on the first device first."""
     if not isinstance(devices, DeviceSet):  # a --devices string, or a list of items
-        from graphopt.partition.parse import parse_devices
 
         devices = parse_devices(devices)
     if strategy not in STRATEGIES:

@@ -44,6 +44,7 @@ from graphopt.partition.devices import DeviceSet
 from graphopt.partition.result import Partition
 from graphopt.partition.splitter import split
 from graphopt.partition.tensor_parallel import TensorParallel, tensor_parallel
+from graphopt.partition.tp_blocks import LM_HEAD, find_tp_blocks, splittable
 from graphopt.partition.two_d import TwoD, nvlink_groups, two_d
 
 __all__ = ["STRATEGY_CHOICES", "Candidate", "compare", "run_strategy",
@@ -126,7 +127,6 @@ def sequence_parallel_emittable(plan: Plan, degree: int, source: Any, module: An
     """Whether :mod:`.tp_emit` can emit sequence parallelism for the user's module at
     ``degree`` (every block split, the norms and LM head found), and why not: a plan costed
     with it must also run with it."""
-    from graphopt.partition.tp_blocks import LM_HEAD, find_tp_blocks, splittable
     from graphopt.partition.tp_emit import sequence_parallel_support
 
     found, skipped = find_tp_blocks(plan, source=source)
@@ -156,7 +156,6 @@ def _tensor_variant(plan: Plan, devices: DeviceSet, source: Any, module: Any
 
 def tensor_not_emitted(plan: Plan, tp: TensorParallel, source: Any, module: Any = None) -> str:
     """Case 4: why :mod:`.tp_emit` cannot split every block ``tp`` split ("" when it can)."""
-    from graphopt.partition.tp_blocks import find_tp_blocks
     from graphopt.partition.tp_styles import emittable
 
     split = {b.block for b in tp.splits}

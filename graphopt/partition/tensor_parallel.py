@@ -55,6 +55,7 @@ from graphopt.ir.plan import Plan
 from graphopt.partition.assemble import human_bytes, human_s
 from graphopt.partition.collectives import group_link, ring_allreduce_s, ring_half_s
 from graphopt.partition.devices import DeviceSet
+from graphopt.partition.parse import parse_devices
 from graphopt.partition.problem import build_problem, live_profile
 from graphopt.partition.result import ScheduledNode
 from graphopt.partition.tp_blocks import LM_HEAD, TPBlock, find_tp_blocks, splittable
@@ -83,7 +84,6 @@ def tensor_parallel(plan: Plan, devices: DeviceSet | str, *,
         sequence_parallel: also split the replicated per-token nodes by tokens (case 8).
     """
     if not isinstance(devices, DeviceSet):  # a --devices string, or a list of items
-        from graphopt.partition.parse import parse_devices
 
         devices = parse_devices(devices)
     t = len(devices.devices)

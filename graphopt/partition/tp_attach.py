@@ -23,6 +23,7 @@ from typing import Any
 from graphopt.errors import GraphoptError
 from graphopt.ir.plan import Decision, Plan
 from graphopt.partition.result import ScheduledNode
+from graphopt.partition.strategies import torch_module
 from graphopt.partition.tensor_parallel import TensorParallel
 from graphopt.partition.tp_blocks import find_tp_blocks
 from graphopt.partition.tp_roles import Share
@@ -38,7 +39,6 @@ def parallelize_section(plan: Plan, degree: int, source: Any, *,
     one when the result was costed with it), or why there is none. ``split``: the names of
     the blocks the cost model split (an LM head not worth its gather is left out); None
     emits every block that divides."""
-    from graphopt.partition.strategies import torch_module
     from graphopt.partition.tp_emit import describe_plan
 
     blocks, _ = find_tp_blocks(plan, degree, source=source)
@@ -131,5 +131,5 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
                                                         sequence_parallel=seq, module=module,
                                                         split=split)
     out = _decisions(plan, rows)
-    return replace(out, extra={**plan.extra, "partition": _timeline(res, makespan),
-                               "tensor_parallel": section, "strategy": strategy})
+    return replace(out, partition=_timeline(res, makespan), tensor_parallel=section,
+                   strategy=strategy)

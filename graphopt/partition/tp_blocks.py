@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
+from graphopt.ir.legality import Legality
 from graphopt.ir.plan import NodePlan, Plan
 from graphopt.partition.plan_flow import (
     GEMMS,
@@ -114,31 +115,31 @@ class TPBlock:
         return {"column": "N (intermediate)", "row": "K (intermediate)"}
 
 
-def can_split(block: TPBlock, degree: int) -> str | None:
-    """None when ``block`` splits evenly over ``degree`` devices, else why not."""
+def can_split(block: TPBlock, degree: int) -> Legality:
+    """Does ``block`` split evenly over ``degree`` devices."""
     if degree < 1:
-        return f"degree {degree} is not a positive device count"
+        return Legality.no(f"degree {degree} is not a positive device count")
     if block.kind == BlockKind.ATTENTION:
         if block.heads % degree:
-            return f"{block.heads} heads do not divide by degree {degree}"
+            return Legality.no(f"{block.heads} heads do not divide by degree {degree}")
         if block.kv_heads % degree:
-            return (f"{block.kv_heads} KV heads do not divide by degree {degree} (GQA: each "
-                    "device needs whole KV heads)")
+            return Legality.no(f"{block.kv_heads} KV heads do not divide by degree {degree} "
+                               "(GQA: each device needs whole KV heads)")
     elif block.inner % degree:
         what = "vocabulary" if block.kind == LM_HEAD else "intermediate size"
-        return f"{what} {block.inner} does not divide by degree {degree}"
-    return None
+        return Legality.no(f"{what} {block.inner} does not divide by degree {degree}")
+    return Legality.OK
 
 
 def splittable(blocks: Iterable[TPBlock], degree: int) -> tuple[list[TPBlock], list[str]]:
     """(the blocks that split at ``degree``, why each other one runs unsplit)."""
     kept, reasons = [], []
     for b in blocks:
-        why = can_split(b, degree)
-        if why is None:
+        legal = can_split(b, degree)
+        if legal:
             kept.append(b)
         else:
-            reasons.append(f"{b.kind} block {b.name} runs unsplit: {why}")
+            reasons.append(f"{b.kind} block {b.name} runs unsplit: {legal.reason}")
     return kept, reasons
 
 

@@ -42,6 +42,7 @@ import numpy as np
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import Link
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_summary import TensorSpec
 from graphopt.partition.assemble import human_bytes, human_s
 from graphopt.partition.collectives import slowest_link
 from graphopt.partition.devices import DeviceSet
@@ -129,8 +130,8 @@ def _sub_plan(plan: Plan, i: int, j: int, pb: Any) -> Plan:
     for t, name in enumerate(pb.t_names):
         p = pb.t_producer[t]
         if i <= p < j and (pb.t_output[t] or any(c >= j for c in pb.t_consumers[t])):
-            outs.append({"name": name})
-    return replace(plan, nodes=plan.nodes[i:j], model={**plan.model, "outputs": outs})
+            outs.append(TensorSpec(name, None, None))
+    return replace(plan, nodes=plan.nodes[i:j], model=replace(plan.model, outputs=tuple(outs)))
 
 
 def _dp(pre: list[np.ndarray], mem: list[tuple[np.ndarray, np.ndarray, int]],
@@ -270,8 +271,8 @@ def _costed(plan: Plan, devices: DeviceSet, groups: list[tuple[str, ...]], bound
 
 def _batch(plan: Plan) -> int | None:
     """The batch size: the first input's leading dim, when the plan records one."""
-    ins = plan.model.get("inputs") or []
-    shape = ins[0].get("shape") if ins and isinstance(ins[0], dict) else None
+    ins = plan.model.inputs
+    shape = ins[0].shape if ins else None
     return shape[0] if shape and isinstance(shape[0], int) and shape[0] > 0 else None
 
 

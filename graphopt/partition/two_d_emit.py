@@ -156,7 +156,7 @@ def module_boundaries(plan: Plan, module: nn.Module, devices: Any, *, source: An
 
 def _check_output(plan: Plan, owners: list[int | None], layers: int) -> None:
     """Case 1: the plan returns one tensor, made (through views) by the norm or LM head."""
-    outs = [o["name"] for o in plan.model.get("outputs", [])]
+    outs = plan.model.output_names
     made = {t.name: v for v, n in enumerate(plan.nodes) for t in n.outputs if t is not None}
     v = made.get(outs[0]) if len(outs) == 1 else None
     while v is not None and owners[v] is None and plan.nodes[v].analysis.kernel_class in (

@@ -1,6 +1,7 @@
 """The report's "Deploy" section: which artifact to deploy, by how much, measured or predicted,
-and every candidate with its time, numerics and notes (``plan.extra["deploy"]``, from
-``graphopt.decisions.deploy.DeployChoice.to_dict``). Shared by the Markdown and HTML reports.
+and every candidate with its time, numerics and notes (``plan.deploy``, from
+``graphopt.decisions.deploy.artifact.DeployChoice.to_dict``). Shared by the Markdown and HTML
+reports.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+#: the plan report's layout this renderer reads (graphopt.ir.plan.SCHEMA_VERSION)
+SCHEMA_VERSION = 2
 BOTTLENECKS = ("compute", "memory", "latency")
 # Keys that name what a decision chose, most specific first; the first present is its "value".
 _VALUE_KEYS = ("choice", "value", "selected", "action", "decision", "format", "path", "layout",

@@ -154,6 +154,23 @@ def _weights_card(plan: Mapping[str, Any], q: Mapping[str, Any]) -> str:
     return card("Weights (per node)", value, sub, small=True)
 
 
+def _costliest_kernels(kernels: list[Mapping[str, Any]]) -> str:
+    """The ranking by what runs: each kernel at its fused time (none before fusion is planned)."""
+    if not kernels:
+        return ""
+    rows = [f'<tr><td class="num faint">{i}</td><td class="mono trunc" '
+            f'title="{esc(", ".join(k.get("nodes") or []))}">{esc(k.get("name", "?"))}</td>'
+            f'<td>{esc(k.get("kernel_class", "?"))}</td>'
+            f'<td class="num">{esc(fmt_seconds(k.get("est_time_s")))}</td>'
+            f'<td class="num faint">{esc(fmt_seconds(k.get("unfused_s")))}</td>'
+            f'<td class="num">{100 * (finite(k.get("share")) or 0.0):.1f}%</td></tr>'
+            for i, k in enumerate(kernels, 1)]
+    return ('<h3>Costliest kernels</h3><p class="faint">fused: each kernel as it runs, ranked '
+            'by its fused time, beside its nodes\' unfused sum</p>'
+            + table(["#", "kernel", "kernel class", "est. time", "unfused", "share"], "rllrrr",
+                    rows))
+
+
 def issues(plan: Mapping[str, Any], index: dict[str, int]) -> tuple[str, str]:
     """The costliest-nodes panel and the findings panel (warnings, unsupported ops, flags)."""
     s, warnings = plan.get("summary") or {}, plan.get("warnings") or []
@@ -170,7 +187,8 @@ def issues(plan: Mapping[str, Any], index: dict[str, int]) -> tuple[str, str]:
                     f'{esc(fmt_seconds(n.get("est_time_s")))}</td><td class="num">{100 * frac:.1f}%'
                     f'<span class="sharebar"><span style="width:{100 * min(frac, 1.0):.1f}%">'
                     f'</span></span></td></tr>')
-    costly = ('<div class="panel"><h3>Costliest nodes</h3><p class="faint">unfused: each '
+    costly = ('<div class="panel">' + _costliest_kernels(s.get("costliest_kernels") or [])
+              + '<h3>Costliest nodes</h3><p class="faint">unfused: each '
               'node its own kernel (the fusion section gives what runs fused)</p>' + table(
         ["#", "node", "kernel class", "est. time", "share"], "rllrr", rows) + "</div>")
     if warnings:

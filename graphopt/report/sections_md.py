@@ -180,6 +180,8 @@ def deployment_rows(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, 
 #: what the node tables' times are (issue 33: a table ranked unfused beside a fusion table)
 _UNFUSED = ("Times are unfused: each node its own kernel, ranked so; the fusion section gives "
             "what a runtime runs fused.")
+_FUSED = ("Times are fused: each kernel as it runs (a fusion group, or a node alone), ranked "
+          "by its fused time, beside the unfused sum of its nodes.")
 
 
 def _share(part: Any, whole: Any) -> str:
@@ -205,6 +207,17 @@ def plan_summary(plan: Mapping[str, Any], h: str) -> list[str]:
         out += md_table(["kernel class", "nodes", "est. time", "share"],
                       [[md_code(c), fmt_count(counts.get(c, 0)), fmt_seconds(times.get(c)),
                         _share(times.get(c), lat)] for c in classes], "lrrr")
+    kernels = s.get("costliest_kernels") or []
+    if kernels:
+        out += [f"{h} Costliest kernels", "", _FUSED, ""]
+        out += md_table(["#", "kernel", "kernel class", "est. time", "unfused", "share"],
+                      [[str(i), md_code(k.get("name", "?"))
+                        + (f" ({fmt_count(len(k.get('nodes') or []))} nodes)"
+                           if k.get("fused") else ""),
+                        md_code(k.get("kernel_class", "?")), fmt_seconds(k.get("est_time_s")),
+                        fmt_seconds(k.get("unfused_s")),
+                        f"{100.0 * (finite(k.get('share')) or 0.0):.1f}%"]
+                       for i, k in enumerate(kernels, 1)], "rllrrr")
     costly = s.get("costliest_nodes") or []
     if costly:
         out += [f"{h} Costliest nodes", "", _UNFUSED, ""]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphopt.decisions.layout import LayoutPlan
+from graphopt.decisions.layout.channels_last import LayoutPlan
 from graphopt.decisions.rewrites import decide_run_layout
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import Graph

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from graphopt.backends.metric import MetricGoal
 from graphopt.backends.onnx.guard import compare, run_samples
 from graphopt.backends.onnx.numerics import OutputError
 from graphopt.decisions.tolerance import Tolerance
@@ -45,6 +46,20 @@ class HeldOut:
 
     samples: list[dict[str, np.ndarray]] = field(default_factory=list)
     reference: list[list[np.ndarray]] = field(default_factory=list)
+    #: the user's task metric (``graphopt.backends.metric``), and the (feed, reference
+    #: outputs) it runs on: the held-out batches, else the guard's own samples
+    goal: MetricGoal | None = None
+    metric_on: list[tuple[dict[str, np.ndarray], list[np.ndarray]]] = field(
+        default_factory=list)
+
+    def below_metric(self, model: onnx.ModelProto, pass_name: str) -> str | None:
+        """Why a lossy pass's model is reverted on the metric (below ``min_metric``), None
+        when it holds or no metric was given; the value is recorded either way."""
+        if self.goal is None:
+            return None
+        outputs = run_samples(model, [f for f, _ in self.metric_on], f"{pass_name} (metric)")
+        return self.goal.check(pass_name, [(ref, list(out)) for (_, ref), out
+                                           in zip(self.metric_on, outputs, strict=True)])
 
     def errors(self, model: onnx.ModelProto, names: Sequence[str], tol: Tolerance,
                what: str) -> list[OutputError]:

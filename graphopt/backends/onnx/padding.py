@@ -19,15 +19,23 @@ import onnx
 
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.padding_edits import PadState, topo_order
-from graphopt.decisions.channel_map import scatter_axis, scatter_weight
-from graphopt.decisions.padding import plan_padding
-from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
-from graphopt.decisions.padding_sites import SMALL_VALUE
-from graphopt.decisions.padding_steps import CarryStep, ContextBackend, GemmStep
+from graphopt.decisions.padding import (
+    SMALL_VALUE,
+    CarryStep,
+    ContextBackend,
+    GemmStep,
+    PadConst,
+    SetGroups,
+    SetShape,
+    plan_padding,
+    scatter_axis,
+    scatter_weight,
+)
 from graphopt.decisions.rewrites import DryRunContext, PaddingView
 from graphopt.frontends.onnx_attrs import ConstValue, const_array
 from graphopt.frontends.onnx_frontend import graph_from_proto
 from graphopt.ir.graph import Node
+from graphopt.ir.legality import Legality
 from graphopt.ir.shape_range import bind
 
 __all__ = ["pad_channels", "padding_view"]
@@ -69,19 +77,19 @@ class _Backend(ContextBackend):
 
     values: _Values
 
-    def cannot_edit(self, node: Node) -> str | None:
+    def can_edit(self, node: Node) -> Legality:
         proto = self.nodes.get(node.name)
         if proto is None:
-            return "the node is not in the model under its planned name"
+            return Legality.no("the node is not in the model under its planned name")
         if proto.domain not in ("", "ai.onnx"):
-            return f"{proto.domain}::{proto.op_type} is a custom-domain op the ONNX backend " \
-                   "does not rewrite"
+            return Legality.no(f"{proto.domain}::{proto.op_type} is a custom-domain op the ONNX "
+                               "backend does not rewrite")
         if node.op_type == "Attention":
-            return "the ONNX backend does not rewrite attention nodes"
+            return Legality.no("the ONNX backend does not rewrite attention nodes")
         if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and \
                 self.values.full(node.inputs[1]) is None:
-            return "the weight's values are not loaded (external data)"
-        return None
+            return Legality.no("the weight's values are not loaded (external data)")
+        return Legality.OK
 
 
 def _weight(values: _Values, step: GemmStep) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphopt.decisions.channel_map import ChannelMap
+from graphopt.decisions.padding import ChannelMap
 from graphopt.ir.order import stable_topo_order, unique_name
 
 __all__ = ["PadState", "subgraph_refs", "topo_order"]

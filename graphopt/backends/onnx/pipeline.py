@@ -27,7 +27,8 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 
-from graphopt.backends.driver import Pass, PassResult, measure_here, run_passes
+from graphopt.backends.driver import Pass, PassResult, ToleranceKind, measure_here, run_passes
+from graphopt.backends.metric import NOT_HELD_OUT, MetricGoal
 from graphopt.backends.onnx import measure as onnx_measure
 from graphopt.backends.onnx.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.backends.onnx.context import OnnxContext
@@ -43,10 +44,15 @@ from graphopt.backends.onnx.result import OnnxResult
 from graphopt.backends.onnx.save import save_onnx
 from graphopt.backends.onnx.session import decide_session
 from graphopt.backends.timing import Measured
-from graphopt.decisions.precision_format import onnx_precision
+from graphopt.decisions.planner import build_plan
+from graphopt.decisions.precision.format import onnx_precision
+from graphopt.decisions.range_plan import at_opt
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
+from graphopt.frontends.onnx_frontend import load_onnx
+from graphopt.frontends.onnx_range import onnx_range
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.hardware.registry import resolve_targets
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, mark_reverted
 
@@ -59,7 +65,7 @@ _SEED_SAMPLES = 2  # seeded sample batches when no calibration data is given
 
 def default_passes() -> list[Pass]:
     """Padding (exact), precision and quantize (lossy, guarded), in that order."""
-    return [Pass("padding", pad_channels, "fp32", option="pad"),
+    return [Pass("padding", pad_channels, ToleranceKind.FP32, option="pad"),
             Pass("precision", reduce_precision, "fp16", option="precision"),
             Pass("quantize", quantize, "int8", option="quantize")]
 
@@ -97,8 +103,6 @@ def _range_feeds(feed: dict[str, np.ndarray], rng: Any) -> list[dict[str, np.nda
 
 
 def _resolve(target: str | HardwareProfile) -> HardwareProfile:
-    from graphopt.hardware.registry import resolve_targets
-
     return resolve_targets(target)[0] if not isinstance(target, HardwareProfile) else target
 
 
@@ -173,7 +177,8 @@ class _OnnxBackend:
         try:
             if p.lossy:
                 held = self.held.problem(model, names, tol, p.name)
-                return None if held is None else f"reverted: the {p.name} pass is {held}"
+                below = self.held.below_metric(model, p.name)  # its value is reported anyway
+                return below if held is None else f"reverted: the {p.name} pass is {held}"
             errs = compare(self.reference, run_samples(model, self.ctx.samples, p.name),
                            names, tol)
         except GraphoptError as e:
@@ -215,7 +220,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                   calibration: str | os.PathLike[str] | Sequence[dict[str, Any]] | None = None,
                   *, samples: Sequence[dict[str, np.ndarray]] | None = None,
                   passes: Sequence[Pass] | None = None, dynamic_shapes: Any = None,
-                  ) -> OnnxResult:
+                  metric: MetricGoal | None = None) -> OnnxResult:
     """Optimize an ONNX model for ``target``; returns the model, the plan with its decisions
     and the run report.
 
@@ -228,6 +233,8 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
         dynamic_shapes: symbolic dim name -> opt size or ``(min, opt, max)``
             (:mod:`graphopt.frontends.onnx_range`); the plan and the seeded inputs use the opt
             sizes, and every check also runs at min and max.
+        metric: the user's task metric goal (``graphopt.backends.metric``), checked on each
+            lossy pass over the held-out batches (else the guard's samples, with a warning).
 
     Passes are timed per ``options.measure`` (:func:`graphopt.backends.driver.measure_here`).
     """
@@ -235,6 +242,7 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
     opts = (options or Options()).check_backend("onnx")
     profile = _resolve(target)
     setup = _setup(model, profile, opts, calibration, samples, dynamic_shapes, start)
+    _metric_batches(setup, metric)
     compute, why = onnx_precision(profile, opts.precision)
     ctx = OnnxContext(plan=setup.plan, target=profile, options=opts, samples=setup.runs,
                       calibration=setup.calib, compute_dtype=compute, graph=setup.graph,
@@ -266,16 +274,13 @@ class _Setup:
     values: dict[str, int] = field(default_factory=dict)
     #: calibration batches the passes never choose with (:mod:`.holdout`)
     held: HeldOut = field(default_factory=HeldOut)
+    #: what the plan's warnings add about the checks (the metric's batches)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any,
            samples: Sequence[dict[str, np.ndarray]] | None, dynamic_shapes: Any,
            start: float) -> _Setup:
-    from graphopt.decisions.planner import build_plan
-    from graphopt.decisions.range_plan import at_opt
-    from graphopt.frontends.onnx_frontend import load_onnx
-    from graphopt.frontends.onnx_range import onnx_range
-
     graph = load_onnx(model)
     base = graph.source_model
     if base is None:  # pragma: no cover - the ONNX frontend always sets it
@@ -318,6 +323,24 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
                   fit.values, held)
 
 
+def _metric_batches(setup: _Setup, goal: MetricGoal | None) -> None:
+    """The metric's batches: the held-out ones, else the guard's samples (not the range's
+    ends, which are made-up sizes), with a warning that they are not held out."""
+    held = setup.held
+    held.goal = goal
+    if goal is None:
+        return
+    if held.samples:
+        held.metric_on, goal.on = list(zip(held.samples, held.reference, strict=True)), \
+            "held-out calibration batches"
+        return
+    own = len(setup.runs) - len(setup.at_ends)
+    held.metric_on = list(zip(setup.runs[:own], setup.reference[:own], strict=True))
+    goal.on = "the calibration batches the guard chose with" if setup.calib else \
+        "the guard's sample inputs (made up or the example)"
+    setup.warnings.append(NOT_HELD_OUT.format(what=goal.on))
+
+
 def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, Any]],
             start: float) -> OnnxResult:
     """The session settings, the checked model, its numbers against the original's and the
@@ -333,7 +356,7 @@ def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, 
                 names, done.tolerance)  # the stated error: the held-out batches' when held
     timings["check_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - start
-    warnings = _declined_requests(opts, applied, ctx)
+    warnings = [*setup.warnings, *_declined_requests(opts, applied, ctx)]
     for w in warnings:
         logger.info("%s", w)  # the CLI prints them; the report lists them
     rng, calib, runs = setup.rng, setup.calib, setup.runs
@@ -350,11 +373,12 @@ def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, 
         **({"shape_range": rng.to_dict(), "range_samples": len(setup.at_ends)} if rng else {}),
         "calibration_batches": len(calib) if calib else 0,
         "held_out_batches": len(setup.held.samples),
+        **({"metric": setup.held.goal.to_dict()} if setup.held.goal is not None else {}),
         "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
         "timings": timings}
     plan = replace(setup.plan.with_decisions(ctx.decisions),
                    warnings=(*setup.plan.warnings, *warnings),
-                   extra={**setup.plan.extra, "optimization": _plain(info)})
+                   optimization=_plain(info))
     logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
                 len(info["fallbacks"]), timings["total_s"])
     return OnnxResult(current, plan, info, session, tuple(warnings))

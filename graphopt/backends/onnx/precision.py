@@ -4,7 +4,7 @@ the boundaries; the model's input and output types are kept.
 Identity: a fp16 MatMul/Gemm/Conv whose kernel accumulates in fp32 (cuBLAS/cuDNN and MLAS do)
 differs from the fp32 op only by the rounding of its inputs (unit roundoff 2^-11); ops whose
 error or range is not bounded that way stay fp32, with the same rules and reasons as the torch
-path (``decisions.precision_plan``). ``Cast(Cast(x, fp16), fp32)`` is ``x`` rounded once, so
+path (``decisions.precision.by_op``). ``Cast(Cast(x, fp16), fp32)`` is ``x`` rounded once, so
 casts at island boundaries add no error beyond that rounding. The pipeline's accuracy guard
 measures the result and blocks nodes until it is within tolerance.
 
@@ -18,12 +18,12 @@ sorts the graph in O(n^2). Here dtypes propagate like autocast, so an island sta
 GEMM wants fp16 again.
 
 Cases, per node in topological order; which role a float node takes is the rule table both
-backends share (``decisions.precision_roles``), on facts this pass reads from the ONNX graph:
+backends share (``decisions.precision.roles``), on facts this pass reads from the ONNX graph:
 
 1. GEMM-like nodes of the plan run fp16 where this pass can rewrite them (``LOW_OPS``; a node
    without a plan node by its op), unless a constant they read does not fit fp16 (a finite
    value beyond 65504; inf and NaN convert exactly).
-2. fp32 islands are the plan's decision (``decisions.precision_plan``: softmax, norms,
+2. fp32 islands are the plan's decision (``decisions.precision.by_op``: softmax, norms,
    exp/log/pow/sqrt, sums, trig by canonical op, squares ``Mul(x, x)``, norm patterns,
    norm/softmax kernel classes); a node without a plan node (added by an earlier pass) by its
    op type, which is canonical, and its inputs.
@@ -53,8 +53,8 @@ from onnx import numpy_helper
 
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.ort_runner import tensor_types, topological
-from graphopt.decisions.precision_plan import LOW_KINDS, kept_fp32, node_island
-from graphopt.decisions.precision_roles import (
+from graphopt.decisions.precision.by_op import LOW_KINDS, kept_fp32, node_island
+from graphopt.decisions.precision.roles import (
     Backend,
     Const,
     NodeFacts,
@@ -83,7 +83,7 @@ FOLLOW_OPS = frozenset({
     "Trilu", "ScatterND", "ScatterElements", "ThresholdedRelu", "Shrink",
     "TopK",  # order statistics are exact in any format (torch's topk/sort follow too)
 })
-#: the tables as the shared role rules read them (``decisions.precision_roles``)
+#: the tables as the shared role rules read them (``decisions.precision.roles``)
 TABLES = OpTables(LOW_OPS, MEAN_OPS, FOLLOW_OPS)
 _ANY_INPUT = frozenset({"Cast", "CastLike", "Shape", "Size"})
 _NAMES = {_T.FLOAT16: "fp16", _T.FLOAT: "fp32"}
@@ -181,7 +181,7 @@ class _Rewriter:
     def role(self, node: onnx.NodeProto, bound: tuple[frozenset[int], frozenset[int]] | None
              ) -> tuple[Role, str]:
         """(role, reason): ``any`` for casts and shape queries, else the shared rule table
-        (``decisions.precision_roles``) on the node's facts."""
+        (``decisions.precision.roles``) on the node's facts."""
         if node.op_type in _ANY_INPUT and node.domain in ("", "ai.onnx"):
             return Role.ANY, "casts and shape queries read any dtype"
         return assign_role(self.facts(node, bound), self.ctx.compute_dtype, Backend.ONNX)

@@ -9,8 +9,8 @@ block) and rescales. The error is bounded by half a quantization step per operan
 Modes (``ctx.options.quantize``), numbered as the code refers to them:
 
 1. ``"auto"``: each Conv/MatMul/Gemm follows its plan decision (``precision.format``):
-   ``int8`` on a CPU where the plan's cost says so (``decisions/cpu_int8.py``, any int8 ISA
-   path), as static QDQ when calibration data is given, else dynamic (MatMul and Gemm: the
+   ``int8`` on a CPU where the plan's cost says so (``decisions/quantization/cpu_int8.py``, any
+   int8 ISA path), as static QDQ when calibration data is given, else dynamic (MatMul and Gemm: the
    same nodes torch's pass quantizes; convs only static, so without calibration data they
    stay float and say why); ``int8`` on a GPU
    (Turing/Ampere INT8 tensor cores) as static S8S8 QDQ, which needs calibration data;
@@ -32,12 +32,12 @@ Modes (``ctx.options.quantize``), numbered as the code refers to them:
 5. ``"fp8"``: Conv/MatMul/Gemm as float8e4m3fn QDQ (per tensor), on GPUs with FP8 tensor cores
    (Ada, Hopper, Blackwell) only. Elsewhere every node records "not applied" and the model is
    unchanged: not an error, a plan for another machine must not crash (as for requested
-   formats in :mod:`graphopt.decisions.quantization`). Requires ``ctx.calibration``.
+   formats in :mod:`graphopt.decisions.quantization.recommend`). Requires ``ctx.calibration``.
 6. ``"int4"``: MatMul with a constant 2-D weight and ``K >= INT4_BLOCK_SIZE`` (one full block
    of 32): 4-bit symmetric weights, fp activations, any target (CPU and CUDA EPs run it).
 
 Which method, where it pays and the 8-bit scheme per target are decided in
-:mod:`graphopt.decisions.quantize_choice`; this module checks only that a method can run a node
+:mod:`graphopt.decisions.quantization.choice`; this module checks only that a method can run a node
 (a constant 2-D weight, the dtypes and ops ONNX Runtime's quantizers take) and runs them.
 
 Explicit modes (3-6) are the user's override, like ``pad="always"``: every eligible node is
@@ -69,7 +69,7 @@ from graphopt.backends.onnx.quantize_ort import (
     ort_int4,
     ort_static_qdq,
 )
-from graphopt.decisions.quantize_choice import (
+from graphopt.decisions.quantization.choice import (
     auto_choice,
     auto_quantize_blocked,
     int8_scheme,

@@ -7,7 +7,7 @@ from typing import Any
 
 import onnx
 
-from graphopt.decisions.ort_session import SessionConfig
+from graphopt.decisions.memory_runtime.ort_session import SessionConfig
 from graphopt.ir.plan import Plan
 
 __all__ = ["OnnxResult"]

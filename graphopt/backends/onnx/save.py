@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from graphopt.backends.onnx.session import config_path, render_config
-from graphopt.decisions.ort_session import SessionConfig
+from graphopt.decisions.memory_runtime.ort_session import SessionConfig
 from graphopt.files.outputs import OutputSet
 
 __all__ = ["PROTO_LIMIT", "claim_onnx", "save_onnx", "stage_onnx"]

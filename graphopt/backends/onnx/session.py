@@ -1,8 +1,9 @@
 """The ONNX Runtime session an optimized model runs in: the config written next to it
 (``<model>.graphopt.json``) and :func:`ort_session`, which loads it.
 
-What the config says is decided in :mod:`graphopt.decisions.ort_session` (layout, TF32, cuDNN
-algorithm search, graph optimization level, threads); this module records each conv's layout
+What the config says is decided in :mod:`graphopt.decisions.memory_runtime.ort_session` (layout,
+TF32, cuDNN algorithm search, graph optimization level, threads); this module records each conv's
+layout
 decision as ORT will run it (a ``backend`` field where ORT differs from the plan) and reads and
 writes the file.
 """
@@ -19,8 +20,8 @@ from typing import Any
 import onnx
 
 from graphopt.backends.onnx.context import OnnxContext
-from graphopt.decisions.layout import LayoutPlan
-from graphopt.decisions.ort_session import (
+from graphopt.decisions.layout.channels_last import LayoutPlan
+from graphopt.decisions.memory_runtime.ort_session import (
     CONFIG_SUFFIX,
     CPU_EP,
     SessionConfig,

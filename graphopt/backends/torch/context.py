@@ -10,7 +10,7 @@ import torch
 from torch import fx
 
 from graphopt.analysis.record import NodeAnalysis
-from graphopt.decisions.layout import LayoutPlan
+from graphopt.decisions.layout.channels_last import LayoutPlan
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options

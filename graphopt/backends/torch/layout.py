@@ -47,14 +47,15 @@ from graphopt.backends.torch.layout_regions import (
     memory_format_for,
     weight_needs_conversion,
 )
-from graphopt.decisions.layout import (
+from graphopt.decisions.layout.channels_last import (
     ConvLayout,
     LayoutEstimate,
     LayoutPlan,
     cpu_class,
 )
+from graphopt.ir.legality import Legality
 
-__all__ = ["can_apply", "channels_last"]
+__all__ = ["can_rewrite_channels_last", "channels_last"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,15 +65,16 @@ _CONV_NAMES = frozenset({"conv2d", "conv3d", "convolution", "conv_transpose2d",
 _ALREADY = "already channels_last (its conversions are in place)"
 
 
-def can_apply(info: ConvInfo | None) -> str | None:
-    """What the fx graph needs to convert a conv (case a): None, or why it cannot."""
+def can_rewrite_channels_last(info: ConvInfo | None) -> Legality:
+    """Can the fx graph convert this conv (case a): what the rewrite needs of it."""
     if info is None:
-        return "not a 2-D/3-D conv with traced shapes (transposed convs stay NCHW)"
+        return Legality.no("not a 2-D/3-D conv with traced shapes (transposed convs stay NCHW)")
     if info.transposed:
-        return "transposed conv (left in NCHW)"
+        return Legality.no("transposed conv (left in NCHW)")
     if info.weight is None:
-        return "its weight is computed at run time and would be converted on every call"
-    return None
+        return Legality.no("its weight is computed at run time and would be converted on every "
+                           "call")
+    return Legality.OK
 
 
 def _convert(gm: fx.GraphModule, node: fx.Node, fmt: torch.memory_format, tag: str,
@@ -175,10 +177,10 @@ def channels_last(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
             excluded[conv] = d.reason
             _record(ctx, conv, d, False)
             continue
-        why = can_apply(info)
-        if d.region is None or why is not None:
+        legal = can_rewrite_channels_last(info)
+        if d.region is None or not legal:
             excluded[conv] = d.reason
-            _record(ctx, conv, d, False, None if why is None or not d.channels_last else why)
+            _record(ctx, conv, d, False, None if legal or not d.channels_last else legal.reason)
     summaries: list[dict[str, Any]] = []
     changed = False
     regions = [] if mode == "keep" else find_regions(gm, excluded)

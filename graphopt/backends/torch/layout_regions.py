@@ -1,7 +1,7 @@
 """Conv regions for the channels_last pass: which ops may run in NHWC, and where regions meet.
 
 This finds regions on the fx graph to edit them; the decision is made on the plan's regions
-(:mod:`graphopt.decisions.layout_regions`, the same rules in canonical op names).
+(:mod:`graphopt.decisions.layout.regions`, the same rules in canonical op names).
 
 A region is a maximal connected set of layout-agnostic ops whose outputs are 4-D (or 5-D) and
 that contains at least one conv. "Layout-agnostic" means the op is defined on logical indices
@@ -31,7 +31,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch.fx_utils import aten_name, get_tensor, val
-from graphopt.decisions.layout import ConvGroups
+from graphopt.decisions.layout.channels_last import ConvGroups
 
 __all__ = ["AGNOSTIC", "ConvInfo", "Region", "conv_info", "find_regions", "is_entry_conversion",
            "is_exit_conversion", "memory_format_for",
@@ -68,7 +68,7 @@ def memory_format_for(rank: int) -> torch.memory_format:
 @dataclass(frozen=True)
 class ConvInfo(ConvGroups):
     """What applying the layout decision needs to know about one conv node (the decision's
-    own facts come from the plan: ``graphopt.decisions.layout.ConvFacts``)."""
+    own facts come from the plan: ``graphopt.decisions.layout.channels_last.ConvFacts``)."""
 
     weight: fx.Node | None  # the get_attr node, None when the weight is computed
     rank: int

@@ -20,6 +20,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from graphopt._version import __version__
+from graphopt.backends.torch import pt2_reader
+from graphopt.backends.torch.optimized_module import OptimizedModule
+from graphopt.backends.torch.pipeline import strip_unused
+from graphopt.backends.torch.pt2_archive import Damaged, Unhandled
 from graphopt.backends.torch.quant_checks import check_graph
 from graphopt.backends.torch.quant_ops import INT4_LINEAR, int4_from_saved
 from graphopt.backends.torch.saved_format import (
@@ -34,7 +38,10 @@ from graphopt.backends.torch.saved_format import (
     repack_int8,
     structure_spec,
 )
+from graphopt.decisions.memory_runtime.runtime import RuntimeSettings, Setting
 from graphopt.errors import GraphoptError, first_line
+from graphopt.files.read import check_regular
+from graphopt.ir.shape_range import ShapeRange
 
 __all__ = ["load"]
 
@@ -50,11 +57,7 @@ _FOREIGN = ("graphopt.load reads only what Optimized.save writes and never unpic
 def _check_archive(path: Path) -> Any:
     """The archive at ``path`` if graphopt wrote it (its marker read within bounds), else a
     GraphoptError that says what the file is."""
-    from graphopt.backends.torch import pt2_reader
-    from graphopt.backends.torch.pt2_archive import Damaged, Unhandled
-
     if not path.is_file():  # a FIFO is never opened (it would block): said from a stat
-        from graphopt.files.read import check_regular
 
         check_regular(path, f"the saved model {path}", "give the path Optimized.save wrote",
                       missing=f"no saved model at {path}")
@@ -107,8 +110,6 @@ def _json(extra: dict[str, Any], key: str, path: Path) -> Any:
 
 def _settings(data: dict[str, Any]) -> Any:
     """A ``RuntimeSettings`` from its ``to_dict`` form (what ``apply_runtime_settings`` takes)."""
-    from graphopt.decisions.runtime import RuntimeSettings, Setting
-
     kw: dict[str, Any] = {"target": str(data["target"]), "device": str(data["device"])}
     for f in fields(RuntimeSettings):
         s = data.get(f.name)
@@ -132,8 +133,6 @@ def _plain_value(v: Any) -> bool:
 
 def _inputs(inputs: dict[str, Any]) -> tuple[list[str], list[tuple[int, ...] | None], Any]:
     """Input names, shapes and shape range from their record, each of its own type."""
-    from graphopt.ir.shape_range import ShapeRange
-
     names, shapes = inputs["names"], inputs["shapes"]
     if not isinstance(names, list) or not all(n is None or isinstance(n, str) for n in names):
         raise TypeError(f"input names {str(names)[:60]}")
@@ -151,8 +150,6 @@ def _inputs(inputs: dict[str, Any]) -> tuple[list[str], list[tuple[int, ...] | N
 def _outputs(ar: Any, path: Path) -> dict[str, Any] | None:
     """The output record (None in a file written before it), after checking that this process
     has every model-library op the graph calls (:func:`.saved._library_ops`)."""
-    from graphopt.backends.torch.pt2_archive import Damaged, Unhandled
-
     try:
         name = f"{ar.root}extra/{OUTPUTS}"
         raw = ar.member(name) if name in ar.names else None
@@ -238,10 +235,6 @@ def load(path: str | os.PathLike[str], device: str | torch.device | None = None
     ``apply_runtime_settings``) and ``shape_range``. Only graphopt's own reader reads the file
     (nothing is unpickled); what it cannot read is a GraphoptError that says what.
     """
-    from graphopt.backends.torch import pt2_reader
-    from graphopt.backends.torch.optimized_module import OptimizedModule
-    from graphopt.backends.torch.pipeline import strip_unused
-
     file = Path(path)
     if device is not None:
         _check_device(device)

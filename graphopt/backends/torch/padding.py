@@ -23,14 +23,24 @@ from graphopt.backends.torch.cleanup_view import cleaned_graph
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import aten_name, get_tensor, new_param
 from graphopt.backends.torch.padding_edits import PadState, pad_per_call, refresh_meta, slice_real
-from graphopt.decisions.channel_map import ChannelMap, scatter_axis, scatter_weight
-from graphopt.decisions.padding import plan_padding
-from graphopt.decisions.padding_carry import PadConst, SetGroups, SetShape
-from graphopt.decisions.padding_sites import SMALL_VALUE
-from graphopt.decisions.padding_steps import AttentionStep, CarryStep, ContextBackend, GemmStep
+from graphopt.decisions.padding import (
+    SMALL_VALUE,
+    AttentionStep,
+    CarryStep,
+    ChannelMap,
+    ContextBackend,
+    GemmStep,
+    PadConst,
+    SetGroups,
+    SetShape,
+    plan_padding,
+    scatter_axis,
+    scatter_weight,
+)
 from graphopt.decisions.rewrites import DryRunContext, PaddingView
 from graphopt.frontends.torch_frontend import graph_from_graph_module
 from graphopt.ir.graph import Graph, Node
+from graphopt.ir.legality import Legality
 from graphopt.ir.shape_range import bind
 
 __all__ = ["pad_channels", "padding_view"]
@@ -51,19 +61,21 @@ class _Backend(ContextBackend):
 
     tensor: Callable[[fx.Node | None], torch.Tensor | None]
 
-    def cannot_edit(self, node: Node) -> str | None:
+    def can_edit(self, node: Node) -> Legality:
         fx_node = self.nodes.get(node.name)
         if fx_node is None:
-            return "the op sits inside a wrapped subgraph the torch backend does not rewrite"
+            return Legality.no("the op sits inside a wrapped subgraph the torch backend does "
+                               "not rewrite")
         name = aten_name(fx_node)
         if node.op_type == "Attention":
-            return None if name == "scaled_dot_product_attention" else \
-                f"the torch backend rewrites scaled_dot_product_attention, not {name}"
+            return Legality.OK if name == "scaled_dot_product_attention" else Legality.no(
+                f"the torch backend rewrites scaled_dot_product_attention, not {name}")
         if node.op_type in ("Conv", "ConvTranspose", "Linear", "Gemm", "MatMul") and (
                 name not in _ARGS or (name == "addmm" and (
                     fx_node.kwargs.get("alpha", 1) != 1 or fx_node.kwargs.get("beta", 1) != 1))):
-            return f"the torch backend rewrites linear, addmm, mm and conv weights, not {name}"
-        return None
+            return Legality.no("the torch backend rewrites linear, addmm, mm and conv weights, "
+                               f"not {name}")
+        return Legality.OK
 
     def value(self, tensor: str) -> np.ndarray | None:
         t = self.tensor(self.nodes.get(tensor))

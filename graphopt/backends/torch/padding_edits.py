@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch.context import RewriteContext
-from graphopt.decisions.channel_map import ChannelMap
+from graphopt.decisions.padding import ChannelMap
 
 __all__ = ["PadState", "insert_call", "pad_per_call", "refresh_meta", "slice_real"]
 

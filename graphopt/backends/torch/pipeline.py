@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import fx
 
-from graphopt.backends.driver import Pass, PassResult, measure_here, run_passes
+from graphopt.backends.driver import Pass, PassResult, ToleranceKind, measure_here, run_passes
+from graphopt.backends.metric import MetricGoal
 from graphopt.backends.timing import Measured
+from graphopt.backends.torch.calibration import HeldOut, held_out, held_out_report
 from graphopt.backends.torch.cleanup import fold_batchnorm_and_drop_dropout
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.isolation import (
@@ -34,15 +36,16 @@ from graphopt.backends.torch.padding import pad_channels
 from graphopt.backends.torch.precision import reduce_precision
 from graphopt.backends.torch.quantize import dynamic_int8, dynamic_int8_without_ends
 from graphopt.backends.torch.result import TorchResult
-from graphopt.backends.torch.verify import compare_outputs
+from graphopt.backends.torch.strip import strip_unused
+from graphopt.backends.torch.verify import compare_batches, compare_outputs
 from graphopt.backends.torch.weight_quant import (
     host_dynamic_int8,
     low_bit_linears,
     quantize_tolerance,
 )
-from graphopt.decisions.memory import memory_plan
+from graphopt.decisions.memory_runtime.memory import memory_plan
 from graphopt.decisions.planner import build_plan
-from graphopt.decisions.precision_format import choose_precision
+from graphopt.decisions.precision.format import choose_precision
 from graphopt.decisions.quant_formats import int4_bits_per_weight
 from graphopt.decisions.rewrites import HostFacts, decide_run_layout
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
@@ -55,7 +58,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, mark_reverted
 
-__all__ = ["decide_run", "default_passes", "optimize_torch", "prepare"]
+__all__ = ["decide_run", "default_passes", "optimize_torch", "prepare", "strip_unused"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +148,7 @@ def default_passes() -> list[Pass]:
     return [Pass("cleanup", fold_batchnorm_and_drop_dropout),
             Pass("padding", pad_channels, option="pad"),
             Pass("layout", channels_last, option="layout"),
-            Pass("precision", reduce_precision, "compute", option="precision"),
+            Pass("precision", reduce_precision, ToleranceKind.COMPUTE, option="precision"),
             Pass("quantize", quantize, _quantize_budget, option="quantize"),
             Pass("quantize_without_ends", _quantize_without_ends, "int8",
                  option="quantize")]
@@ -164,6 +167,8 @@ class _TorchBackend:
     timings at opt."""
 
     ctx: RewriteContext
+    #: the calibration batches held out, and the metric goal (:mod:`.calibration`)
+    held: HeldOut = field(default_factory=HeldOut)
 
     def snapshot(self, gm: fx.GraphModule) -> fx.GraphModule:
         return private_copy(gm)
@@ -191,7 +196,7 @@ class _TorchBackend:
             if not all(c.within for c in result):
                 return (f"reverted, outputs out of tolerance{at}: "
                         + "; ".join(c.describe() for c in result if not c.within))
-        return None
+        return self.held.problem(lambda args: _run(gm, args), tol, p.name) if p.lossy else None
 
     def time(self, before: fx.GraphModule, after: fx.GraphModule) -> Measured:
         with preserved_buffers(before, after):
@@ -202,23 +207,27 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                    target: str | HardwareProfile = "h100",
                    options: Options | None = None,
                    passes: Sequence[Pass] | None = None, *, dynamic_shapes: Any = None,
+                   calibration: Any = None, metric: MetricGoal | None = None,
                    ) -> TorchResult:
     """Run the passes with a numeric check after each; returns the module, the plan with its
     decisions and the run report.
 
     The module is the rewritten graph, or, on the host CPU when even the rewritten graph
     measures slower than the user's model (tiny models where no rewrite pays), a copy of
-    the model itself: never slower on the target it was optimized for.
+    the model itself: never slower on the target it was optimized for. ``calibration``:
+    real batches (:mod:`.calibration`) the lossy passes are chosen and checked on;
+    ``metric``: the task metric they must keep (``graphopt.backends.metric``).
     """
     gm, ctx = prepare(model, example_inputs, target, options, dynamic_shapes)
     traced = without_cache(model, {})[0]  # as trace_torch ran it: no KV cache among outputs
     reference = run_isolated(traced, ctx.example_inputs)
     references = [(ctx.example_inputs, reference)] + [
         (args, run_isolated(traced, args)) for _, _, args in ctx.range_points]
-    ctx.references = references
+    held, chosen = held_out(traced, ctx, calibration, metric)
+    ctx.references = chosen + references  # the guard ranks on the first
     measure = measure_here(ctx.options, ctx.target)
     passes = default_passes() if passes is None else passes
-    done = run_passes(_TorchBackend(ctx), gm, passes, measure=measure)
+    done = run_passes(_TorchBackend(ctx, held), gm, passes, measure=measure)
     gm, applied, reverted, final_tol = done.model, done.applied, done.reverted, done.tolerance
     # a pass the user forced (quantize="int8"...) is theirs: never timed away, alone or whole
     forced = [p.name for p in passes if p.name in applied and p.option is not None
@@ -233,18 +242,21 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
         reverted.append({"pass": "all", "reason": fallback})
         ctx.decisions = mark_reverted({}, ctx.decisions, fallback)
         applied, final_tol = [], tolerance_for("fp32")
-    final = compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
+    final = compare_batches(held.reference, [_run(module, a) for a in held.batches],
+                            final_tol) if held.batches else \
+        compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
     guard = _guard_notes(ctx.notes.pop("guard", None), applied, reverted)
     info = {"passes_applied": applied, "passes_reverted": reverted,
             **({"guard": guard} if guard else {}),
             **_range_checks(module, ctx, references[1:], final_tol),
             "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
             "tolerance": final_tol.to_dict(),
-            "numerics": [c.to_dict() for c in final]}
+            "numerics": [c.to_dict() for c in final], **held_out_report(held, ctx)}
     plan = ctx.plan.with_decisions(ctx.decisions)
     memory = (_artifact_memory(plan, ctx.compute_dtype) if fallback is None
               else memory_plan(plan).to_dict())  # the model itself: its own dtypes
-    plan = replace(plan, extra={**plan.extra, "optimization": info, "memory": memory})
+    plan = replace(plan, optimization=info, memory=memory,
+                   warnings=(*plan.warnings, *held.warnings))
     flags = ctx.notes.get("precision", {}).get("runtime", {})
     return TorchResult(module, plan, info, tuple(ctx.example_inputs), ctx.shape_range,
                        tuple(ctx.input_names), dict(flags))
@@ -305,68 +317,6 @@ def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
                        "within": all(c.within for c in result),
                        "numerics": [c.to_dict() for c in result]})
     return {"shape_range": ctx.shape_range.to_dict(), "range_checks": checks}
-
-
-def strip_unused(gm: fx.GraphModule) -> dict[str, Any]:
-    """Drop the export-time shape guard (the module wrapper checks shapes), the dtype checks
-    that cannot fail (:mod:`.asserts`) and the parameters no node reads any more (e.g. a folded
-    BatchNorm's), so they do not cost memory; make the graph device-portable (returns what
-    :func:`~graphopt.backends.torch.portable.make_portable` changed)."""
-    for node in list(gm.graph.nodes):
-        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
-            gm.graph.erase_node(node)
-    from graphopt.backends.torch.asserts import drop_fixed_asserts
-
-    drop_fixed_asserts(gm)  # ~9 us a call each, and they cannot fail
-    gm.graph.eliminate_dead_code()
-    from graphopt.backends.torch.portable import make_portable  # any device: constants to buffers
-
-    portable = make_portable(gm)
-    used = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-    for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
-        if name not in used:
-            owner_name, _, attr = name.rpartition(".")
-            owner = gm.get_submodule(owner_name) if owner_name else gm
-            delattr(owner, attr)
-    gm.delete_all_unused_submodules()
-    _plain_codegen(gm)
-    _plain_sizes(gm)
-    gm.recompile()
-    return portable
-
-
-def _plain_sizes(gm: fx.GraphModule) -> None:
-    """``aten.sym_size.int(x, d)`` -> ``x.size(d)``: a graph over a shape range reads its
-    dynamic sizes on every call, and the op dispatcher costs ~1 us each where the method
-    costs ~0.1 us (torch.export and torch.compile trace both the same)."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
-            node.op, node.target = "call_method", "size"
-
-
-def _plain_codegen(gm: fx.GraphModule) -> None:
-    """Call the graph with plain positional tensors when the signature allows it.
-
-    Export's pytree codegen flattens inputs and rebuilds outputs on every call (~40 us on this
-    CPU); for ``forward(*tensors) -> tensor | tuple[tensor, ...]`` it is pure overhead.
-    """
-    info = getattr(gm.graph._codegen, "pytree_info", None)
-    if info is None:
-        return
-    in_spec, out_spec = info.in_spec, info.out_spec
-    args_spec, kwargs_spec = in_spec.children() if in_spec.num_children == 2 else (None, None)
-    if args_spec is None or kwargs_spec.num_children or \
-            not all(c.is_leaf() for c in args_spec.children()):
-        return
-    single = out_spec.is_leaf()
-    if not single and not (out_spec.type is tuple
-                           and all(c.is_leaf() for c in out_spec.children())):
-        return
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    if single:
-        (values,) = output.args
-        output.args = (values[0],)
-    gm.graph._codegen = fx.graph.CodeGen()
 
 
 def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,

@@ -4,17 +4,17 @@ Identity and assumptions: a bf16/fp16 GEMM, conv or attention whose kernel accum
 (cuBLAS/cuDNN and oneDNN do; the runtime flags in ``ctx.notes["precision"]["runtime"]`` forbid
 cuBLAS's reduced-precision split-K reductions) differs from the fp32 op only by the rounding of
 its inputs (unit roundoff 2^-8 for bf16, 2^-11 for fp16). Ops whose error or range is not
-bounded that way stay fp32 (``decisions.precision_plan``), so the model's outputs stay within
+bounded that way stay fp32 (``decisions.precision.by_op``), so the model's outputs stay within
 ``tolerance.tolerance_for(compute dtype)``, which the pipeline checks after this pass.
 
 The pass assigns every node a run dtype in graph order (dtype propagation). Which role a float
-node takes is the rule table both backends share (``decisions.precision_roles``: the plan's
+node takes is the rule table both backends share (``decisions.precision.roles``: the plan's
 islands and GEMM-like nodes, means over at most 2^p elements, the widest-input rule for
 ``FOLLOW_OPS``, unknown ops as islands, constants that must fit the format); this pass gives it
 the node's facts, read from fx:
 
 1. its ATen op's class in this pass's tables (``precision_rules``: ``LOW_OPS`` it has a low
-   path for, ``MEAN_OPS``, ``FOLLOW_OPS``), and its plan node (``decisions.precision_plan``);
+   path for, ``MEAN_OPS``, ``FOLLOW_OPS``), and its plan node (``decisions.precision.by_op``);
    a node an earlier pass added has none, and an allowlisted op the shared island rule can
    still make an island (``CANONICAL``: a square ``mul``) asks it by canonical op;
 2. the run dtype of each activation input (parameters and constants do not vote), and the
@@ -54,9 +54,9 @@ from graphopt.backends.torch.precision_rules import (
     explicit_dtype,
     float_dtype,
 )
-from graphopt.decisions.precision_format import choose_precision
-from graphopt.decisions.precision_plan import kept_fp32
-from graphopt.decisions.precision_roles import Backend, Const, NodeFacts, Role, assign_role
+from graphopt.decisions.precision.by_op import kept_fp32
+from graphopt.decisions.precision.format import choose_precision
+from graphopt.decisions.precision.roles import Backend, Const, NodeFacts, Role, assign_role
 from graphopt.hardware.profile import HardwareProfile
 
 __all__ = ["reduce_precision"]
@@ -99,7 +99,7 @@ def _unit(target: HardwareProfile, fmt: str) -> str:
 
 # ------------------------------------------------------------------------------- assignment
 class _Assigner:
-    """Decides the run dtype, role (``precision_roles.Role``) and reason of every node.
+    """Decides the run dtype, role (``precision.roles.Role``) and reason of every node.
 
     Roles: ``low``; ``island`` (sensitive, fp32); ``wide`` (fp32 for another reason);
     ``keep`` (inputs restored to their original dtypes); ``fixed`` (explicit casts);
@@ -144,7 +144,7 @@ class _Assigner:
 
     def _float_op(self, node: fx.Node, op: str, orig: torch.dtype | None
                   ) -> tuple[str, torch.dtype | None, str]:
-        """A float op's role: the shared rule table (``decisions.precision_roles``) on the
+        """A float op's role: the shared rule table (``decisions.precision.roles``) on the
         facts of the module doc."""
         strong = [i for i in node.all_input_nodes
                   if self.role.get(i) != Role.WEAK and self.dtype.get(i) is not None]

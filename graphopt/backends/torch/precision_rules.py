@@ -1,8 +1,8 @@
 """The torch precision pass's op tables (which ATen ops run low, follow, or read shapes only)
 and the dtype helpers it reads fx values with.
 
-The format a target runs is :mod:`graphopt.decisions.precision_format`'s decision and the fp32
-islands are :mod:`graphopt.decisions.precision_plan`'s, by canonical op (shared with the ONNX
+The format a target runs is :mod:`graphopt.decisions.precision.format`'s decision and the fp32
+islands are :mod:`graphopt.decisions.precision.by_op`'s, by canonical op (shared with the ONNX
 pass); these tables say how the torch backend propagates dtypes around them.
 
 Sources:
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from graphopt.decisions.precision_roles import OpTables
+from graphopt.decisions.precision.roles import OpTables
 
 __all__ = [
     "CANONICAL",
@@ -48,13 +48,13 @@ LOW_OPS: dict[str, str] = {
                                   "_scaled_dot_product_flash_attention_for_cpu")},
 }
 
-#: allowlisted ATen ops the shared island rule (``precision_plan.island_reason``) can still make
+#: allowlisted ATen ops the shared island rule (``precision.by_op.island_reason``) can still make
 #: islands, by canonical op: a node a pass added has no plan node, so the pass asks with this
 #: (a square ``mul(x, x)`` is ``Pow``'s island)
 CANONICAL: dict[str, str] = {"mul": "Mul"}
 
 #: averaging reductions: reduced precision only while the element count stays below the
-#: format's exact-accumulation bound (``precision_islands.SIGNIFICAND_BITS``)
+#: format's exact-accumulation bound (``precision.islands.SIGNIFICAND_BITS``)
 MEAN_OPS = frozenset({"mean", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d",
                       "adaptive_avg_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool2d"})
 
@@ -68,7 +68,7 @@ FOLLOW_OPS = frozenset({
     "erf", "sign", "dropout", "lerp", "addcmul", "addcdiv", "fill", "zero", "prelu",
     "_prelu_kernel",
     # rounding, thresholds and shrinkage: exact on values already in the format (ONNX's Floor,
-    # Ceil, Round, ThresholdedRelu, Shrink follow too: ``precision_roles``' one op table)
+    # Ceil, Round, ThresholdedRelu, Shrink follow too: ``precision.roles``' one op table)
     "floor", "ceil", "round", "trunc", "threshold", "hardshrink", "softshrink",
     # views and data movement
     "view", "reshape", "_unsafe_view", "permute", "transpose", "t", "contiguous", "clone",
@@ -87,7 +87,7 @@ FOLLOW_OPS = frozenset({
     "amax", "amin", "max", "min", "topk", "sort",
 })
 
-#: the tables as the shared role rules read them (``decisions.precision_roles``)
+#: the tables as the shared role rules read them (``decisions.precision.roles``)
 TABLES = OpTables(LOW_OPS, MEAN_OPS, FOLLOW_OPS)
 
 #: ops whose output dtype is another tensor's. Conversions that name a dtype keep the model's

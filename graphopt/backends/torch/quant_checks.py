@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch.quant_kernels import int4_inner_k_tiles
-from graphopt.decisions.torch_quant_kernels import INT4_GROUPS
+from graphopt.decisions.quantization.torch_kernels import INT4_GROUPS
 from graphopt.errors import GraphoptError
 
 __all__ = ["BadTensor", "check_graph", "check_int4", "check_int8_linear", "check_scaled",

@@ -1,7 +1,7 @@
 """Pack a Linear's weight into a low-bit format and run it with torch's own kernel (issue 22):
 the building blocks of the graph ops in :mod:`.quant_ops`, which the torch quantize pass uses.
 Legality (which K, N, dtypes and groups each kernel takes) is
-:mod:`graphopt.decisions.torch_quant_kernels`'s; call ``kernel_refuses`` first, since one of
+:mod:`graphopt.decisions.quantization.torch_kernels`'s; call ``kernel_refuses`` first, since one of
 these kernels crashes the process on a shape it does not take.
 
 Each ``pack_*`` returns plain tensors (no tensor subclass, nothing pickled), so a module that
@@ -128,7 +128,7 @@ def int8_weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.
     scale = scale.to(x.dtype)  # the CPU kernel takes the scale in x's dtype only
     crashes = x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.shape[-1] % 32 != 0
     if crashes or x.device.type == "cuda" and not _has_cuda_kernel("_weight_int8pack_mm"):
-        # ``crashes``: the CPU kernel segfaults on this shape (torch_quant_kernels, case 2);
+        # ``crashes``: the CPU kernel segfaults on this shape (quantization.torch_kernels, case 2);
         # graphopt never builds it, but a file can name it: the same numbers, no crash
         y = F.linear(rows, weight.to(x.dtype) * scale.unsqueeze(1))
     else:

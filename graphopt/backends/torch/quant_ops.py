@@ -43,7 +43,7 @@ from torch import fx
 
 from graphopt.backends.torch import quant_checks as qc
 from graphopt.backends.torch import quant_kernels as qk
-from graphopt.decisions.torch_quant_kernels import kernel_refuses
+from graphopt.decisions.quantization.torch_kernels import kernel_refuses
 from graphopt.errors import GraphoptError
 from graphopt.frontends.aten_ops import TORCH_DTYPES
 
@@ -162,7 +162,7 @@ def pack_linear(kernel: str, weight: torch.Tensor, act_dtype: torch.dtype,
 
     Raises:
         ValueError: the CPU kernel cannot run this shape or dtype
-            (:func:`~graphopt.decisions.torch_quant_kernels.kernel_refuses`' reason); asked
+            (:func:`~graphopt.decisions.quantization.torch_kernels.kernel_refuses`' reason); asked
             here too because one of these kernels crashes the process instead of raising.
     """
     n, k = weight.shape

@@ -12,8 +12,9 @@ back around it, and where the input is itself a cast of an fp32 value (the preci
 boundary after an fp32 island) the kernel reads that value instead (no round trip through
 bf16). The weight is quantized from its float value (from bf16 in a bf16 model).
 
-Profitability is the plan's: each Linear's precision decision (``decisions/cpu_int8.py``: the
-int8 GEMM plus quantizing the activations, costed against the carrier, fp32 or bf16, with the
+Profitability is the plan's: each Linear's precision decision
+(``decisions/quantization/cpu_int8.py``: the int8 GEMM plus quantizing the activations, costed
+against the carrier, fp32 or bf16, with the
 casts), applied where its format is ``int8`` and ``runs_on`` is ``torch``. An explicit
 ``precision`` turns ``quantize="auto"`` off, as on ONNX (:func:`auto_quantize_blocked`).
 """
@@ -30,8 +31,9 @@ from torch import fx
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import float_linear, get_tensor, is_aten, val
 from graphopt.backends.torch.quant_kernels import quantize_rows_int8
-from graphopt.decisions.quantize_choice import auto_quantize_blocked
+from graphopt.decisions.quantization.choice import auto_quantize_blocked
 from graphopt.hardware import is_this_machine
+from graphopt.ir.legality import Legality
 
 __all__ = ["dynamic_int8", "dynamic_int8_without_ends", "pack_int8_weight"]
 
@@ -51,16 +53,17 @@ def pack_int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> object:
 _CAST_TAG = "graphopt_int8_cast"  # node.meta key on the casts this pass inserts
 
 
-def can_quantize(gm: fx.GraphModule, node: fx.Node, ctx: RewriteContext) -> str | None:
-    """None if ``node`` may run as dynamic INT8 here, else the reason it may not."""
+def can_quantize(gm: fx.GraphModule, node: fx.Node, ctx: RewriteContext) -> Legality:
+    """May ``node`` run as dynamic INT8 here."""
     if not is_this_machine(ctx.target):
-        return "INT8 is applied only for the host CPU target (the kernel must run here)"
+        return Legality.no("INT8 is applied only for the host CPU target (the kernel must run "
+                           "here)")
     operands = float_linear(gm, node)
     if isinstance(operands, str):
-        return operands
+        return Legality.no(operands)
     if not hasattr(torch.ops.quantized, "linear_dynamic"):
-        return "this torch build has no quantized::linear_dynamic kernel"
-    return None
+        return Legality.no("this torch build has no quantized::linear_dynamic kernel")
+    return Legality.OK
 
 
 def _cast(gm: fx.GraphModule, src: fx.Node, dtype: torch.dtype) -> fx.Node:
@@ -144,9 +147,9 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext,
             and precision.fields.get("runs_on") == "torch"
         if mode == "auto" and not wanted or skip is not None and skip(node):
             continue
-        why_not = can_quantize(gm, node, ctx)
-        if why_not is not None:
-            ctx.decide(node, "quantize", f"not applied: {why_not}", applied=False)
+        legal = can_quantize(gm, node, ctx)
+        if not legal:
+            ctx.decide(node, "quantize", f"not applied: {legal.reason}", applied=False)
             continue
         w = get_tensor(gm, node.args[1])
         b = get_tensor(gm, node.args[2]) if len(node.args) > 2 and node.args[2] is not None \

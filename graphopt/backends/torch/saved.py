@@ -35,6 +35,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from graphopt._version import __version__
+from graphopt.backends.torch.optimized_module import OptimizedModule
 from graphopt.backends.torch.quant_ops import int4_to_saved
 from graphopt.backends.torch.saved_format import (
     FORMAT,
@@ -148,8 +149,6 @@ def _dynamic_shapes(shape_range: Any, names: list[str], args: tuple[Any, ...]) -
 
 
 def _exported(opt: Any) -> tuple[torch.export.ExportedProgram, Any]:
-    from graphopt.backends.torch.optimized_module import OptimizedModule
-
     module = opt.module
     graph = module.graph_module if isinstance(module, OptimizedModule) else module
     gm = private_copy(graph)

@@ -8,6 +8,7 @@ against them.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from graphopt.decisions.tolerance import Tolerance, same_nonfinite
 
-__all__ = ["Comparison", "compare_outputs"]
+__all__ = ["Comparison", "compare_batches", "compare_outputs"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,27 @@ def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comp
                                  scale, tol, True))
     return result
 
+
+
+def compare_batches(references: Sequence[Any], candidates: Sequence[Any], tol: Tolerance
+                    ) -> list[Comparison]:
+    """:func:`compare_outputs` over several batches: each output's values of every batch taken
+    together (the ONNX guard's ``compare``), so the error stated is the worst over them and
+    the scale is the largest; a batch whose outputs differ in structure, shape or dtype is
+    that batch's own verdict."""
+    per_batch = [compare_outputs(r, c, tol) for r, c in zip(references, candidates, strict=True)]
+    broken = next((b for b in per_batch if not all(c.same_shape_dtype for c in b)), None)
+    if broken is not None or len(per_batch) == 1:
+        return broken if broken is not None else per_batch[0]
+    joined_ref, joined_out = [], []
+    for ref_leaves, out_leaves in zip(zip(*(pytree.tree_leaves(r) for r in references),
+                                          strict=True),
+                                      zip(*(pytree.tree_leaves(c) for c in candidates),
+                                          strict=True), strict=True):
+        if not isinstance(ref_leaves[0], torch.Tensor):
+            joined_ref.append(ref_leaves[0])
+            joined_out.append(out_leaves[0])
+            continue
+        joined_ref.append(torch.cat([t.detach().flatten() for t in ref_leaves]))
+        joined_out.append(torch.cat([t.detach().flatten() for t in out_leaves]))
+    return compare_outputs(joined_ref, joined_out, tol)

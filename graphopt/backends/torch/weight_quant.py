@@ -10,18 +10,19 @@ Cases:
 
 1. ``quantize="auto"``: the Linear nodes whose precision decision has ``runs_on="torch"`` and a
    torch ``kernel`` (the plan's format where torch's kernel takes the node on the target,
-   ``decisions/gpu_formats.py``), and the first and last weight GEMMs, which the plan keeps
+   ``decisions/precision/gpu_formats.py``), and the first and last weight GEMMs, which the plan
+   keeps
    float by its prior, with the format they would get as a ``candidate``: measured by the
    guard, not assumed. A CPU INT8 decision without a ``kernel`` is :mod:`.quantize`'s dynamic
    INT8 (``quantized::linear_dynamic``), not this pass's.
 2. A format by name (``fp8``, ``int4``, ``int8_weight_only``, and ``int8_dynamic`` for a GPU
    target): every Linear with a constant 2-D float weight, unless the method is blocked on the
-   target (``quantize_choice.method_blocked``: FP8 without FP8 tensor cores, INT8 without int8
+   target (``quantization.choice.method_blocked``: FP8 without FP8 tensor cores, INT8 without int8
    tensor cores, INT4 without bf16).
 3. Legality, per node: a constant 2-D float weight, a float input, and torch's kernel taking its
    K, N, input dtype and group on the target's device and on this CPU, where the artifact is
-   checked (``torch_quant_kernels.kernel_refuses``). A node refused keeps its float format and
-   the report says why.
+   checked (``quantization.torch_kernels.kernel_refuses``). A node refused keeps its float format
+   and the report says why.
 4. Numbers: :func:`.quant_guard.guard` measures each node's share of the output error and keeps
    the most sensitive nodes in float until the outputs are within the budget.
 """
@@ -40,17 +41,18 @@ from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import float_linear, get_tensor, is_aten, val
 from graphopt.backends.torch.quant_guard import guard
 from graphopt.backends.torch.quant_ops import QUANT_OPS, pack_linear
-from graphopt.decisions.quantize_choice import auto_quantize_blocked, method_blocked
-from graphopt.decisions.tolerance import loosest
-from graphopt.decisions.torch_quant_kernels import (
+from graphopt.decisions.quantization.choice import auto_quantize_blocked, method_blocked
+from graphopt.decisions.quantization.torch_kernels import (
     MODE_FORMAT,
     int4_group,
     kernel_refuses,
     torch_kernel_for,
 )
+from graphopt.decisions.tolerance import loosest
 from graphopt.frontends.aten_ops import TORCH_DTYPES
 
-__all__ = ["Lowering", "host_dynamic_int8", "low_bit_linears", "quantize_tolerance"]
+__all__ = ["Lowering", "guard_chooses", "host_dynamic_int8", "low_bit_linears",
+           "quantize_tolerance"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,19 +93,32 @@ def _planned(ctx: RewriteContext, node: fx.Node) -> Lowering | None:
                     int(group) if group else None, d.reason)
 
 
+def guard_chooses(ctx: RewriteContext) -> bool:
+    """Whether this run's quantize pass may choose from data: the low-bit guard ranks layers on
+    real batches (the host CPU's dynamic INT8 and the precision pass only check)."""
+    mode = ctx.options.quantize
+    if mode == "none" or host_dynamic_int8(ctx) or auto_quantize_blocked(ctx.options):
+        return False
+    if mode != "auto":
+        return method_blocked(mode, "Linear", ctx.target, backend="torch") is None
+    return any(_planned_format(n.decisions.get("precision")) for n in ctx.plan.nodes)
+
+
+def _planned_format(d: Any) -> str | None:
+    """The low-bit format a plan precision decision gives torch's kernels, if any."""
+    if d is None or d.fields.get("runs_on") != "torch":
+        return None
+    fmt = d.fields.get("candidate") or (d.fields["format"] if d.fields.get("kernel") else None)
+    return str(fmt) if fmt else None
+
+
 def quantize_tolerance(ctx: RewriteContext) -> str:
     """The budget this pass is checked against: the loosest format it may apply."""
     mode = ctx.options.quantize
     if mode in MODE_FORMAT:
         return MODE_FORMAT[mode]
-    formats = set()
-    for plan_node in ctx.plan.nodes:
-        d = plan_node.decisions.get("precision")
-        if d is not None and d.fields.get("runs_on") == "torch":
-            fmt = d.fields.get("candidate") or (d.fields["format"] if d.fields.get("kernel")
-                                                else None)
-            if fmt:
-                formats.add(str(fmt))
+    formats = {f for n in ctx.plan.nodes
+               if (f := _planned_format(n.decisions.get("precision"))) is not None}
     return loosest(formats) if formats else "int8"
 
 

@@ -1,0 +1,219 @@
+"""Which of graphopt's artifacts to deploy: the torch module, ``torch.compile`` of it, or an ONNX
+Runtime session of its ONNX export, and by how much it beats the others.
+
+1. Candidates: from a torch model, all three; from an ONNX model, the ONNX Runtime session only
+   (there is no torch module to run). A candidate that failed to build (an export or a compile
+   error) or whose outputs left its tolerance is shown with why, never chosen.
+2. Measured (the target is this machine's CPU, ``measure`` on; ``api/deploy.py`` times them
+   in interleaved rounds): from the simplest (the torch module: no compile at load, no second
+   runtime) to the least simple, a candidate replaces the current choice only when the 95%
+   interval of its speedup over it, from the paired rounds, clears :data:`MEASURED_MARGIN`. A
+   tie between any two (not only against the torch module) keeps the simpler, so noise never
+   decides; the reason gives each interval.
+3. Predicted (``measure=False``, a GPU or another machine's CPU: a timing here says nothing
+   about the target): from the plan's cost model. torch: the plan's estimate at its decisions
+   (each op its own kernel, eager's fixed cost per op); torch.compile: the same with the plan's
+   fusion groups (Inductor fuses patterns, GEMM epilogues and pointwise chains,
+   ``cost/fusion.py``); ONNX Runtime: each op at ORT's fixed cost instead of eager's, where the
+   target's calibration measured both (``cost/calibrated.for_runtime``), else not estimated.
+   The cheapest wins only by at least :data:`PREDICTED_MARGIN`, the roofline's uncertainty;
+   the report says the choice was not measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphopt.cost.calibrated import fixed_cost, for_runtime
+from graphopt.decisions.deploy.confidence import clears, speedup_interval
+from graphopt.ir.plan import Plan
+
+__all__ = ["ARTIFACTS", "MEASURED_MARGIN", "PREDICTED_MARGIN", "ArtifactTiming", "DeployChoice",
+           "pick_measured", "predict_deploy", "unsettled"]
+
+#: every artifact graphopt can hand over, simplest to deploy first
+ARTIFACTS = ("torch", "torch.compile", "onnxruntime")
+#: case 2: a measured gain below this is timer and scheduler noise on a shared host (the
+#: passes' timing guard allows the same, ``backends/timing.NOISE``)
+MEASURED_MARGIN = 0.03
+#: case 3: a predicted gain below this is inside the cost model's uncertainty
+PREDICTED_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class ArtifactTiming:
+    """One candidate: its time (measured best, or predicted), whether its outputs are within
+    tolerance (None: not checked) and what else the report should say (a compile's seconds,
+    why it failed)."""
+
+    artifact: str
+    seconds: float | None
+    within: bool | None = None
+    note: str = ""
+    error: str | None = None
+    #: measured: its best time in each interleaved round, paired by round with the others'
+    rounds: tuple[float, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None and self.seconds is not None and self.within is not False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"artifact": self.artifact, "seconds": self.seconds, "within": self.within,
+                "note": self.note, "error": self.error}
+
+
+@dataclass(frozen=True)
+class DeployChoice:
+    """The artifact to deploy and why; ``rows``: every candidate, in :data:`ARTIFACTS` order;
+    ``original_s``: the user's own model, timed beside them (measured only)."""
+
+    artifact: str
+    measured: bool
+    reason: str
+    rows: tuple[ArtifactTiming, ...]
+    method: str
+    original_s: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def row(self, artifact: str) -> ArtifactTiming | None:
+        return next((r for r in self.rows if r.artifact == artifact), None)
+
+    @property
+    def speedup(self) -> float | None:
+        """The chosen artifact's speed over the torch module's (None: either has no time)."""
+        return _ratio(self.row("torch"), self.row(self.artifact))
+
+    @property
+    def speedup_vs_original(self) -> float | None:
+        chosen = self.row(self.artifact)
+        if self.original_s is None or chosen is None or not chosen.seconds:
+            return None
+        return self.original_s / chosen.seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"artifact": self.artifact, "measured": self.measured, "reason": self.reason,
+                "method": self.method, "original_s": self.original_s,
+                "speedup_vs_torch_module": self.speedup,
+                "speedup_vs_original": self.speedup_vs_original,
+                "candidates": [r.to_dict() for r in self.rows], **dict(self.extra)}
+
+
+def _ratio(slow: ArtifactTiming | None, fast: ArtifactTiming | None) -> float | None:
+    if slow is None or fast is None or not slow.seconds or not fast.seconds:
+        return None
+    return slow.seconds / fast.seconds
+
+
+def _times(rows: tuple[ArtifactTiming, ...]) -> str:
+    return ", ".join(f"{r.artifact} {r.seconds * 1e3:.3g} ms" for r in rows if r.usable
+                     and r.seconds is not None)
+
+
+def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
+                  original_s: float | None = None) -> DeployChoice:
+    """Case 2: the simplest usable candidate (:data:`ARTIFACTS` order), replaced by a less
+    simple one only when the 95% interval of its speedup over the current choice clears
+    :data:`MEASURED_MARGIN` (``decisions/confidence``); a tie keeps the simpler artifact."""
+    usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
+    if not usable:  # the report shows each one's failure; the torch module stays the answer
+        return DeployChoice("torch", True, "no candidate ran within tolerance: " + "; ".join(
+            f"{r.artifact} ({r.error or r.note})" for r in rows) + "; the torch module, as "
+            "optimize returned it (see its numerics)", rows, method, original_s)
+    best, said = usable[0], []
+    for simpler, challenger, interval in _challenges(usable):
+        text = f"{challenger.artifact} {interval[0]:.2f}-{interval[1]:.2f}x {simpler.artifact}"
+        if clears(interval, MEASURED_MARGIN):
+            best = challenger
+            said.append(f"{text}: faster")
+        else:
+            said.append(f"{text}: a tie or slower, the simpler stays")
+    times = _times(rows)
+    why = (f"measured {times}: the only candidate that runs within tolerance"
+           if len(usable) == 1 else
+           f"measured {times}; at 95% over paired rounds, {'; '.join(said)} (a more complex "
+           f"artifact must be {MEASURED_MARGIN:.0%} faster than the simpler one)")
+    out = [r for r in rows if not r.usable]
+    if out:
+        why += "; not candidates: " + "; ".join(f"{r.artifact} ({r.error or r.note})"
+                                                for r in out)
+    return DeployChoice(best.artifact, True, why, rows, method, original_s)
+
+
+def unsettled(rows: tuple[ArtifactTiming, ...]) -> bool:
+    """Whether a choice :func:`pick_measured` makes from ``rows`` rests on an interval that
+    straddles the margin (more rounds would narrow it): the caller times more rounds."""
+    usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
+    return any(low <= 1 + MEASURED_MARGIN < high for _, _, (low, high) in _challenges(usable))
+
+
+def _challenges(usable: list[ArtifactTiming]
+                ) -> Iterator[tuple[ArtifactTiming, ArtifactTiming, tuple[float, float]]]:
+    """(the current choice, its challenger, the challenger's speedup interval over it) from
+    the simplest up; a challenger whose interval clears the margin becomes the choice."""
+    best = usable[0] if usable else None
+    for challenger in usable[1:]:
+        interval = _interval(best, challenger)
+        yield best, challenger, interval
+        if clears(interval, MEASURED_MARGIN):
+            best = challenger
+
+
+def _interval(simpler: ArtifactTiming, challenger: ArtifactTiming) -> tuple[float, float]:
+    """The challenger's speedup over the simpler artifact: from paired rounds, else the one
+    ratio of best times (an interval of zero width)."""
+    if len(simpler.rounds) >= 2 and len(simpler.rounds) == len(challenger.rounds):
+        return speedup_interval(simpler.rounds, challenger.rounds)
+    ratio = _ratio(simpler, challenger) or 0.0
+    return ratio, ratio
+
+
+def predict_deploy(plan: Plan, *, torch_model: bool, not_measured: str) -> DeployChoice:
+    """Case 3: the choice from the plan's estimates; ``not_measured``: why no timing decided."""
+    method = f"predicted from the plan's cost model, not measured: {not_measured}"
+    if not torch_model:
+        row = ArtifactTiming("onnxruntime", plan.summary.est_latency_with_decisions_s,
+                             note="the optimized ONNX model in its session config")
+        return DeployChoice("onnxruntime", False, "an ONNX input has one artifact: the "
+                            "optimized model in ONNX Runtime", (row,), method)
+    eager = float(plan.summary.est_latency_with_decisions_s
+                  or plan.summary.est_latency_s or 0.0)
+    rows = [ArtifactTiming("torch", eager, note="each op its own kernel, eager's fixed cost")]
+    fusion = plan.fusion or {}
+    fused, unfused = fusion.get("est_latency_fused_s"), fusion.get("est_latency_unfused_s")
+    if fused and unfused:  # the plan's fusion groups, at the decided precisions
+        rows.append(ArtifactTiming("torch.compile", eager * float(fused) / float(unfused),
+                                   note=f"{fusion.get('kernels_fused')} fused kernels for "
+                                        f"{fusion.get('nodes')} nodes (cost/fusion.py)"))
+    ort = _ort_estimate(plan, eager)
+    rows.append(ArtifactTiming("onnxruntime", ort,
+                               note="each op at ONNX Runtime's measured fixed cost" if ort else
+                               "not estimated: the target has no measured ONNX Runtime fixed "
+                               "costs (graphopt calibrate measures them on a CPU)"))
+    timed = [r for r in rows if r.seconds]
+    if not timed:  # an empty batch: nothing to run, nothing to choose between
+        return DeployChoice("torch", False, "the plan estimates no time (no work to run): the "
+                            "torch module, the simplest artifact", tuple(rows), method)
+    best = min(timed, key=lambda r: r.seconds or 0.0)
+    est = ", ".join(f"{r.artifact} {r.seconds * 1e3:.3g} ms" for r in timed)
+    if best.artifact != "torch" and (best.seconds or 0.0) > eager * (1 - PREDICTED_MARGIN):
+        best = rows[0]
+        why = (f"estimated {est}: no other artifact is predicted {PREDICTED_MARGIN:.0%} faster "
+               "than the torch module")
+    else:
+        why = f"estimated {est}: {best.artifact} is predicted fastest"
+    return DeployChoice(best.artifact, False, why, tuple(rows), method)
+
+
+def _ort_estimate(plan: Plan, eager_s: float) -> float | None:
+    """The plan's estimate with each op's fixed cost as ONNX Runtime's (case 3), or None when
+    the target has no measured ORT costs (``for_runtime`` returns it unchanged)."""
+    target = plan.target
+    ort = for_runtime(target, "onnx")
+    if ort is target or target.is_gpu:
+        return None
+    delta = sum(fixed_cost(n.analysis, ort) - n.cost.overhead_s for n in plan.nodes
+                if n.cost.overhead_s > 0)
+    return max(eager_s + delta, 0.0) or None

@@ -1,0 +1,117 @@
+"""The plan's JSON reads back into the plan it was written from (issue 32: one schema, both ways).
+
+``Plan.from_json(p.to_json())`` must equal ``p`` field for field (nodes, decisions, target,
+summary and every section), and write the same JSON again; a report of another schema version,
+an unknown key or a value of the wrong type is refused with a GraphoptError that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+import pytest
+
+import graphopt
+from graphopt.ir.plan import SCHEMA_VERSION, Plan
+from graphopt.ir.plan_summary import ModelInfo, Summary, TensorSpec
+from graphopt.ir.records import Record, optional
+from tests import arch_zoo, zoo
+
+_ZOO = ["odd_residual_cnn", "transformer_hd72", "rmsnorm_swiglu", "convnet_grouped_depthwise"]
+
+
+def _differences(a: Plan, b: Plan) -> list[str]:
+    """The plan fields (and for nodes, the first node's fields) that differ: a readable failure."""
+    out = [f.name for f in fields(Plan) if f.compare and getattr(a, f.name) != getattr(b, f.name)]
+    for x, y in zip(a.nodes, b.nodes, strict=True):
+        if x != y:
+            out += [f"{x.name}.{f.name}" for f in fields(x)
+                    if getattr(x, f.name) != getattr(y, f.name)]
+            break
+    return out
+
+
+def _round_trip(p: Plan) -> None:
+    text = p.to_json()
+    back = Plan.from_json(text)
+    assert back == p, _differences(p, back)
+    assert back.to_json() == text
+
+
+@pytest.mark.parametrize("target", ["h100", "cpu"])
+@pytest.mark.parametrize("name", _ZOO)
+def test_a_zoo_plan_reads_back_equal(name: str, target: str) -> None:
+    model, example = zoo.zoo()[name]
+    _round_trip(graphopt.plan(model, example, target=target))
+
+
+def test_a_transformers_plan_reads_back_equal() -> None:
+    model, example = arch_zoo.build("llama")
+    _round_trip(graphopt.plan(model, example, target="h100"))
+
+
+def test_an_optimized_plan_with_every_section_reads_back_equal() -> None:
+    model, example = zoo.zoo()["odd_residual_cnn"]
+    plan = graphopt.optimize(model, example, target="h100", measure=False).plan
+    assert {"fusion", "memory", "quantization", "runtime_settings", "optimization",
+            "deploy"} <= set(plan.sections())
+    _round_trip(plan)
+
+
+def test_the_summary_and_model_are_records_read_by_attribute() -> None:
+    model, example = zoo.zoo()["odd_residual_cnn"]
+    plan = graphopt.plan(model, example, target="h100")
+    assert isinstance(plan.model, ModelInfo) and isinstance(plan.summary, Summary)
+    assert plan.model.inputs[0] == TensorSpec("x", tuple(example[0].shape), "fp32")
+    assert plan.summary.node_count == len(plan.nodes)
+    assert plan.summary.est_latency_fused_s is not None
+
+
+def test_another_schema_version_is_refused_by_name() -> None:
+    model, example = zoo.zoo()["odd_mlp"]
+    data = graphopt.plan(model, example, target="h100").to_dict()
+    data["schema_version"] = SCHEMA_VERSION - 1
+    with pytest.raises(graphopt.GraphoptError, match="schema_version"):
+        Plan.from_json(data)
+
+
+def test_an_unknown_or_mistyped_key_is_refused_by_path() -> None:
+    model, example = zoo.zoo()["odd_mlp"]
+    data = graphopt.plan(model, example, target="h100").to_dict()
+    typo = json.loads(json.dumps(data))
+    typo["summary"]["est_latncy_s"] = 1.0
+    with pytest.raises(graphopt.GraphoptError, match="est_latncy_s"):
+        Plan.from_json(typo)
+    wrong = json.loads(json.dumps(data))
+    wrong["model"]["num_nodes"] = "many"
+    with pytest.raises(graphopt.GraphoptError, match=r"model\.num_nodes"):
+        Plan.from_json(wrong)
+    with pytest.raises(graphopt.GraphoptError, match="not a graphopt plan"):
+        Plan.from_json({"schema_version": SCHEMA_VERSION})
+
+
+@dataclass(frozen=True)
+class _Inner(Record):
+    n: int
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Outer(Record):
+    inner: _Inner
+    by_name: dict[str, _Inner]
+    ratio: float
+    maybe: int | None = optional()
+
+
+def test_a_record_writes_and_reads_its_own_json() -> None:
+    r = _Outer(_Inner(2, ("a", "b")), {"x": _Inner(1, ())}, 3, None)
+    data = r.to_json()
+    assert data == {"inner": {"n": 2, "tags": ["a", "b"]}, "by_name": {"x": {"n": 1, "tags": []}},
+                    "ratio": 3}
+    assert "maybe" not in data  # left out while None
+    back = _Outer.from_json(json.loads(json.dumps(data)))
+    assert back == r and type(back.ratio) is int  # an int read as float stays an int
+    with pytest.raises(graphopt.GraphoptError, match=r"inner\.n"):
+        _Outer.from_json({**data, "inner": {"n": True, "tags": []}})
