@@ -158,24 +158,6 @@ def nx_critical_path(g: nx.DiGraph) -> float:
 
 # ---- the hand-written versions beside them ---------------------------------------------------
 
-def hand_rank(pb: Problem) -> list[float]:
-    """``heft.rank_order``'s rank (the same loop, returning the ranks)."""
-    n, k = pb.n, pb.k
-    wbar = [sum(pb.cost[d][v] for d in range(k)) / k for v in range(n)]
-    pairs = [(a, b) for a in range(k) for b in range(k) if a != b]
-    mlat = sum(pb.latency[a][b] for a, b in pairs) / len(pairs) if pairs else 0.0
-    minv = sum(pb.inv_bw[a][b] for a, b in pairs) / len(pairs) if pairs else 0.0
-    rank = [0.0] * n
-    for v in range(n - 1, -1, -1):
-        best = 0.0
-        for t in pb.node_outputs[v]:
-            comm = (mlat + pb.t_bytes[t] * minv) if pairs else 0.0
-            for c in pb.t_consumers[t]:
-                best = max(best, comm + rank[c])
-        rank[v] = wbar[v] + best
-    return rank
-
-
 def hand_topo_check(pb: Problem) -> bool:
     """Plan order is topological: every activation's readers come after its writer."""
     return all(c > p for t, p in enumerate(pb.t_producer) if p >= 0 for c in pb.t_consumers[t])
@@ -277,10 +259,10 @@ def main() -> int:
         *interleaved(rep, lambda: heft_mod.rank_order(pb), lambda: nx_rank_order(pb, g)))
     row("3. ... building the DAG too",
         *interleaved(rep, lambda: heft_mod.rank_order(pb), lambda: nx_rank_order(pb)))
-    crit_hand, crit_nx = max(hand_rank(pb)), nx_critical_path(g)
+    crit_hand, crit_nx = max(heft_mod.upward_ranks(pb)), nx_critical_path(g)
     assert math.isclose(crit_hand, crit_nx, rel_tol=1e-9), (crit_hand, crit_nx)
     row("4. critical path length (DAG prebuilt)",
-        *interleaved(rep, lambda: max(hand_rank(pb)), lambda: nx_critical_path(g)))
+        *interleaved(rep, lambda: max(heft_mod.upward_ranks(pb)), lambda: nx_critical_path(g)))
 
     # 5: descendants and ancestors
     probes = [pb.n // 4, pb.n // 2, 3 * pb.n // 4]

@@ -295,7 +295,7 @@ def graphopt_option(model: nn.Module, inputs: tuple[torch.Tensor, ...],
         f"{n.get('scale', math.nan):.3g}, cosine {n.get('cosine', math.nan):.6f}, within "
         f"{n.get('within')}" for n in info.get("numerics", []))
     rows = ", ".join(f"{r.artifact} {r.seconds * 1e3:.1f} ms" if r.seconds else
-                     f"{r.artifact} {r.error or 'not timed'}" for r in opt.deploy.rows)
+                     f"{r.artifact} {r.error or 'not timed'}" for r in opt.deploy.candidates)
     passes = ", ".join(map(str, info.get("passes_applied") or [])) or "none"
     note = (f"artifact {run.artifact} (measured {opt.deploy.measured}: {rows}); optimize "
             f"{seconds:.1f} s; passes {passes}; {where}\n    vs eager: err {err[0]:.3g} cos "

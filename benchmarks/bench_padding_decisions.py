@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from graphopt.backends.torch.padding import pad_channels  # noqa: E402
 from graphopt.backends.torch.pipeline import prepare  # noqa: E402
+from graphopt.ir.decision_details import PaddingDetail  # noqa: E402
 from graphopt.ir.options import Options  # noqa: E402
 from tests.arch_zoo import ARCHS, build  # noqa: E402
 from tests.zoo import zoo  # noqa: E402
@@ -53,11 +54,12 @@ def decisions(name: str, make: Any, target: str, dtype: str) -> list[dict[str, A
         d = kinds.get("padding")
         if d is None:
             continue
-        f = d.fields
+        f = d.detail
+        full = isinstance(f, PaddingDetail)  # else a PaddingSkip: no sizes weighed
         rows.append({"model": name, "target": target, "dtype": dtype, "node": node,
-                     "applied": d.applied, "old": dict(f.get("old", {})),
-                     "new": dict(f.get("new", {})), "candidate": dict(f.get("candidate", {})),
-                     "gain": f.get("predicted_gain"), "reason": d.reason})
+                     "applied": d.applied, "old": dict(f.old or {}), "new": dict(f.new or {}),
+                     "candidate": dict(f.candidate or {}) if full else {},
+                     "gain": f.predicted_gain if full else None, "reason": d.reason})
     return rows
 
 

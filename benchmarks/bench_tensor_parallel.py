@@ -58,6 +58,7 @@ from graphopt.errors import GraphoptError  # noqa: E402
 from graphopt.frontends import load_graph  # noqa: E402
 from graphopt.frontends.llm_steps import DecodeStep, PrefillStep  # noqa: E402
 from graphopt.hardware import get_target  # noqa: E402
+from graphopt.ir.plan_partition import StrategyChoice  # noqa: E402
 from graphopt.partition import parse_devices, split  # noqa: E402
 from graphopt.partition.strategies import run_strategy  # noqa: E402
 from graphopt.partition.tensor_parallel import tensor_parallel  # noqa: E402
@@ -104,18 +105,18 @@ def nodes_spec(shape: str) -> str:
                     for i in range(per)) + ",net=400Gb/s"
 
 
-def auto_choice(plan, devices, source, module=None) -> dict:
+def auto_choice(plan, devices, source, module=None) -> StrategyChoice:
     """``--strategy auto``: every candidate's latency and throughput, and the pick."""
     t0 = time.perf_counter()
     win, section = run_strategy(plan, devices, "auto", source=source, module=module)
-    print(f"  auto ({time.perf_counter() - t0:.1f} s): picked {win.name}: {section['why']}")
-    for c in section["candidates"]:
-        if c["feasible"]:
-            shown = f" [costed, not emitted: {c['not_emitted']}]" if c.get("not_emitted") else ""
-            print(f"    {c['strategy']:8s} latency {c['latency_s'] * 1e3:7.1f} ms, throughput "
-                  f"{c['throughput_per_s']:6.2f} prompts/s ({c['detail']}){shown}")
+    print(f"  auto ({time.perf_counter() - t0:.1f} s): picked {win.name}: {section.why}")
+    for c in section.candidates:
+        if c.feasible:
+            shown = f" [costed, not emitted: {c.not_emitted}]" if c.not_emitted else ""
+            print(f"    {c.strategy:8s} latency {c.latency_s * 1e3:7.1f} ms, throughput "
+                  f"{c.throughput_per_s:6.2f} prompts/s ({c.detail}){shown}")
         else:
-            print(f"    {c['strategy']:8s} could not run: {c['why_not'][:160]}")
+            print(f"    {c.strategy:8s} could not run: {c.why_not[:160]}")
     return section
 
 
@@ -136,10 +137,10 @@ def model_auto(plan, graph, model, devices) -> None:
     print("  auto on the LlamaForCausalLM prefill (module given, so tensor may use sequence "
           "parallelism):")
     section = auto_choice(plan, devices, graph, module=model)
-    lat = {c["strategy"]: c["latency_s"] for c in section["candidates"] if c["feasible"]}
+    lat = {c.strategy: c.latency_s for c in section.candidates if c.feasible}
     base = [lat[s] for s in ("heft", "pipeline") if s in lat]
     if "tensor" in lat and base:
-        print(f"  tensor ({'with' if section['sequence_parallel'] else 'without'} sequence "
+        print(f"  tensor ({'with' if section.sequence_parallel else 'without'} sequence "
               f"parallelism) / best of HEFT and pipeline: {lat['tensor'] / min(base):.2f}x")
 
 

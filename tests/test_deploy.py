@@ -123,8 +123,8 @@ def test_a_gpu_target_or_measure_false_is_predicted_and_says_why(monkeypatch) ->
     gpu = graphopt.optimize(m, x, target="h100").deploy
     assert not gpu.measured and gpu.artifact in ARTIFACTS
     assert "is not this machine's CPU" in gpu.method and "not measured" in gpu.method
-    assert {r.artifact for r in gpu.rows} == set(ARTIFACTS)
-    assert all(r.within is None for r in gpu.rows)  # nothing ran
+    assert {r.artifact for r in gpu.candidates} == set(ARTIFACTS)
+    assert all(r.within is None for r in gpu.candidates)  # nothing ran
     off = graphopt.optimize(m, x, target="cpu", measure=False).deploy
     assert not off.measured and off.method.endswith("measure=False")
     assert "estimated torch" in off.reason
@@ -153,8 +153,8 @@ def test_measured_here_every_candidate_runs_and_the_choice_matches_the_original(
     opt = graphopt.optimize(m, x, target="cpu", precision="fp32")
     d = opt.deploy
     assert d.measured and d.original_s and d.original_s > 0
-    assert [r.artifact for r in d.rows] == list(ARTIFACTS)
-    for r in d.rows:
+    assert [r.artifact for r in d.candidates] == list(ARTIFACTS)
+    for r in d.candidates:
         if r.artifact == "torch.compile" and not HAS_CXX:  # reported, never chosen
             assert r.error and d.artifact != "torch.compile", r
             continue

@@ -34,7 +34,7 @@ def gemm(m: int, n: int, k: int, dtype: str = "bf16", kc: KernelClass = KernelCl
 
 
 def path(a: NodeAnalysis, target: str, dtype: str | None = None) -> str:
-    return exec_path(a, get_target(target), dtype).fields["path"]
+    return exec_path(a, get_target(target), dtype).detail.path
 
 
 BIG = gemm(8192, 8192, 8192)
@@ -45,8 +45,8 @@ BIG = gemm(8192, 8192, 8192)
     ("l4", "standard"), ("rtx-4090", "standard"), ("v100", "standard"), ("t4", "standard")])
 def test_large_bf16_gemm_path_per_generation(target: str, expected: str) -> None:
     d = exec_path(BIG, get_target(target))
-    assert d.fields["path"] == expected
-    assert d.reason and d.fields["tile"] and d.fields["launch"]
+    assert d.detail.path == expected
+    assert d.reason and d.detail.tile.instruction and d.detail.launch.to_json()
     json.dumps(d.to_dict())  # the report must serialize it
 
 
@@ -55,37 +55,37 @@ def test_wgmma_only_on_hopper_tcgen05_only_on_datacenter_blackwell(target: str) 
     t = get_target(target)
     for dtype in ("bf16", "fp16", "fp8", "int8", "fp4"):
         d = exec_path(gemm(8192, 8192, 8192, dtype), t)
-        instr = d.fields["tile"]["instruction"]
-        assert ("wgmma" in d.fields["path"] or "wgmma" in instr) == (
+        instr = d.detail.tile.instruction
+        assert ("wgmma" in d.detail.path or "wgmma" in instr) == (
             t.generation == "hopper" and dtype != "fp4"), (target, dtype)
-        assert "tcgen05" in instr or d.fields["path"] == "fp4_cluster" or not t.has("tcgen05")
+        assert "tcgen05" in instr or d.detail.path == "fp4_cluster" or not t.has("tcgen05")
         if not t.has("tcgen05"):
-            assert "tcgen05" not in d.fields["path"] and "tcgen05" not in instr
-        assert d.fields["path"] in GPU_PATHS
+            assert "tcgen05" not in d.detail.path and "tcgen05" not in instr
+        assert d.detail.path in GPU_PATHS
 
 
 def test_ada_fp8_runs_on_mma_sync() -> None:
     d = exec_path(gemm(8192, 8192, 8192, "fp8_e4m3"), get_target("l4"))
-    assert d.fields["path"] == "standard"
-    assert d.fields["tile"]["instruction"].startswith("mma.sync.aligned.m16n8k32")
-    assert "e4m3" in d.fields["tile"]["instruction"]
+    assert d.detail.path == "standard"
+    assert d.detail.tile.instruction.startswith("mma.sync.aligned.m16n8k32")
+    assert "e4m3" in d.detail.tile.instruction
     assert path(gemm(8192, 8192, 8192, "fp8"), "a100") == "standard"  # no FP8 at all
 
 
 def test_sm120_uses_tma_with_warp_level_mma() -> None:
     d = exec_path(BIG, get_target("rtx-5090"))
-    assert d.fields["path"] == "tma" and "mma.sync" in d.fields["tile"]["instruction"]
+    assert d.detail.path == "tma" and "mma.sync" in d.detail.tile.instruction
     assert "no wgmma/tcgen05" in d.reason and "consumer Blackwell" in d.reason
     fp4 = exec_path(gemm(8192, 8192, 8192, "fp4"), get_target("rtx-5090"))
-    assert fp4.fields["path"] == "tma" and "mxf4nvf4" in fp4.fields["tile"]["instruction"]
+    assert fp4.detail.path == "tma" and "mxf4nvf4" in fp4.detail.tile.instruction
 
 
 def test_blackwell_uses_2sm_cta_pair_and_fp4_cluster() -> None:
     d = exec_path(BIG, get_target("b200"))
-    assert d.fields["launch"]["cluster"] == [2, 1, 1] and "TMEM" in d.reason
-    assert "cta_group::2" in d.fields["tile"]["instruction"]
+    assert d.detail.launch.cluster == (2, 1, 1) and "TMEM" in d.reason
+    assert "cta_group::2" in d.detail.tile.instruction
     fp4 = exec_path(gemm(8192, 8192, 8192, "fp4"), get_target("b200"))
-    assert fp4.fields["path"] == "fp4_cluster" and "mxf4nvf4" in fp4.fields["tile"]["instruction"]
+    assert fp4.detail.path == "fp4_cluster" and "mxf4nvf4" in fp4.detail.tile.instruction
     assert path(gemm(8192, 8192, 8192, "fp4"), "h100") == "standard"  # Hopper has no FP4
 
 
@@ -93,45 +93,45 @@ def test_blackwell_uses_2sm_cta_pair_and_fp4_cluster() -> None:
     ("h100", "wgmma"), ("b200", "tcgen05"), ("rtx-5090", "standard")])
 def test_misaligned_gemm_is_not_tma_compatible(target: str, fallback: str) -> None:
     d = exec_path(gemm(8192, 8192, 4095, "fp16"), get_target(target))
-    assert d.fields["path"] == fallback
+    assert d.detail.path == fallback
     assert "TMA not usable" in d.reason and "multiple of 16" in d.reason
-    assert d.fields.get("tma") in (False, None)
+    assert d.detail.tma in (False, None)
 
 
 def test_small_gemm_falls_back_with_reason() -> None:
     tiny = exec_path(gemm(32, 32, 32), get_target("h100"))
-    assert tiny.fields["path"] == "standard" and "under 64" in tiny.reason
+    assert tiny.detail.path == "standard" and "under 64" in tiny.reason
     one_k = exec_path(gemm(64, 64, 64), get_target("b200"))
-    assert one_k.fields["path"] == "standard" and "too small" in one_k.reason
+    assert one_k.detail.path == "standard" and "too small" in one_k.reason
 
 
 def test_small_m_swaps_operands_instead_of_padding() -> None:
     d = exec_path(gemm(16, 4096, 4096), get_target("h100"))
-    assert d.fields["path"] == "tma_wgmma" and d.fields["tile"]["swap_ab"] is True
-    assert "m64n16k16" in d.fields["tile"]["instruction"]
+    assert d.detail.path == "tma_wgmma" and d.detail.tile.swap_ab is True
+    assert "m64n16k16" in d.detail.tile.instruction
 
 
 def test_fp32_uses_cuda_cores_unless_tf32_is_allowed() -> None:
     a = gemm(4096, 4096, 4096, "fp32")
     d = exec_path(a, get_target("h100"))
-    assert d.fields["path"] == "standard" and "TF32" in d.reason
+    assert d.detail.path == "standard" and "TF32" in d.reason
     tf32 = exec_path(a, get_target("h100"), dtype="tf32")
-    assert tf32.fields["path"] == "tma_wgmma" and "k8" in tf32.fields["tile"]["instruction"]
+    assert tf32.detail.path == "tma_wgmma" and "k8" in tf32.detail.tile.instruction
 
 
 def test_non_gemm_nodes_get_vectorized_paths() -> None:
     ew = NodeAnalysis(KernelClass.ELEMENTWISE, {"numel": 1 << 20}, 1 << 20, 0, 0, 0, "bf16")
     d = exec_path(ew, get_target("h100"))
-    assert d.fields["path"] == "standard" and "memory-bound" in d.reason
-    assert d.fields["launch"]["vector_width"] == 8
+    assert d.detail.path == "standard" and "memory-bound" in d.reason
+    assert d.detail.launch.vector_width == 8
     sm = NodeAnalysis(KernelClass.SOFTMAX, {"numel": 4096 * 1000, "rows": 4096, "cols": 1000},
                       0, 0, 0, 0, "fp32")
-    assert exec_path(sm, get_target("a100")).fields["launch"]["grid"] == [4096, 1, 1]
+    assert exec_path(sm, get_target("a100")).detail.launch.grid == (4096, 1, 1)
     gv = exec_path(gemm(1, 4096, 4096), get_target("b200"))
-    assert gv.fields["path"] == "standard" and "matrix-vector" in gv.reason
+    assert gv.detail.path == "standard" and "matrix-vector" in gv.reason
     view = exec_path(NodeAnalysis(KernelClass.VIEW, {"numel": 8}, 0, 0, 0, 0, "fp32"),
                      get_target("h100"))
-    assert view.fields["path"] == "none" and not view.applied
+    assert view.detail.path == "none" and not view.applied
 
 
 def test_conv_and_attention_paths() -> None:
@@ -153,7 +153,7 @@ def test_conv_and_attention_paths() -> None:
     ("graviton3", "int8", "neon"), ("epyc-7763", "int8", "avx2")])
 def test_cpu_paths(target: str, dtype: str, expected: str) -> None:
     d = exec_path(gemm(1024, 1024, 1024, dtype), get_target(target))
-    assert d.fields["path"] == expected and d.fields["launch"]["threads"] >= 1
+    assert d.detail.path == expected and d.detail.launch.threads >= 1
 
 
 def test_cpu_host_path_follows_its_flags() -> None:
@@ -165,7 +165,7 @@ def test_cpu_host_path_follows_its_flags() -> None:
         assert p == want
     # a dtype the CPU lacks is computed in fp32: no bf16 instruction on Ice Lake
     d = exec_path(gemm(512, 512, 512, "bf16"), get_target("xeon-8380"))
-    assert "fp32 after conversion" in d.reason and "bf16" not in d.fields["tile"]["instruction"]
+    assert "fp32 after conversion" in d.reason and "bf16" not in d.detail.tile.instruction
     ew = NodeAnalysis(KernelClass.ELEMENTWISE, {"numel": 1 << 20}, 0, 0, 0, 0, "bf16")
     assert path(ew, "xeon-8480") == "avx512"  # AMX is for GEMMs only
 

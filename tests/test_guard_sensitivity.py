@@ -209,9 +209,9 @@ def test_fp16_overflow_ranks_first_is_the_one_kept_and_ends_within_tolerance(cou
                  if "precision" in n.decisions}
     kept = decisions["MatMul_1"]
     assert not kept.applied and "accuracy guard" in kept.reason
-    assert kept.fields["sensitivity"]["rank"] == 1 and kept.fields["sensitivity"]["kept"]
+    assert kept.detail.sensitivity.rank == 1 and kept.detail.sensitivity.kept
     for name in ("MatMul_0", "MatMul_2", "MatMul_3"):
-        assert decisions[name].applied and "sensitivity" in decisions[name].fields
+        assert decisions[name].applied and decisions[name].detail.sensitivity is not None
     assert done.report["numerics"][0]["within"]
     _within(reference, _run(done.model, feed), FP16_RTOL)
     # the original, the probe, one check of the re-run, the final check: sessions do not grow
@@ -238,7 +238,7 @@ def test_int8_wide_range_input_ranks_first_and_is_the_one_kept_in_float():
     assert ops.get("MatMul_1") == "MatMul"
     assert sum(n.op_type == "MatMulInteger" for n in done.model.graph.node) == 3
     decision = next(n for n in done.plan.nodes if n.name == "MatMul_1").decisions["quantize"]
-    assert not decision.applied and decision.fields["sensitivity"]["kept"]
+    assert not decision.applied and decision.detail.sensitivity.kept
     assert all(n["within"] for n in done.report["numerics"])
     for feed, ref in zip(feeds, references, strict=True):
         _within(ref, OrtModel(done.model).run(feed), INT8_RTOL)

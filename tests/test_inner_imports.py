@@ -13,8 +13,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "graphopt"
 LIMIT = 30  # issue 32, item 5
 
@@ -51,9 +49,8 @@ def test_the_counter_sees_an_inner_import(tmp_path: Path) -> None:
     assert inner_imports(pkg) == ["graphopt/a.py:5 graphopt.c", "graphopt/a.py:6 ."]
 
 
-# 35 today: graphopt/__init__'s 6 lazy names, 27 imports of torch-only modules on paths the
-# ONNX flow shares (api/, cli/optimize, measure/, partition/strategies) and report/'s 2
-@pytest.mark.xfail(reason="torch-only paths and report/ pending (35 > 30)", strict=False)
+# what stays: graphopt/__init__'s lazy names (import time) and imports of graphopt modules that
+# load torch, on paths the ONNX flow shares (api/, cli/optimize, measure/, partition/)
 def test_inner_imports_of_graphopt_modules_within_limit() -> None:
     found = inner_imports()
     assert len(found) <= LIMIT, (f"{len(found)} imports of graphopt modules inside functions "

@@ -71,7 +71,7 @@ def precisions(plan: Any) -> dict[str, Any]:
 
 
 def int8_nodes(plan: Any) -> list[str]:
-    return [n for n, d in precisions(plan).items() if d.fields.get("format") == "int8"]
+    return [n for n, d in precisions(plan).items() if d.detail.format == "int8"]
 
 
 #: ORT runs a VNNI stand-in's plan (u8s8, no reduced range) on this host's own kernels: on a
@@ -111,23 +111,23 @@ def test_big_gemms_are_int8_on_every_path_where_the_cost_says_so(isa: str) -> No
     first, last = "linear", f"linear_{len(big) - 1}"
     for name, edge in ((first, "first"), (last, "last")):
         d = big[name]
-        assert d.fields["format"] == ("int8" if carrier == "fp32" else carrier)
-        if d.fields["format"] == "int8":
-            assert d.fields["edge"] == edge and f"the {edge} weight GEMM" in d.reason
+        assert d.detail.format == ("int8" if carrier == "fp32" else carrier)
+        if d.detail.format == "int8":
+            assert d.detail.edge == edge and f"the {edge} weight GEMM" in d.reason
     middle = {n: d for n, d in big.items() if n not in (first, last)}
     for d in [*middle.values(), bound["linear_1"]]:
         assert f"INT8 ({path}) " in d.reason and f" vs {carrier} " in d.reason
         assert "quantizing activations" in d.reason and "(dynamic)" in d.reason
         assert (" + casts " in d.reason) == (carrier == "bf16")
     want = "bf16" if carrier == "bf16" else "int8"
-    assert {d.fields["format"] for d in middle.values()} == {want}
+    assert {d.detail.format for d in middle.values()} == {want}
     if want == "int8":
         assert all("% faster; applied by" in d.reason for d in middle.values())
     else:
         assert all("eat what the int8 GEMM saves" in d.reason for d in middle.values())
     d = bound["linear_1"]
-    assert d.fields["format"] == "int8" and d.fields["baseline"] == carrier
-    assert d.fields["runs_on"] == "torch" and d.fields["speedup"] >= 1 / (1 - MIN_GAIN)
+    assert d.detail.format == "int8" and d.detail.baseline == carrier
+    assert d.detail.runs_on == "torch" and d.detail.speedup >= 1 / (1 - MIN_GAIN)
     assert "applied by torch's dynamic INT8 pass" in d.reason
 
 
@@ -138,7 +138,7 @@ def test_tiny_gemms_stay_because_quantizing_eats_the_gain(isa: str) -> None:
         tiny = precisions(graphopt.plan(*mlp(*TINY), target="cpu"))
     for name in ("linear_1", "linear_2"):
         d = tiny[name]
-        assert d.fields["format"] == carrier and not d.fields.get("baseline")
+        assert d.detail.format == carrier and not d.detail.baseline
         assert "quantizing the activations and its extra ops" in d.reason
         assert "eat what the int8 GEMM saves" in d.reason
 
@@ -149,16 +149,16 @@ def test_a_measured_int8_rate_replaces_the_table() -> None:
     icelake = get_target("xeon-8380")
     node = build_plan(load_onnx(_onnx_mlp(1024, 2048)), icelake).node("mm1")
     table = node_precision(node, icelake)
-    assert table.fields["format"] == "int8" and "AVX512-VNNI VPDPBUSD: peak" in table.reason
+    assert table.detail.format == "int8" and "AVX512-VNNI VPDPBUSD: peak" in table.reason
     fast = dataclasses.replace(icelake, measured_rates={"matrix:int8": 8e12,
                                                         "matrix:fp32": 2e12})
     d = node_precision(node, fast)
-    assert d.fields["format"] == "int8" and "(at 8000 GOP/s, measured by graphopt calibrate)" \
+    assert d.detail.format == "int8" and "(at 8000 GOP/s, measured by graphopt calibrate)" \
         in d.reason
     slow = dataclasses.replace(icelake, measured_rates={"matrix:int8": 2e12,
                                                         "matrix:fp32": 2e12})
     d = node_precision(node, slow)
-    assert d.fields["format"] == "fp32" and "measured by graphopt calibrate" in d.reason
+    assert d.detail.format == "fp32" and "measured by graphopt calibrate" in d.reason
 
 
 # --- the numbers of every INT8 set chosen, both backends, the same nodes --------------------
@@ -294,10 +294,10 @@ def test_convs_are_int8_by_the_static_cost_and_only_with_calibration(target: str
     plan = build_plan(load_onnx(m), get_target(target))
     convs = {n.name: n.decisions["precision"] for n in plan.nodes if n.op_type == "Conv"}
     every = ["conv0", "conv1", "conv2", "conv3"]  # the ends too, marked (rule 6 on CPUs)
-    assert [n for n, d in convs.items() if d.fields["format"] == "int8"] == every
+    assert [n for n, d in convs.items() if d.detail.format == "int8"] == every
     assert all("(static)" in convs[n].reason and "QLinearConv" in convs[n].reason
                for n in every)
-    assert convs["conv0"].fields["edge"] == "first" and convs["conv3"].fields["edge"] == "last"
+    assert convs["conv0"].detail.edge == "first" and convs["conv3"].detail.edge == "last"
     plain = graphopt.optimize(m, target=target, measure=False)
     assert quantized(plain) == []
     reason = next(n for n in plain.plan.nodes if n.name == "conv1").decisions["quantize"].reason
@@ -326,7 +326,7 @@ def test_depthwise_convs_stay_float(target: str) -> None:
     for n in plan.nodes:
         if n.op_type == "Conv" and n.name not in ("conv0", "conv3"):
             d = n.decisions["precision"]
-            assert d.fields["format"] != "int8" and GROUPED_CONV_INT8_MEASURED in d.reason
+            assert d.detail.format != "int8" and GROUPED_CONV_INT8_MEASURED in d.reason
 
 
 class _WithDeadHead(torch.nn.Module):
@@ -357,8 +357,8 @@ def test_a_dead_gemm_is_not_the_last_and_stays() -> None:
         o_opt = graphopt.optimize(export_torch(m, x).model, target="cpu", measure=False)
     prec = precisions(plan)
     dead = [n for n, d in prec.items() if "no graph output depends on it" in d.reason]
-    assert len(dead) == 1 and prec[dead[0]].fields["format"] == "fp32"
-    assert prec["linear_3"].fields["edge"] == "last"  # the body's last, not the head
+    assert len(dead) == 1 and prec[dead[0]].detail.format == "fp32"
+    assert prec["linear_3"].detail.edge == "last"  # the body's last, not the head
     assert quantized(t_opt) == int8_nodes(plan) == ["linear", "linear_1", "linear_2",
                                                     "linear_3"]
     assert _by_weight(o_opt.plan, quantized(o_opt)) == _by_weight(plan, int8_nodes(plan))

@@ -16,6 +16,7 @@ from graphopt.backends.torch.layout_regions import is_entry_conversion, is_exit_
 from graphopt.backends.torch.pipeline import decide_run, optimize_torch, prepare
 from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import tolerance_for
+from graphopt.ir.decision_details import LayoutDetail, LayoutFormat
 from graphopt.ir.options import Options
 
 ONEDNN = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
@@ -125,8 +126,8 @@ def test_forced_region_one_entry_one_exit_and_same_numbers() -> None:
         assert w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
     for conv in ("conv2d", "conv2d_1"):
         d = _layout(ctx, conv)
-        assert d.applied and d.fields == {"format": "channels_last", "region": 0,
-                                          "predicted_gain_s": _net(region)}
+        assert d.applied and d.detail == LayoutDetail(LayoutFormat.CHANNELS_LAST, 0,
+                                                      _net(region))
         assert "forced by layout=channels_last" in d.reason
     assert any(n.op == "call_module" for n in gm.graph.nodes)  # _guards_fn kept
     _assert_same(model, gm, x)
@@ -150,7 +151,7 @@ def test_pipeline_keeps_outputs_within_fp32_tolerance() -> None:
     assert "layout" in info["passes_applied"] and not info["passes_reverted"]
     assert info["notes"]["layout"]["conversions"] == 2
     by_name = {n.name: n for n in plan.nodes}
-    assert by_name["conv2d"].decisions["layout"].fields["format"] == "channels_last"
+    assert by_name["conv2d"].decisions["layout"].detail.format == "channels_last"
 
 
 def test_fp32_on_volta_is_kept_with_the_reason() -> None:
@@ -161,8 +162,7 @@ def test_fp32_on_volta_is_kept_with_the_reason() -> None:
     assert gm.code == before and _conversions(gm) == (0, 0)
     for conv in ("conv2d", "conv2d_1"):
         d = _layout(ctx, conv)
-        assert not d.applied and d.fields == {"format": "nchw", "region": None,
-                                              "predicted_gain_s": None}
+        assert not d.applied and d.detail == LayoutDetail(LayoutFormat.NCHW, None, None)
         assert "Volta" in d.reason and "sm_70" in d.reason
 
 
@@ -171,7 +171,7 @@ def test_grouped_conv_on_h100_fp16_is_kept_nchw() -> None:
     gm, ctx = _prepared(model, x, target="h100", dtype="fp16")
     channels_last(gm, ctx)
     d = _layout(ctx, "conv2d_1")  # the grouped conv: 8 channels per group
-    assert not d.applied and d.fields["format"] == "nchw" and d.fields["region"] is None
+    assert not d.applied and d.detail.format == "nchw" and d.detail.region is None
     assert "grouped conv with 8 channels per group" in d.reason
     grouped = next(n for n in gm.graph.nodes if n.name == "conv2d_1")
     assert not is_entry_conversion(grouped.args[0])  # it reads NCHW data
@@ -183,8 +183,8 @@ def test_depthwise_conv_joins_the_region_on_h100_fp16() -> None:
     gm, ctx = _prepared(model, x, target="h100", dtype="fp16")
     assert channels_last(gm, ctx)
     d = _layout(ctx, "conv2d_1")
-    assert d.applied and d.fields == {"format": "channels_last", "region": 0,
-                                      "predicted_gain_s": _net(ctx.notes["layout"]["regions"][0])}
+    assert d.applied and d.detail == LayoutDetail(
+        LayoutFormat.CHANNELS_LAST, 0, _net(ctx.notes["layout"]["regions"][0]))
     assert "tensor-core" in d.reason
     assert len(ctx.notes["layout"]["regions"]) == 1
     _assert_same(model, gm, x)
@@ -195,7 +195,7 @@ def test_fp32_on_h100_is_not_applied_in_auto() -> None:
     gm, ctx = _prepared(model, x, target="h100", dtype="fp32")
     assert not channels_last(gm, ctx)
     d = _layout(ctx, "conv2d_1")
-    assert not d.applied and d.fields["region"] == 0 and "not applied because" in d.reason
+    assert not d.applied and d.detail.region == 0 and "not applied because" in d.reason
 
 
 def test_keep_changes_nothing() -> None:
@@ -217,8 +217,8 @@ def test_two_regions_have_their_own_conversions() -> None:
     regions = ctx.notes["layout"]["regions"]
     assert [(r["entries"], r["exits"]) for r in regions] == [(1, 1), (1, 1)]
     assert ctx.notes["layout"]["conversions"] == 4 and _conversions(gm) == (2, 2)
-    assert _layout(ctx, "conv2d").fields["region"] == 0
-    assert _layout(ctx, "conv2d_1").fields["region"] == 1
+    assert _layout(ctx, "conv2d").detail.region == 0
+    assert _layout(ctx, "conv2d_1").detail.region == 1
     view = next(n for n in gm.graph.nodes if is_aten(n, "view"))
     assert is_exit_conversion(view.args[0].args[0].args[0])  # view <- linear <- flatten <- exit
     _assert_same(model, gm, x)

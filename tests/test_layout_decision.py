@@ -38,8 +38,8 @@ def _convs(plan: Plan) -> list[dict[str, Any]]:
     for n in plan.nodes:
         if n.op_type == "Conv":
             d = n.decisions["layout"]
-            out.append({"format": d.fields["format"], "region": d.fields["region"],
-                        "reason": d.reason, "gain": d.fields["predicted_gain_s"]})
+            out.append({"format": d.detail.format, "region": d.detail.region,
+                        "reason": d.reason, "gain": d.detail.predicted_gain_s})
     return out
 
 
@@ -79,7 +79,7 @@ def test_h100_runs_the_plain_net_nhwc_on_both(tmp_path: Path) -> None:
     assert as_onnx.info["session"]["providers"][0][1]["prefer_nhwc"] == "1"
     for n in as_onnx.plan.nodes:
         if n.op_type == "Conv":
-            assert n.decisions["layout"].applied and "backend" not in n.decisions["layout"].fields
+            assert n.decisions["layout"].applied and n.decisions["layout"].detail.backend is None
 
 
 def test_h100_keeps_the_grouped_conv_nchw_on_both(tmp_path: Path) -> None:
@@ -102,8 +102,8 @@ def test_cpu_onnx_states_what_ort_does_instead(tmp_path: Path) -> None:
         if n.op_type == "Conv":
             d = n.decisions["layout"]
             assert not d.applied  # ORT's CPU EP chooses its own layout
-            assert ("NCHWc" in d.fields.get("backend", "")) == (d.fields["format"]
-                                                                 == "channels_last")
+            assert ("NCHWc" in (d.detail.backend or "")) == (d.detail.format
+                                                             == "channels_last")
 
 
 def test_decision_cases_on_the_plan() -> None:
@@ -144,7 +144,7 @@ def test_onnx_says_where_the_session_option_overrides_a_conv(tmp_path: Path) -> 
     assert opt.info["session"]["providers"][0][1]["prefer_nhwc"] == "1"
     up = next(n for n in opt.plan.nodes if n.op_type == "ConvTranspose").decisions["layout"]
     assert not up.applied and "transposed conv" in up.reason
-    assert "one option per session" in up.fields["backend"]
+    assert "one option per session" in up.detail.backend
 
 
 def test_torch_pass_applies_whatever_the_plan_decides() -> None:

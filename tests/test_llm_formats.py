@@ -130,7 +130,7 @@ def test_auto_is_the_plans_per_node_choice(plans) -> None:
     for phase in ("prefill", "decode"):
         plan = getattr(lp, phase)
         wf = weight_formats(plan, "auto")
-        chosen = {n.name: n.decisions["precision"].fields["format"] for n in _weight_gemms(plan)}
+        chosen = {n.name: n.decisions["precision"].detail.format for n in _weight_gemms(plan)}
         assert dict(wf.applied) == {k: v for k, v in chosen.items() if v != "bf16"}
         assert set(wf.kept) == {k for k, v in chosen.items() if v == "bf16"}
         assert wf.kept == {n.name: n.decisions["precision"].reason for n in _weight_gemms(plan)
@@ -151,7 +151,7 @@ def test_an_explicit_format_keeps_the_first_and_last_gemm(plans) -> None:
         assert kept[gemms[0].name].startswith("first weight GEMM")
         assert kept[gemms[-1].name].startswith("last weight GEMM")
         # the plan's own precision decision keeps them at bf16 too
-        assert {n.decisions["precision"].fields["format"] for n in (gemms[0], gemms[-1])} == \
+        assert {n.decisions["precision"].detail.format for n in (gemms[0], gemms[-1])} == \
             {"bf16"}
 
 

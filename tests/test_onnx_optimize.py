@@ -126,7 +126,7 @@ def test_fp16_islands_keep_io_types_and_tolerance(name, tmp_path):
     for run in (proto, emulate_fp16(proto)):  # ORT as is, and every fp16 value rounded
         _close(exp.outputs, _run(run, exp.feeds), FP16_RTOL)
     decisions = plan.node(gemms[0].name).decisions["precision"]
-    assert decisions.applied and decisions.fields["format"] == "fp16"
+    assert decisions.applied and decisions.detail.format == "fp16"
 
 
 def test_decomposed_rmsnorm_stays_fp32_between_its_ops():

@@ -28,6 +28,7 @@ from graphopt.backends.onnx.quantize import (
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import get_target
+from graphopt.ir.decision_details import PrecisionDetail
 from graphopt.ir.plan import Decision
 from tests.hostisa import real_host_flags
 from tests.onnx_rewrite_models import (
@@ -135,10 +136,10 @@ def test_auto_on_a_cpu_quantizes_the_plans_nodes_on_every_int8_path(target) -> N
     src, ctx = context(mlp(BIG), target, quantize="auto")
     out = checked(quantize(src, ctx))
     planned = {n.name for n in ctx.plan.nodes
-               if n.decisions["precision"].fields["format"] == "int8"}
+               if n.decisions["precision"].detail.format == "int8"}
     assert planned == {"mm0", "mm1", "mm2", "mm3"} and quantized_nodes(ctx) == planned
-    assert next(n for n in ctx.plan.nodes if n.name == "mm3").decisions["precision"].fields[
-        "edge"] == "last"
+    mm3 = next(n for n in ctx.plan.nodes if n.name == "mm3")
+    assert mm3.decisions["precision"].detail.edge == "last"
     assert "ConvInteger" not in ops(out) and "MatMulInteger" in ops(out)
     assert not ctx.decisions["conv"]["quantize"].applied
     sample = feeds(0, BIG)
@@ -148,7 +149,7 @@ def test_auto_on_a_cpu_quantizes_the_plans_nodes_on_every_int8_path(target) -> N
 def with_formats(ctx: OnnxContext, formats: dict[str, str]) -> OnnxContext:
     """The context with the plan's precision decisions replaced (what a big model would get)."""
     nodes = tuple(replace(n, decisions={**n.decisions, "precision": Decision(
-        "test", {"format": formats[n.name]})}) if n.name in formats else n
+        "test", PrecisionDetail(formats[n.name]))}) if n.name in formats else n
         for n in ctx.plan.nodes)
     return OnnxContext(replace(ctx.plan, nodes=nodes), ctx.target, ctx.options, ctx.samples,
                        ctx.calibration, ctx.compute_dtype)

@@ -48,8 +48,7 @@ def test_padding_tc_guide_always_pads_to_multiples_of_8() -> None:
     assert ops(out)[0] == "Pad"  # the 3-channel input is padded per call
     assert ctx.notes["padding"]["padded_nodes"] == ["conv1", "conv2", "fc", "mm"]
     d = ctx.decisions["conv2"]["padding"]
-    assert d.applied and d.fields["new"] == {"C_in": 72, "C_out": 136} and d.fields[
-        "multiple"] == 8
+    assert d.applied and d.detail.new == {"C_in": 72, "C_out": 136} and d.detail.multiple == 8
     assert ctx.decisions["add"]["padding_carry"].applied  # the bias Add is padded ahead of time
     x = {"x": _RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)}
     assert rel_err(run(m, x), run(out, x)) < PAD_RTOL
@@ -60,7 +59,7 @@ def test_padding_auto_follows_the_cost_model_and_never_fires_where_useless() -> 
     src, ctx = context(tc_guide(64), dtype="fp16", pad="auto")
     out = checked(pad_channels(src, ctx))
     d = ctx.decisions["conv2"]["padding"]
-    assert d.applied and d.fields["predicted_gain"] >= 1.1  # Inductor's pad_mm margin
+    assert d.applied and d.detail.predicted_gain >= 1.1  # Inductor's pad_mm margin
     assert any(not ctx.decisions[n]["padding"].applied for n in ("conv1", "fc", "mm"))
     x = {"x": _RNG.standard_normal((1, 3, 64, 64)).astype(np.float32)}
     assert rel_err(run(tc_guide(64), x), run(out, x)) < PAD_RTOL
@@ -85,7 +84,7 @@ def test_padding_is_sliced_before_a_channel_reduction_after_sigmoid() -> None:
               [init("w", 67, 16, 1, 1), init("fw", 10, 67)])
     src, ctx = context(m, dtype="fp16", pad="always")
     out = checked(pad_channels(src, ctx))
-    assert not ctx.decisions["sig"]["padding_carry"].fields.get("clean", False)
+    assert not ctx.decisions["sig"]["padding_carry"].detail.clean
     assert "reduces over the padded channel axis" in ctx.decisions["mean_c"][
         "padding_slice"].reason
     assert producer(out, "s").op_type == "Slice"  # the real sigmoid output, for mean_c
@@ -200,7 +199,7 @@ def test_padding_conv_transpose_and_a_grouped_conv_read_padded_channels_exactly(
     src, ctx = context(m, dtype="fp16", pad="always")
     out = checked(pad_channels(src, ctx))
     assert inits_of(out)[producer(out, "u_padded").input[1]] == (16, 16, 2, 2)
-    assert ctx.decisions["up"]["padding"].fields["new"] == {"C_in": 16, "C_out": 16}
+    assert ctx.decisions["up"]["padding"].detail.new == {"C_in": 16, "C_out": 16}
     assert "Gather" in ops(out)  # the grouped conv's input: 5 -> 8 per group, per call
     x = {"x": _RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)}
     assert rel_err(run(m, x), run(out, x)) < PAD_RTOL

@@ -42,9 +42,9 @@ def test_nvidia_example_always(target: str) -> None:
     gm, ctx, changed = run_pass(NvidiaCNN(), (seeded(2, 3, 16, 16),), target=target)
     assert changed
     for name, new in NVIDIA_DIMS.items():
-        assert pad(ctx, name).applied and dict(pad(ctx, name).fields["new"]) == new
-    assert dict(pad(ctx, "conv2d").fields["old"]) == {"C_in": 3, "C_out": 67}
-    assert pad(ctx, "linear").fields["waste_pct"] > 0
+        assert pad(ctx, name).applied and dict(pad(ctx, name).detail.new) == new
+    assert dict(pad(ctx, "conv2d").detail.old) == {"C_in": 3, "C_out": 67}
+    assert pad(ctx, "linear").detail.waste_pct > 0
     # one per-call pad (the image, 3 -> 8), one slice (the output, back to 251); pooling and
     # flatten carry the 136 channels into the Linear
     assert ctx.notes["padding"]["per_call_pads"] == [
@@ -65,14 +65,14 @@ def test_nvidia_example_auto_where_compute_bound() -> None:
     want = {"conv2d": {"C_in": 3, "C_out": 72}, "conv2d_1": NVIDIA_DIMS["conv2d_1"]}
     for name in ("conv2d", "conv2d_1"):
         d = pad(ctx, name)
-        assert d.applied and dict(d.fields["new"]) == want[name], d
-        assert d.fields["predicted_gain"] >= 1.1 and "margin" in d.reason
+        assert d.applied and dict(d.detail.new) == want[name], d
+        assert d.detail.predicted_gain >= 1.1 and "margin" in d.reason
     # the FC writes the graph output: padding N to 256 would need a copy back to 251 channels
     # for the caller (charged on every backend, so torch and ONNX decide alike), which eats
     # the gain; it still reads the carried 136 channels (K absorbed with zero weights)
     fc = pad(ctx, "linear")
-    assert not fc.applied and dict(fc.fields["candidate"]) == NVIDIA_DIMS["linear"], fc
-    assert dict(fc.fields["new"]) == {"K": 136, "N": 251}
+    assert not fc.applied and dict(fc.detail.candidate) == NVIDIA_DIMS["linear"], fc
+    assert dict(fc.detail.new) == {"K": 136, "N": 251}
     assert slices(ctx) == []
 
 
@@ -81,7 +81,7 @@ def test_auto_declines_small_memory_bound_convs() -> None:
     d = pad(ctx, "conv2d")
     assert not d.applied
     assert re.fullmatch(r"not applied: predicted \d\.\d\dx < 1\.1x margin", d.reason)
-    assert d.fields["predicted_gain"] < 1.1 and dict(d.fields["candidate"])["C_out"] == 72
+    assert d.detail.predicted_gain < 1.1 and dict(d.detail.candidate)["C_out"] == 72
 
 
 class Grouped(nn.Module):
@@ -98,8 +98,8 @@ class Grouped(nn.Module):
 def test_grouped_conv_padded_per_group() -> None:
     gm, ctx, _ = run_pass(Grouped(first=False), (seeded(2, 3, 8, 8),))
     d = pad(ctx, "conv2d_1")
-    assert dict(d.fields["old"]) == {"C_in": 20, "C_out": 36, "groups": 4}
-    assert dict(d.fields["new"]) == {"C_in": 32, "C_out": 64, "groups": 4}
+    assert dict(d.detail.old) == {"C_in": 20, "C_out": 36, "groups": 4}
+    assert dict(d.detail.new) == {"C_in": 32, "C_out": 64, "groups": 4}
     # conv2d's output (20 real of 24, a prefix) is regathered per group: 4 blocks of 8
     assert {"node": "conv2d_1", "source": "relu", "from": 24, "to": 32} in \
         ctx.notes["padding"]["per_call_pads"]
@@ -109,7 +109,7 @@ def test_grouped_conv_padded_per_group() -> None:
 
 def test_grouped_conv_on_the_input_or_not_at_all() -> None:
     _, ctx, _ = run_pass(Grouped(first=True), (seeded(2, 20, 8, 8),))
-    assert dict(pad(ctx, "conv2d").fields["new"]) == {"C_in": 32, "C_out": 64, "groups": 4}
+    assert dict(pad(ctx, "conv2d").detail.new) == {"C_in": 32, "C_out": 64, "groups": 4}
     _, ctx, changed = run_pass(Grouped(first=True), (seeded(2, 20, 8, 8),), pad="auto")
     assert not changed and not pad(ctx, "conv2d").applied
     assert pad(ctx, "conv2d").reason.startswith("not applied: predicted")
@@ -134,8 +134,8 @@ def test_depthwise_conv_not_padded_but_carries_padded_input() -> None:
     assert not pad(ctx, "conv2d").applied
     assert pad(ctx, "conv2d_2").reason.startswith("not applied: depthwise conv")
     dw = pad(ctx, "conv2d_2", "padding_carry")
-    assert dw.reason.startswith("carried: depthwise") and dict(dw.fields["new"]) == {"groups": 72}
-    assert dict(pad(ctx, "conv2d_3").fields["new"]) == {"C_in": 72, "C_out": 64}
+    assert dw.reason.startswith("carried: depthwise") and dict(dw.detail.new) == {"groups": 72}
+    assert dict(pad(ctx, "conv2d_3").detail.new) == {"C_in": 72, "C_out": 64}
     assert slices(ctx) == []
 
 
@@ -156,13 +156,13 @@ class Attention(nn.Module):
 def test_attention_head_dim_padded_with_scale_kept() -> None:
     gm, ctx, _ = run_pass(Attention(4, 68), (seeded(2, 16, 64),))
     d = pad(ctx, "scaled_dot_product_attention")
-    assert d.applied and dict(d.fields["old"]) == {"head_dim": 68}
-    assert dict(d.fields["new"]) == {"head_dim": 72}
+    assert d.applied and dict(d.detail.old) == {"head_dim": 68}
+    assert dict(d.detail.new) == {"head_dim": 72}
     sdpa = next(n for n in gm.graph.nodes if aten_name(n) == "scaled_dot_product_attention")
     assert sdpa.kwargs["scale"] == pytest.approx(1 / math.sqrt(68))
     assert val(sdpa).shape[-1] == 72
     # the head merge (H, D) -> H*D splits nothing: it is carried into the out-projection
-    assert dict(pad(ctx, "linear_1").fields["new"])["K"] == 4 * 72
+    assert dict(pad(ctx, "linear_1").detail.new)["K"] == 4 * 72
     assert slices(ctx) == []
 
 
@@ -185,9 +185,9 @@ class Transposed(nn.Module):
 
 def test_transposed_convs_pad_and_absorb() -> None:
     _, ctx, _ = run_pass(Transposed(), (seeded(2, 16, 4, 4),))
-    assert dict(pad(ctx, "conv_transpose2d").fields["new"]) == {"C_in": 16, "C_out": 72}
-    assert dict(pad(ctx, "conv_transpose2d_1").fields["new"]) == {"C_in": 72, "C_out": 32}
-    assert dict(pad(ctx, "conv2d").fields["new"]) == {"C_in": 32, "C_out": 64}
+    assert dict(pad(ctx, "conv_transpose2d").detail.new) == {"C_in": 16, "C_out": 72}
+    assert dict(pad(ctx, "conv_transpose2d_1").detail.new) == {"C_in": 72, "C_out": 32}
+    assert dict(pad(ctx, "conv2d").detail.new) == {"C_in": 32, "C_out": 64}
     assert slices(ctx) == []
 
 
@@ -207,8 +207,8 @@ class AddmmMm(nn.Module):
 def test_addmm_and_mm_weights_are_padded_like_linear() -> None:
     gm, ctx, changed = run_pass(AddmmMm(), (seeded(64, 129),))
     assert changed
-    assert dict(pad(ctx, "addmm").fields["new"]) == {"K": 136, "N": 256}
-    assert dict(pad(ctx, "mm").fields["new"]) == {"K": 256, "N": 80}
+    assert dict(pad(ctx, "addmm").detail.new) == {"K": 136, "N": 256}
+    assert dict(pad(ctx, "mm").detail.new) == {"K": 256, "N": 80}
     assert slices(ctx) == [("output", 77, 80)]
 
 
@@ -263,8 +263,8 @@ def test_cpu_fp32_has_no_alignment_requirement() -> None:
 
 def test_fp32_on_a100_convs_use_tf32_multiples_linears_none() -> None:
     _, ctx, _ = run_pass(NvidiaCNN(), (seeded(2, 3, 16, 16),), dtype="fp32")
-    assert dict(pad(ctx, "conv2d").fields["new"]) == {"C_in": 4, "C_out": 68}
-    assert pad(ctx, "conv2d").fields["multiple"] == 4
+    assert dict(pad(ctx, "conv2d").detail.new) == {"C_in": 4, "C_out": 68}
+    assert pad(ctx, "conv2d").detail.multiple == 4
     _, ctx, _ = run_pass(LinearLayerNorm(), (seeded(4, 10, 64),), dtype="fp32", pad="auto")
     assert "runs on CUDA cores" in pad(ctx, "linear").reason
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graphopt.backends.torch.fx_utils import aten_name
+from graphopt.ir.decision_details import PaddingCarryDetail
 from tests.padding_models import LinearLayerNorm, ops, pad, randomize_bn, run_pass, seeded, slices
 
 
@@ -32,7 +33,7 @@ def test_residual_add_of_equally_padded_branches_is_carried() -> None:
     assert pad(ctx, "add", "padding_carry").reason.startswith(
         "carried: Add of two equally padded tensors")
     assert slices(ctx) == [] and "slice" not in ops(gm)
-    assert dict(pad(ctx, "conv2d_2").fields["new"]) == {"C_in": 72, "C_out": 64}
+    assert dict(pad(ctx, "conv2d_2").detail.new) == {"C_in": 72, "C_out": 64}
 
 
 class Concat(nn.Module):
@@ -47,9 +48,10 @@ class Concat(nn.Module):
 
 def test_concat_along_channels_places_maps_at_offsets() -> None:
     gm, ctx, _ = run_pass(Concat(), (seeded(2, 16, 8, 8),))
-    assert dict(pad(ctx, "cat", "padding_carry").fields) == {"real": 8, "padded": 16, "clean": True}
+    assert pad(ctx, "cat", "padding_carry").detail == PaddingCarryDetail(real=8, padded=16,
+                                                                         clean=True)
     # the consumer sees [a: 3 real of 8 | b: 5 real of 8]; its in-weights sit at 0-2 and 8-12
-    assert dict(pad(ctx, "conv2d_2").fields["new"]) == {"C_in": 16, "C_out": 64}
+    assert dict(pad(ctx, "conv2d_2").detail.new) == {"C_in": 16, "C_out": 64}
     w = next(n for n in gm.graph.nodes if n.name == "conv2d_2").args[1]
     weight = getattr(gm, w.target)
     nonzero = weight.abs().sum(dim=(0, 2, 3)) != 0
@@ -75,7 +77,7 @@ def test_sigmoid_then_channel_mean_slices_before_the_reduction() -> None:
     # the mean would count sigmoid(0) = 0.5 in 5 padded channels: sliced; the conv ignores them
     assert slices(ctx) == [("mean", 67, 72)]
     assert "reduces over the padded channel axis" in pad(ctx, "mean", "padding_slice").reason
-    assert dict(pad(ctx, "conv2d_1").fields["new"]) == {"C_in": 72, "C_out": 64}
+    assert dict(pad(ctx, "conv2d_1").detail.new) == {"C_in": 72, "C_out": 64}
 
 
 class ConvGroupNorm(nn.Module):
@@ -96,7 +98,7 @@ def test_groupnorm_over_padded_groups_slices_before_it() -> None:
 
 def test_layernorm_over_padded_features_slices_before_it() -> None:
     _, ctx, _ = run_pass(LinearLayerNorm(), (seeded(4, 10, 64),))
-    assert dict(pad(ctx, "linear").fields["new"]) == {"K": 64, "N": 72}
+    assert dict(pad(ctx, "linear").detail.new) == {"K": 64, "N": 72}
     assert pad(ctx, "gelu", "padding_carry").reason.startswith("carried")
     assert slices(ctx) == [("layer_norm", 67, 72)]
 
@@ -134,7 +136,7 @@ class Flatten(nn.Module):
 
 def test_flatten_of_spatial_dims_scatters_the_linear_weight() -> None:
     _, ctx, _ = run_pass(Flatten(), (seeded(2, 16, 4, 4),))
-    assert dict(pad(ctx, "linear").fields["new"]) == {"K": 72 * 16, "N": 16}
+    assert dict(pad(ctx, "linear").detail.new) == {"K": 72 * 16, "N": 16}
 
 
 class SqueezeExcite(nn.Module):
@@ -207,7 +209,7 @@ class ProjectedSDPA(nn.Module):
 
 def test_sdpa_reads_a_zero_tail_padded_projection_as_is() -> None:
     gm, ctx, _ = run_pass(ProjectedSDPA(), (seeded(2, 8, 64),))
-    assert dict(pad(ctx, "linear").fields["new"]) == {"K": 64, "N": 72}
-    assert dict(pad(ctx, "scaled_dot_product_attention").fields["new"]) == {"head_dim": 72}
+    assert dict(pad(ctx, "linear").detail.new) == {"K": 64, "N": 72}
+    assert dict(pad(ctx, "scaled_dot_product_attention").detail.new) == {"head_dim": 72}
     assert ctx.notes["padding"]["per_call_pads"] == []
     assert slices(ctx) == [("output", 67, 72)]

@@ -308,8 +308,8 @@ def test_pipeline_stages_are_contiguous_and_cover_the_plan():
 @pytest.mark.parametrize("strategy", ["heft", "pipeline"])
 def test_split_is_deterministic(strategy):
     plan, ds = planned(random_dag(7, 10), SPEC3)
-    a = json.dumps(split(plan, ds, strategy).to_dict(), sort_keys=True)
-    b = json.dumps(split(plan, ds, strategy).to_dict(), sort_keys=True)
+    a = json.dumps(split(plan, ds, strategy).to_record().to_json(), sort_keys=True)
+    b = json.dumps(split(plan, ds, strategy).to_record().to_json(), sort_keys=True)
     assert a == b
 
 
@@ -319,8 +319,8 @@ def test_apply_partition_writes_device_decisions_and_the_report_section():
     out = apply_partition(plan, part)
     for n in out.nodes:
         dec = n.decisions["device"]
-        assert dec.fields["device"] == part.assignment[n.name]
-        assert dec.fields["finish_s"] >= dec.fields["start_s"] >= 0
+        assert dec.detail.device == part.assignment[n.name]
+        assert dec.detail.finish_s >= dec.detail.start_s >= 0
         assert dec.reason
     report = json.loads(out.to_json())
     section = report["partition"]

@@ -11,6 +11,7 @@ import pytest
 
 from graphopt.backends.driver import Pass, PassResult, ToleranceKind, run_passes
 from graphopt.decisions.tolerance import Tolerance, tolerance_for
+from graphopt.ir.decision_details import DropDetail, QuantizeDetail
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision
 
@@ -66,8 +67,8 @@ def _pass(name: str, dy: float = 0.0, dt: float = 0.0, *, fires: bool = True,
     """A pass that moves the output by ``dy`` (relative) and the run time by ``dt``, and records
     a decision on node "n" either way."""
     def run(model: Model, ctx: Ctx) -> Model | None:
-        ctx.decisions.setdefault("n", {})[name] = Decision(reason=f"{name} here",
-                                                           applied=fires)
+        ctx.decisions.setdefault("n", {})[name] = Decision(  # the driver reads no detail
+            reason=f"{name} here", detail=DropDetail(), applied=fires)
         return Model(model.y * (1 + dy), model.t + dt) if fires else None
     return Pass(name, run, tolerance, option)
 
@@ -159,7 +160,7 @@ def test_the_budget_kinds_have_one_spelling() -> None:
 def test_a_self_checking_pass_that_backs_out_keeps_its_own_decisions() -> None:
     def guarded(model: Model, ctx: Ctx) -> PassResult[Model]:
         ctx.decisions["n"] = {"quantize": Decision(reason="moved back by the guard",
-                                                   applied=False)}
+                                                   detail=QuantizeDetail(), applied=False)}
         return PassResult(model, False, "reverted: beyond tolerance")
     backend = FakeBackend()
     out = run_passes(backend, Model(REFERENCE), [Pass("quantize", guarded, "int8")],

@@ -19,14 +19,15 @@ from torch.nn import functional as F
 import graphopt
 import graphopt.decisions.rewrites as rewrites
 from graphopt.frontends.onnx_export import export_torch
+from graphopt.ir.decision_details import Detail
 from graphopt.ir.plan import Plan
 from tests import zoo
 
 _KINDS = ("padding", "padding_carry", "padding_slice", "layout", "fold", "drop")
 
 
-def _rewrites(plan: Plan) -> dict[tuple[str, str], tuple[bool, str, dict[str, Any]]]:
-    return {(n.name, k): (d.applied, d.reason, dict(d.fields)) for n in plan.nodes
+def _rewrites(plan: Plan) -> dict[tuple[str, str], tuple[bool, str, Detail]]:
+    return {(n.name, k): (d.applied, d.reason, d.detail) for n in plan.nodes
             for k, d in n.decisions.items() if k in _KINDS}
 
 
@@ -100,8 +101,8 @@ def test_onnx_plan_shows_what_optimize_applies(tmp_path: Path, target: str) -> N
     done = graphopt.optimize(str(path), target=target, measure=False)
     assert _rewrites(planned) == _rewrites(done.plan)
     layouts = [d for (_, k), d in _rewrites(planned).items() if k == "layout"]
-    assert layouts and all(("backend" in f) == (target == "xeon-8380" and f["format"] ==
-                                                 "channels_last") for _, _, f in layouts)
+    assert layouts and all((f.backend is not None) == (target == "xeon-8380" and f.format ==
+                                                        "channels_last") for _, _, f in layouts)
 
 
 def test_plan_padding_and_layout_in_the_report() -> None:

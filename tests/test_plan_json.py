@@ -13,6 +13,14 @@ from dataclasses import dataclass, fields
 import pytest
 
 import graphopt
+from graphopt.ir.decision_details import (
+    DETAILS,
+    ExecPath,
+    LayoutFormat,
+    PaddingDetail,
+    PaddingSkip,
+    read_detail,
+)
 from graphopt.ir.plan import SCHEMA_VERSION, Plan
 from graphopt.ir.plan_summary import ModelInfo, Summary, TensorSpec
 from graphopt.ir.records import Record, optional
@@ -89,6 +97,46 @@ def test_an_unknown_or_mistyped_key_is_refused_by_path() -> None:
         Plan.from_json(wrong)
     with pytest.raises(graphopt.GraphoptError, match="not a graphopt plan"):
         Plan.from_json({"schema_version": SCHEMA_VERSION})
+
+
+def test_each_decision_reads_back_as_its_kinds_record() -> None:
+    model, example = zoo.zoo()["odd_residual_cnn"]
+    plan = graphopt.plan(model, example, target="h100")
+    back = Plan.from_json(plan.to_json())
+    seen = set()
+    for node, read in zip(plan.nodes, back.nodes, strict=True):
+        for kind, d in node.decisions.items():
+            assert type(read.decisions[kind].detail) is type(d.detail), (node.name, kind)
+            assert isinstance(d.detail, DETAILS[kind]) and d.kind == kind, (node.name, kind)
+            seen.add(kind)
+    assert {"exec_path", "precision", "padding", "layout", "fold"} <= seen, seen
+    convs = [n for n in back.nodes if n.op_type == "Conv"]
+    assert all(isinstance(n.decisions["exec_path"].detail.path, ExecPath) for n in convs)
+    assert all(isinstance(n.decisions["layout"].detail.format, LayoutFormat) for n in convs)
+    padded = [n.decisions["padding"].detail for n in convs]
+    assert all(isinstance(p, PaddingDetail) for p in padded), padded
+    assert any(p.candidate for p in padded), padded  # a declined pad names what it weighed
+
+
+def test_an_unknown_decision_kind_or_key_is_refused_by_path() -> None:
+    model, example = zoo.zoo()["odd_residual_cnn"]
+    data = graphopt.plan(model, example, target="h100").to_dict()
+    node = next(i for i, n in enumerate(data["nodes"]) if n["op_type"] == "Conv")
+    name = data["nodes"][node]["name"]
+    kind = json.loads(json.dumps(data))
+    kind["nodes"][node]["decisions"]["paddng"] = kind["nodes"][node]["decisions"]["padding"]
+    with pytest.raises(graphopt.GraphoptError, match="'paddng'"):
+        Plan.from_json(kind)
+    key = json.loads(json.dumps(data))
+    key["nodes"][node]["decisions"]["precision"]["formt"] = "bf16"
+    with pytest.raises(graphopt.GraphoptError,
+                       match=rf"nodes\[{name}\]\.decisions\.precision .*'formt'"):
+        Plan.from_json(key)
+    typed = json.loads(json.dumps(data))
+    typed["nodes"][node]["decisions"]["exec_path"]["path"] = "warp_drive"
+    with pytest.raises(graphopt.GraphoptError, match=r"exec_path\.path"):
+        Plan.from_json(typed)
+    assert read_detail("padding", {}) == PaddingSkip()  # the one padding with no sizes
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from graphopt.decisions.precision.format import choose_precision
 from graphopt.decisions.tolerance import tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target
+from graphopt.ir.decision_details import PrecisionDetail
 from graphopt.ir.options import Options
 
 LOW = ("bf16", "fp16")
@@ -217,7 +218,7 @@ def test_transformer_block_gemms_low_sensitive_ops_fp32(fmt: str) -> None:
     _assert_meta_is_runtime(gm, dt)
     for n in _by_op(gm, "linear", "matmul", "scaled_dot_product_attention"):
         assert dt[n.name] == low, n.name
-        assert ctx.decisions[n.name]["precision"].fields == {"format": fmt}
+        assert ctx.decisions[n.name]["precision"].detail == PrecisionDetail(fmt)
         assert ctx.decisions[n.name]["precision"].applied
     islands = _by_op(gm, "softmax", "layer_norm")
     rms = [n for n in gm.graph.nodes if (a := ctx.analysis(n)) and a.pattern == "rmsnorm:0"]
@@ -225,7 +226,7 @@ def test_transformer_block_gemms_low_sensitive_ops_fp32(fmt: str) -> None:
     for n in islands + rms:
         assert dt[n.name] == torch.float32, n.name
         d = ctx.decisions[n.name]["precision"]
-        assert d.fields == {"format": "fp32"} and d.reason.startswith("fp32 island"), d.reason
+        assert d.detail == PrecisionDetail("fp32") and d.reason.startswith("fp32 island"), d.reason
     assert "rmsnorm:0" in ctx.decisions[rms[0].name]["precision"].reason
     assert dt[next(iter(_by_op(gm, "gelu"))).name] == low  # elementwise between two GEMMs
     # parameters converted once, ahead of time: no fp32 copy of a GEMM weight is left
@@ -325,8 +326,8 @@ def test_weight_beyond_fp16_range_keeps_its_gemm_fp32_as_tf32() -> None:
     gm, ctx, _ = _rewrite(model, (x,), "fp16")
     first, second = _by_op(gm, "linear")
     d = ctx.decisions[first.name]["precision"]
-    assert d.fields == {"format": "tf32"} and "beyond fp16's range" in d.reason
-    assert ctx.decisions[second.name]["precision"].fields == {"format": "fp16"}
+    assert d.detail == PrecisionDetail("tf32") and "beyond fp16's range" in d.reason
+    assert ctx.decisions[second.name]["precision"].detail == PrecisionDetail("fp16")
     assert ctx.notes["precision"]["runtime"]["allow_tf32"] is True
     assert dict(gm.named_parameters())["0.weight"].dtype == torch.float32
     _check_numerics(model, gm, (x,), "fp16")
@@ -357,7 +358,7 @@ def test_fp32_changes_no_dtype_but_says_why() -> None:
     assert ctx.compute_dtype == "fp32" and reduce_precision(gm, ctx) is False
     assert gm.code == code
     d = ctx.decisions[_by_op(gm, "linear")[0].name]["precision"]
-    assert not d.applied and d.fields == {"format": "fp32"}
+    assert not d.applied and d.detail == PrecisionDetail("fp32")
     assert "no native bf16" in d.reason
     assert ctx.notes["precision"]["runtime"] == {"allow_tf32": False}
 
@@ -369,7 +370,7 @@ def test_tf32_marks_gemms_and_sets_the_runtime_flag() -> None:
     ctx.compute_dtype = "tf32"
     assert reduce_precision(gm, ctx) is False
     gemms = _by_op(gm, "linear", "matmul", "scaled_dot_product_attention")
-    assert all(ctx.decisions[n.name]["precision"].fields == {"format": "tf32"} for n in gemms)
+    assert all(ctx.decisions[n.name]["precision"].detail == PrecisionDetail("tf32") for n in gemms)
     assert "softmax" not in ctx.decisions
     assert ctx.notes["precision"]["runtime"] == {"allow_tf32": True}
 

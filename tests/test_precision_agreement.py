@@ -46,7 +46,7 @@ def _islands(plan: Plan) -> tuple[set[tuple[str, bool]], set[str]]:
     for node in plan.nodes:
         d = decided.get(node.name)
         if d is not None and node.analysis.kernel_class in _CLASSES:
-            pairs.add((node.analysis.kernel_class.value, bool(d.fields["island"])))
+            pairs.add((node.analysis.kernel_class.value, bool(d.detail.island)))
             op_types.add(node.op_type)
     return pairs, op_types
 
@@ -150,8 +150,8 @@ def test_the_planners_islands_are_the_backends_rule(name: str) -> None:
         decided = plan_decisions(plan, "bf16")
         for node in plan.nodes:
             d, rule = node.decisions["precision"], decided.get(node.name)
-            island = rule is not None and rule.fields["island"]
-            assert (d.fields["format"] == "fp32") == island, (node.name, d.reason)
+            island = rule is not None and rule.detail.island
+            assert (d.detail.format == "fp32") == island, (node.name, d.reason)
             assert not island or d.reason == rule.reason, (node.name, d.reason)
 
 
@@ -182,7 +182,7 @@ def _by_kind(plan: Plan) -> dict[str, tuple[bool, str]]:
     for n in plan.nodes:
         if (kind := _kind(n)) is not None:
             d = n.decisions["precision"]
-            out[kind] = (d.fields["format"] == "fp32", d.reason if d.fields["format"] ==
+            out[kind] = (d.detail.format == "fp32", d.reason if d.detail.format ==
                          "fp32" else "")
     return out
 
@@ -222,7 +222,7 @@ def test_onnx_pass_makes_a_square_an_island_without_a_plan_node() -> None:
     squares = [n for n in proto.graph.node if n.op_type == "Mul" and n.input[0] == n.input[1]]
     assert len(squares) == 1
     d = ctx.decisions[squares[0].name]["precision"]
-    assert d.fields["role"] == "island" and "square" in d.reason
-    assert all(ctx.decisions[n.name]["precision"].fields["format"] == "fp16"
+    assert d.detail.role == "island" and "square" in d.reason
+    assert all(ctx.decisions[n.name]["precision"].detail.format == "fp16"
                for n in proto.graph.node if n.op_type == "MatMul")
 

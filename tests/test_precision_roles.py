@@ -332,7 +332,7 @@ def _onnx_roles(model: nn.Module, x: torch.Tensor) -> tuple[Any, Any, list[tuple
     ctx = OnnxContext(plan, plan.target, Options(), [exp.feeds], compute_dtype="fp16")
     out = onnx_precision.reduce_precision(graph.source_model, ctx)
     assert out is not None
-    roles = [(n.op_type, ctx.decisions[n.name]["precision"].fields["role"],
+    roles = [(n.op_type, ctx.decisions[n.name]["precision"].detail.role,
               ctx.decisions[n.name]["precision"].reason) for n in plan.nodes]
     return out, exp, roles
 
@@ -409,7 +409,7 @@ def test_the_onnx_pass_checks_constants_only_on_the_way_to_fp16() -> None:
     plan = build_plan(loaded, get_target("h100"))
     ctx = OnnxContext(plan, plan.target, Options(), [], compute_dtype="fp16")
     assert onnx_precision.reduce_precision(loaded.source_model, ctx) is not None
-    got = {n: (ctx.decisions[n]["precision"].fields["role"], ctx.decisions[n]["precision"].reason)
+    got = {n: (ctx.decisions[n]["precision"].detail.role, ctx.decisions[n]["precision"].reason)
            for n in ("mm", "ln", "add", "mm_big")}
     assert got["mm"] == ("low", "fp16: GEMM with fp32 accumulation")
     assert got["ln"][0] == "island" and got["ln"][1].startswith("fp32 island: norm kernel;")

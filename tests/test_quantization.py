@@ -158,60 +158,60 @@ def mid_gemm(target: str, m: int = 4096, d: int = 4096, dtype: str = "bf16"):
 def test_fp8_for_a_big_gemm_on_ada_and_hopper(target: str) -> None:
     node, _ = mid_gemm(target)
     d = node_precision(node, get_target(target))
-    assert d.fields["format"] == "fp8_e4m3" and d.applied
+    assert d.detail.format == "fp8_e4m3" and d.applied
     # issue 22: graphopt's torch module runs FP8 Linear layers (it was "plan-only" before)
-    assert d.fields["runs_on"] == "torch" and d.fields["kernel"] == "fp8_e4m3"
+    assert d.detail.runs_on == "torch" and d.detail.kernel == "fp8_e4m3"
     assert "graphopt::fp8_linear over torch._scaled_mm" in d.reason
-    assert d.fields["speedup"] > 1 + 0.10
+    assert d.detail.speedup > 1 + 0.10
 
 
 def test_no_fp8_on_ampere() -> None:
     node, _ = mid_gemm("a100")
     d = node_precision(node, get_target("a100"))
-    assert d.fields["format"] == "int8" and "no FP8 tensor cores on ampere" in d.reason
+    assert d.detail.format == "int8" and "no FP8 tensor cores on ampere" in d.reason
     v = node_precision(mid_gemm("v100")[0], get_target("v100"))
-    assert v.fields["format"] == "fp16" and "no FP8 or INT8" in v.reason
+    assert v.detail.format == "fp16" and "no FP8 or INT8" in v.reason
 
 
 def test_fp4_only_on_blackwell_and_only_weight_heavy() -> None:
-    decode = {t: node_precision(mid_gemm(t, m=16)[0], get_target(t)).fields["format"]
+    decode = {t: node_precision(mid_gemm(t, m=16)[0], get_target(t)).detail.format
               for t in GPUS}
     assert {t for t, f in decode.items() if f == "nvfp4"} == {"b200", "rtx-5090"}
     big = node_precision(mid_gemm("b200")[0], get_target("b200"))  # activations dominate
-    assert big.fields["format"] == "fp8_e4m3"
+    assert big.detail.format == "fp8_e4m3"
 
 
 def test_sensitive_nodes_stay_high() -> None:
     _, p = mid_gemm("h100")
     d = plan_precisions(p)
-    assert d["fc0"].fields["format"] == "bf16" and "first" in d["fc0"].reason
-    assert d["fc2"].fields["format"] == "bf16" and "last" in d["fc2"].reason
-    assert d["fc1"].fields["format"] == "fp8_e4m3"
-    assert d["ln"].fields["format"] == "fp32" and d["sm"].fields["format"] == "fp32"
+    assert d["fc0"].detail.format == "bf16" and "first" in d["fc0"].reason
+    assert d["fc2"].detail.format == "bf16" and "last" in d["fc2"].reason
+    assert d["fc1"].detail.format == "fp8_e4m3"
+    assert d["ln"].detail.format == "fp32" and d["sm"].detail.format == "fp32"
     assert not d["fc0"].applied  # the model is bf16 already: nothing changes
 
 
 def test_small_gemm_and_attention_logits_stay() -> None:
     small, _ = mid_gemm("h100", m=8, d=64)
     d = node_precision(small, get_target("h100"))
-    assert d.fields["format"] == "bf16" and "launch-bound" in d.reason
+    assert d.detail.format == "bf16" and "launch-bound" in d.reason
     g = G()
     q, k = g.input("q", (8, 16, 1024, 128), "bf16"), g.input("k", (8, 16, 128, 1024), "bf16")
     s = g.op("MatMul", [q, k], (8, 16, 1024, 1024), "bf16", name="qk")
     p = build_plan(g.build([s]), get_target("h100"))
     d = node_precision(p.node("qk"), get_target("h100"))
-    assert d.fields["format"] == "bf16" and "attention logits" in d.reason
+    assert d.detail.format == "bf16" and "attention logits" in d.reason
 
 
 def test_misaligned_gemm_is_not_quantized() -> None:
     node, _ = mid_gemm("h100", d=4100)  # 4100 % 16 != 0
     d = node_precision(node, get_target("h100"))
-    assert d.fields["format"] == "bf16" and "multiples of 16" in d.reason
+    assert d.detail.format == "bf16" and "multiples of 16" in d.reason
 
 
 def test_node_analysis_alone_is_accepted() -> None:
     node, _ = mid_gemm("h100")
-    assert node_precision(node.analysis, get_target("h100")).fields["format"] == "fp8_e4m3"
+    assert node_precision(node.analysis, get_target("h100")).detail.format == "fp8_e4m3"
 
 
 # --- CPU INT8 ------------------------------------------------------------------------------------
@@ -228,12 +228,12 @@ def test_int8_on_cpus_by_cost(target: str, m: int, fmt: str, words: str) -> None
     cpu = get_target(target)
     assert int8_pays_on_cpu(cpu)[0]
     d = node_precision(mid_gemm(target, m=m, dtype="fp32")[0], cpu)
-    assert d.fields["format"] == fmt and words in d.reason
+    assert d.detail.format == fmt and words in d.reason
     base = "bf16" if target == "xeon-8480" else "fp32"
     assert f" vs {base} " in d.reason and "quantizing activations" in d.reason
     if fmt == "int8":
-        assert d.fields["runs_on"] == "torch" and d.fields["baseline"] == base
-        assert d.fields["speedup"] >= 1 / (1 - 0.10) and d.fields["method"] == "dynamic"
+        assert d.detail.runs_on == "torch" and d.detail.baseline == base
+        assert d.detail.speedup >= 1 / (1 - 0.10) and d.detail.method == "dynamic"
 
 
 @pytest.mark.parametrize("cpu", [get_target("epyc-7763"), AVX2_HOST, get_target("xeon-8380")],
@@ -241,7 +241,7 @@ def test_int8_on_cpus_by_cost(target: str, m: int, fmt: str, words: str) -> None
 def test_tiny_gemms_stay_fp32(cpu) -> None:
     p = build_plan(mlp(8, 64, "fp32"), cpu)
     d = node_precision(p.node("fc1"), cpu)
-    assert d.fields["format"] == "fp32" and not d.applied
+    assert d.detail.format == "fp32" and not d.applied
     assert "quantizing the activations and its extra ops" in d.reason
 
 
@@ -253,7 +253,7 @@ def test_no_int8_without_an_int8_path() -> None:
     pays, why = int8_pays_on_cpu(cpu)
     assert not pays and "no int8 GEMM path" in why
     d = node_precision(build_plan(mlp(4096, 4096, "fp32"), cpu).node("fc1"), cpu)
-    assert d.fields["format"] == "fp32" and why in d.reason
+    assert d.detail.format == "fp32" and why in d.reason
 
 
 def test_host_answer_follows_its_flags() -> None:
@@ -278,8 +278,8 @@ def test_cpu_convolutions_are_costed_as_static_int8(target: str) -> None:
     p = _conv_plan(target)
     assert p.node("conv").analysis.kernel_class is KernelClass.CONV
     d = node_precision(p.node("conv"), get_target(target))
-    assert d.fields["format"] == "int8" and d.fields["method"] == "static"
-    assert d.fields["runs_on"] == "onnx" and "(static)" in d.reason
+    assert d.detail.format == "int8" and d.detail.method == "static"
+    assert d.detail.runs_on == "onnx" and "(static)" in d.reason
     assert "QLinearConv" in d.reason and "never dynamic" in d.reason
 
 

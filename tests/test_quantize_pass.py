@@ -54,7 +54,7 @@ def test_int8_linear_layers_match_fp32_and_leave_the_model_alone(seed):
     quantized = [n for n in opt.plan.nodes
                  if "quantize" in n.decisions and n.decisions["quantize"].applied]
     assert len(quantized) == 2
-    assert all(n.decisions["quantize"].fields["format"] == "int8" for n in quantized)
+    assert all(n.decisions["quantize"].detail.format == "int8" for n in quantized)
     assert type(model[0]) is torch.nn.Linear and type(model[2]) is torch.nn.Linear
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     with torch.no_grad():
@@ -97,9 +97,9 @@ def test_auto_applies_exactly_the_plans_int8_linears(isa):
         assert fmt == ("bf16" if isa == "xeon-8480" else "fp32")
     planned = [n.name for n in plan.nodes
                if n.decisions.get("precision") is not None
-               and n.decisions["precision"].fields.get("format") == "int8"]
+               and n.decisions["precision"].detail.format == "int8"]
     assert _quantized(opt) == planned
-    edges = {n.name: n.decisions["precision"].fields.get("edge") for n in plan.nodes
+    edges = {n.name: n.decisions["precision"].detail.edge for n in plan.nodes
              if n.name in planned}
     assert {edges.get("linear"), edges.get("linear_2")} <= {"first", "last", None}
     assert edges.get("linear") in (None, "first") and edges.get("linear_2") in (None, "last")
@@ -143,7 +143,7 @@ def test_measured_guard_reverts_a_slower_pass(monkeypatch):
                                                                                    2e-3))
     with host_isa("xeon-8380"):  # VNNI and fp32: the cost model proposes INT8 for all three
         assert [n.name for n in graphopt.plan(model, x, target="cpu").nodes
-                if n.decisions["precision"].fields.get("format") == "int8"] == [
+                if n.decisions["precision"].detail.format == "int8"] == [
                     "linear", "linear_1", "linear_2"]
         opt = graphopt.optimize(model, x, target="cpu", quantize="auto", measure=True)
     assert _quantized(opt) == []
@@ -162,7 +162,7 @@ def test_the_ends_are_retried_out_when_the_whole_int8_set_leaves_tolerance():
         (n,) = whole.info["numerics"]
         retried = graphopt.optimize(model, x, target="cpu", measure=False,
                                     tolerance=0.99 * n["max_abs"] / n["scale"])
-    edges = {n.name: n.decisions["precision"].fields.get("edge") for n in plan.nodes
+    edges = {n.name: n.decisions["precision"].detail.edge for n in plan.nodes
              if n.name in ("linear", "linear_1", "linear_2")}
     assert edges == {"linear": "first", "linear_1": None, "linear_2": "last"}
     assert _quantized(whole) == ["linear", "linear_1", "linear_2"]

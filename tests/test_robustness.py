@@ -92,7 +92,7 @@ def test_torch_plan_of_a_zero_batch_is_zero_time_with_sane_reports(target):
     assert plan.est_latency_s == 0.0
     empty = [n for n in plan.nodes if n.analysis.no_work and "exec_path" in n.decisions]
     assert empty and all(n.cost.est_time_s == 0.0 for n in empty)
-    assert all(n.decisions["exec_path"].fields["path"] == "none" for n in empty)
+    assert all(n.decisions["exec_path"].detail.path == "none" for n in empty)
     text = plan.to_json()
     assert "NaN" not in text and "Infinity" not in text
     json.loads(text)
@@ -223,7 +223,7 @@ def test_shapes_with_zeros_plan_on_every_target(b, s, c_in, c_out, heads, hd):
             if view:
                 assert t == 0.0
             elif n.analysis.no_work:
-                assert t == 0.0 and n.decisions["exec_path"].fields["path"] == "none"
+                assert t == 0.0 and n.decisions["exec_path"].detail.path == "none"
             else:
                 assert t > 0, (name, n.name)
         assert math.isfinite(plan.summary.predicted_speedup)

@@ -19,6 +19,7 @@ import torch
 
 import graphopt
 from graphopt.frontends.onnx_export import export_torch
+from graphopt.ir.decision_details import PaddingDetail
 from graphopt.ir.plan import Decision, NodePlan
 
 pytest.importorskip("transformers")
@@ -54,7 +55,8 @@ def _key(n: NodePlan) -> tuple[Any, ...]:
 
 
 def _gain(d: Decision | None) -> float | None:
-    return None if d is None else d.fields.get("predicted_gain")
+    return d.detail.predicted_gain if d is not None and isinstance(d.detail, PaddingDetail) \
+        else None
 
 
 def _same_padding(t: Decision | None, o: Decision | None) -> bool:
@@ -77,7 +79,7 @@ def _precision(d: Decision | None, onnx_fp16: bool) -> tuple[Any, ...] | None:
     stated reason: ONNX has no bf16 Conv, ORT's CPU EP no bf16 kernels)."""
     if d is None:
         return None
-    fmt, reason = d.fields.get("format"), d.reason
+    fmt, reason = d.detail.format, d.reason
     if onnx_fp16 and fmt == "bf16":
         fmt, reason = "fp16", reason.replace("bf16", "fp16")
     return fmt, reason
@@ -96,13 +98,13 @@ def _excused(kind: str, t: NodePlan | None, o: NodePlan | None) -> str | None:
     ort_fp32 = "ORT's CPU EP has no native bf16/fp16 kernels" in str(o.decisions.get(
         "precision"))
     if kind == "precision" and ort_fp32 and dt is not None and \
-            dt.fields.get("format") in ("bf16", "fp16"):
+            dt.detail.format in ("bf16", "fp16"):
         return "ORT's CPU EP has no bf16/fp16 kernels: the ONNX model stays fp32"
     if kind == "layout" and do is not None and dt is not None:
         # ORT running fp32 (above) changes only the bytes each conversion is costed at
         same_rule = do.reason == dt.reason or ort_fp32
-        if "backend" in do.fields and same_rule:
-            return f"ONNX Runtime: {do.fields['backend']}"
+        if do.detail.backend is not None and same_rule:
+            return f"ONNX Runtime: {do.detail.backend}"
         if ort_fp32 and do.applied == dt.applied:
             return "the same layout; its conversions costed at 4-byte fp32, as ORT runs it"
     return None

@@ -124,7 +124,7 @@ def test_range_decisions_are_the_static_decisions():
                                **kw)
 
     def padding(o):
-        return {n.name: (d.applied, d.fields.get("padded_shape"))
+        return {n.name: (d.applied, d.detail)
                 for n in o.plan.nodes if (d := n.decisions.get("padding"))}
 
     assert padding(static) == padding(ranged) and padding(static)

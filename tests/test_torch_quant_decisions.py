@@ -86,9 +86,8 @@ def _by_role(plan: Plan) -> dict[str, set[tuple[str, str, str | None, int | None
     lin = _linears(plan)
     for i, (role, d) in enumerate(lin):
         key = "first" if i == 0 else "lm_head" if i == len(lin) - 1 else role
-        f = d.fields
-        out.setdefault(key, set()).add((f["format"], f["runs_on"], f.get("kernel"),
-                                        f.get("group")))
+        f = d.detail
+        out.setdefault(key, set()).add((f.format, f.runs_on, f.kernel, f.group))
     return out
 
 
@@ -107,7 +106,7 @@ def test_decode_gemvs_take_int4_where_tinygemm_runs(phases, target: str) -> None
     for role in ("q", "o", "gate", "up", "down"):
         assert roles[role] == {INT4}, (role, roles[role])
     d = dict(_linears(plan))["up"]
-    assert d.applied and d.fields["baseline"] == "bf16" and d.fields["speedup"] > 1.1
+    assert d.applied and d.detail.baseline == "bf16" and d.detail.speedup > 1.1
     assert "INT4 (weight-only, g128): roofline" in d.reason
     assert "weights at 4.25 bits, activations and the matmul at bf16 (tinygemm)" in d.reason
     assert "graphopt::int4_linear over torch._weight_int4pack_mm" in d.reason
@@ -187,18 +186,18 @@ def _mid(target: str, m: int, k: int, n: int, dtype: str = "bf16", op: str = "Li
 def test_fp16_activations_are_refused_by_tinygemm_and_the_next_format_is_taken() -> None:
     """An fp16 model keeps fp16 as its carrier; CUDA's int4 kernel takes bf16 only."""
     d = _mid("a100", 1, 4096, 4096, "fp16")
-    assert (d.fields["format"], d.fields["runs_on"], d.fields["kernel"]) == \
+    assert (d.detail.format, d.detail.runs_on, d.detail.kernel) == \
         ("int8", "torch", "int8_dynamic")
     assert "torch's kernel refuses the node (fp16 activations: tinygemm (CUDA int4) takes bf16 " \
            "only" in d.reason
     h = _mid("h100", 1, 4096, 4096, "fp16")
-    assert h.fields["format"] == "fp8_e4m3" and "tinygemm" in h.reason
+    assert h.detail.format == "fp8_e4m3" and "tinygemm" in h.reason
 
 
 def test_a_shape_no_kernel_takes_keeps_the_carrier_with_each_reason() -> None:
     """N = 4104: FP8 needs N % 16 (tensor-core alignment) and the int4 packing N % 16."""
     d = _mid("h100", 1, 4096, 4104)
-    assert d.fields["format"] == "bf16" and "kernel" not in d.fields
+    assert d.detail.format == "bf16" and d.detail.kernel is None
     assert "FP8 (E4M3) needs K and N multiples of 16" in d.reason
     assert "N=4104: the int4 weight packing needs N divisible by 16" in d.reason
     k = _mid("h100", 1, 4104, 4096)  # K = 4104 splits into no int4 group
@@ -207,7 +206,7 @@ def test_a_shape_no_kernel_takes_keeps_the_carrier_with_each_reason() -> None:
 
 def test_a_k_that_splits_into_64_but_not_128_takes_group_64() -> None:
     d = _mid("a100", 1, 4160, 4096)  # 4160 = 65 x 64
-    assert (d.fields["format"], d.fields["group"]) == ("int4", 64)
+    assert (d.detail.format, d.detail.group) == ("int4", 64)
     assert "INT4 (weight-only, g64)" in d.reason and "weights at 4.5 bits" in d.reason
 
 
@@ -215,10 +214,10 @@ def test_a_low_bit_matmul_is_plan_only_torch_replaces_linear_only() -> None:
     """Must not fire: torch's kernels replace aten.linear, so a MatMul is never "torch" (and
     gets no weight-only candidate)."""
     d = _mid("h100", 4096, 4096, 4096, op="MatMul")
-    assert d.fields["format"] == "fp8_e4m3" and d.fields["runs_on"] == "plan-only"
-    assert "kernel" not in d.fields and "replace nn.Linear only, not MatMul" in d.reason
+    assert d.detail.format == "fp8_e4m3" and d.detail.runs_on == "plan-only"
+    assert d.detail.kernel is None and "replace nn.Linear only, not MatMul" in d.reason
     gemv = _mid("h100", 1, 4096, 4096, op="MatMul")
-    assert gemv.fields["format"] == "fp8_e4m3" and "INT4" not in gemv.reason
+    assert gemv.detail.format == "fp8_e4m3" and "INT4" not in gemv.reason
 
 
 def test_the_cpu_path_is_unchanged() -> None:
@@ -231,8 +230,8 @@ def test_the_cpu_path_is_unchanged() -> None:
         x = g.op("Linear", [x, g.param(f"w{i}", (4096, 4096), "fp32")], (4096, 4096), "fp32",
                  name=f"fc{i}")
     d = node_precision(build_plan(g.build([x]), cpu).node("fc1"), cpu)
-    assert (d.fields["format"], d.fields["runs_on"]) == ("int8", "torch")
-    assert "kernel" not in d.fields and "group" not in d.fields
+    assert (d.detail.format, d.detail.runs_on) == ("int8", "torch")
+    assert d.detail.kernel is None and d.detail.group is None
 
 
 # --- kernel legality per device -----------------------------------------------------------------

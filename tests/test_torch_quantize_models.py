@@ -273,23 +273,21 @@ def test_auto_applies_what_the_plan_picked(rows: int, target: str, fmt: str | No
     prefill is plan-only (no torch FP4 kernel): nothing is lowered and the plan says so."""
     model, x = _mlp(), torch.randn(rows, 1024, generator=torch.Generator().manual_seed(3))
     opt = graphopt.optimize(model, x, target=target, measure=False)
-    planned = {n.name: n.decisions["precision"].fields
+    planned = {n.name: n.decisions["precision"].detail
                for n in graphopt.plan(model, x, target).nodes if n.op_type == "Linear"}
-    picked = {name for name, f in planned.items() if f.get("runs_on") == "torch"
-              and f.get("kernel")}
+    picked = {name for name, f in planned.items() if f.runs_on == "torch" and f.kernel}
     lowered = {n.name for n in opt.module.graph_module.graph.nodes
                if n.target in QUANT_OPS.values()}
     if fmt is None:
         assert not lowered and not picked
-        assert {f["format"] for f in planned.values()} >= {"nvfp4"}
-        assert all(f["runs_on"] == "plan-only" for f in planned.values()
-                   if f["format"] == "nvfp4")
+        assert {f.format for f in planned.values()} >= {"nvfp4"}
+        assert all(f.runs_on == "plan-only" for f in planned.values() if f.format == "nvfp4")
         return
-    candidates = {name for name, f in planned.items() if f.get("candidate")}
+    candidates = {name for name, f in planned.items() if f.candidate}
     assert picked == {"linear_1", "linear_2"} and candidates <= {"linear", "linear_3"}
     assert lowered and lowered <= picked | candidates
-    assert {planned[n]["format"] for n in picked} == {fmt}
-    assert all(planned[n]["candidate"] == fmt and planned[n]["edge"] in ("first", "last")
+    assert {planned[n].format for n in picked} == {fmt}
+    assert all(planned[n].candidate == fmt and planned[n].edge in ("first", "last")
                for n in candidates)
     budget = tolerance_for(fmt)
     with torch.no_grad():

@@ -15,6 +15,7 @@ from torch.distributed.tensor import Replicate
 
 import graphopt
 from graphopt.errors import GraphoptError
+from graphopt.ir.plan_parallel import ParallelizePlan
 from graphopt.partition.tp_blocks import find_tp_blocks
 from graphopt.partition.tp_emit import (
     apply_tensor_parallel,
@@ -101,10 +102,10 @@ def test_tensor_strategy_plans_gpt2_with_its_conv1d_blocks() -> None:
     plan = graphopt.plan(tiny_gpt2(), (_ids(),), target="h100-sxm", devices=TWO,
                          strategy="tensor")
     section = plan.tensor_parallel
-    assert [str(s["kind"]) for s in section["splits"]] == ["attention", "mlp"] * LAYERS
-    emitted = section["parallelize_module"]
-    assert "unavailable" not in emitted and emitted["unsplit"] == []
-    assert emitted["plan"][f"{_attn(1)}.c_attn"] == "FusedQKVColwiseParallel"
+    assert [s.kind for s in section.splits] == ["attention", "mlp"] * LAYERS
+    emitted = section.parallelize_module
+    assert isinstance(emitted, ParallelizePlan) and emitted.unsplit == ()
+    assert emitted.plan[f"{_attn(1)}.c_attn"] == "FusedQKVColwiseParallel"
 
 
 def test_case_3_permutation_gives_each_rank_whole_heads() -> None:

@@ -105,7 +105,7 @@ def test_split_and_gather_against_hand_computation():
     (s,) = tp.splits
     assert (s.kind, s.collective, s.allreduce_bytes) == ("lm_head", "all-gather", m * vocab * f)
     assert s.allreduce_s == pytest.approx(gather, rel=1e-12)
-    assert s.to_dict()["collective"] == "all-gather"
+    assert s.to_row().collective == "all-gather"
     assert tp.fallbacks == ()
     # memory: half the weight per device; the gathered logits are whole
     assert tp.params["cuda:0"] == h * f + h * vocab * f // t
@@ -132,10 +132,10 @@ def test_the_emitted_plan_follows_the_cost_models_choice():
     plan = graphopt.plan(tiny_llama(), (ids,), target="h100", devices=TWO, strategy="tensor")
     tp = plan.tensor_parallel
     # 16 tokens x 256 logits: the split saves nothing a launch does not cost anyway
-    assert [s["kind"] for s in tp["splits"]] == ["attention", "mlp"] * LAYERS
-    assert len(tp["fallbacks"]) == 1 and "less than the all-gather" in tp["fallbacks"][0]
-    assert "lm_head" not in tp["parallelize_module"]["plan"]
-    assert "lm_head" not in tp["parallelize_module"]["code"]
+    assert [s.kind for s in tp.splits] == ["attention", "mlp"] * LAYERS
+    assert len(tp.fallbacks) == 1 and "less than the all-gather" in tp.fallbacks[0]
+    assert "lm_head" not in tp.parallelize_module.plan
+    assert "lm_head" not in tp.parallelize_module.code
 
 
 # --- emitter -------------------------------------------------------------------------------

@@ -139,13 +139,13 @@ def test_tensor_strategy_takes_sequence_parallelism_when_it_is_faster() -> None:
     plan = graphopt.plan(_wide_llama(), (ids,), target="h100-sxm", devices=TWO,
                          strategy="tensor")
     st, tp = plan.strategy, plan.tensor_parallel
-    assert st["sequence_parallel"] is True
-    assert "with sequence parallelism:" in st["candidates"][0]["detail"]
-    assert tp["notes"]["sequence_parallel"]["enabled"] is True
-    emitted = tp["parallelize_module"]
-    assert emitted["sequence_parallel"] is True
-    assert emitted["plan"]["model.layers.0.input_layernorm"] == "SequenceParallel"
-    assert "RowwiseParallel(output_layouts=Shard(dim=1))" in emitted["code"]
+    assert st.sequence_parallel is True
+    assert "with sequence parallelism:" in st.candidates[0].detail
+    assert tp.notes.sequence_parallel.enabled is True
+    emitted = tp.parallelize_module
+    assert emitted.sequence_parallel is True
+    assert emitted.plan["model.layers.0.input_layernorm"] == "SequenceParallel"
+    assert "RowwiseParallel(output_layouts=Shard(dim=1))" in emitted.code
 
 
 def test_tensor_strategy_stays_plain_when_not_faster_or_not_emittable() -> None:
@@ -159,10 +159,10 @@ def test_tensor_strategy_stays_plain_when_not_faster_or_not_emittable() -> None:
     plan = graphopt.plan(model, (_input_ids(),), target="h100-sxm", devices=TWO,
                          strategy="tensor")
     st = plan.strategy
-    assert st["sequence_parallel"] is False and "plain:" in st["candidates"][0]["detail"]
-    assert plan.tensor_parallel["parallelize_module"]["sequence_parallel"] is False
+    assert st.sequence_parallel is False and "plain:" in st.candidates[0].detail
+    assert plan.tensor_parallel.parallelize_module.sequence_parallel is False
     graph = load_graph(model, (_input_ids(),))
     alone = with_partition(build_plan(graph, get_target("h100-sxm")), TWO, "tensor",
                            source=graph)  # the traced graph alone names no norms
     assert "no sequence parallelism: no torch module given" in \
-        alone.strategy["candidates"][0]["detail"]
+        alone.strategy.candidates[0].detail

@@ -206,12 +206,12 @@ def test_the_tensor_strategy_takes_sequence_parallelism_through_the_wrapper() ->
     ids = torch.randint(0, 256, (1, 1024), generator=torch.Generator().manual_seed(5))
     plan = graphopt.plan(Logits(wide), (ids,), target="h100-sxm", devices=TWO,
                          strategy="tensor")
-    assert plan.strategy["sequence_parallel"] is True
-    emitted = plan.tensor_parallel["parallelize_module"]
-    assert emitted["sequence_parallel"] is True
-    assert emitted["plan"]["model.model.layers.0.input_layernorm"] == "SequenceParallel"
-    assert emitted["plan"]["model.model.norm"] == "SequenceParallel"
-    assert "'model.lm_head':" in emitted["code"]
+    assert plan.strategy.sequence_parallel is True
+    emitted = plan.tensor_parallel.parallelize_module
+    assert emitted.sequence_parallel is True
+    assert emitted.plan["model.model.layers.0.input_layernorm"] == "SequenceParallel"
+    assert emitted.plan["model.model.norm"] == "SequenceParallel"
+    assert "'model.lm_head':" in emitted.code
 
 
 # --- where it must not fire, and why -------------------------------------------------------
@@ -421,10 +421,10 @@ def test_llama_70b_in_a_wrapper_reaches_half_of_hefts_makespan() -> None:
     devices = ",".join(f"cuda:{i}=h100" for i in range(4))
     heft = split(plan, parse_devices(devices), "heft").makespan_s
     tp = with_partition(plan, devices, "tensor", source=graph, module=model)
-    ratio = tp.partition["makespan_s"] / heft
-    assert tp.strategy["sequence_parallel"] is True
+    ratio = tp.partition.makespan_s / heft
+    assert tp.strategy.sequence_parallel is True
     assert ratio <= 0.5, f"tensor parallel is {ratio:.3f}x HEFT's makespan"
-    emitted = tp.tensor_parallel["parallelize_module"]
-    assert emitted["sequence_parallel"] is True
-    assert emitted["plan"]["model.model.layers.79.post_attention_layernorm"] == \
+    emitted = tp.tensor_parallel.parallelize_module
+    assert emitted.sequence_parallel is True
+    assert emitted.plan["model.model.layers.79.post_attention_layernorm"] == \
         "SequenceParallel"

@@ -17,6 +17,8 @@ from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.frontends import load_graph
 from graphopt.hardware import get_target
+from graphopt.ir.plan_parallel import ParallelizeUnavailable
+from graphopt.ir.plan_partition import Strategy, StrategyChoice
 from graphopt.partition import parse_devices
 from graphopt.partition.strategies import compare, run_strategy
 from graphopt.partition.two_d import nvlink_groups, two_d
@@ -68,17 +70,17 @@ def test_tensor_strategy_attaches_sections_and_group_decisions(llama):
     plan, graph = llama
     out = with_partition(plan, TWO, "tensor", source=graph)
     tp, st, part = out.tensor_parallel, out.strategy, out.partition
-    assert st["winner"] == "tensor" and tp["degree"] == 2 and len(tp["splits"]) == 2
-    assert part["strategy"] == "tensor" and part["makespan_s"] == tp["makespan_s"]
-    assert len(part["collectives"]) == 2  # one all-reduce per row GEMM
-    assert all(c["devices"] == ["cuda:0", "cuda:1"] for c in part["collectives"])
-    pm = tp["parallelize_module"]
-    assert pm["plan"]["model.layers.0.self_attn.o_proj"] == "RowwiseParallel"
-    assert "parallelize_module(model, mesh, {" in pm["code"]
-    shares = {n.decisions["device"].fields["share"] for n in out.nodes}
+    assert st.winner == "tensor" and tp.degree == 2 and len(tp.splits) == 2
+    assert part.strategy == "tensor" and part.makespan_s == tp.makespan_s
+    assert len(part.collectives) == 2  # one all-reduce per row GEMM
+    assert all(c.devices == ("cuda:0", "cuda:1") for c in part.collectives)
+    pm = tp.parallelize_module
+    assert pm.plan["model.layers.0.self_attn.o_proj"] == "RowwiseParallel"
+    assert "parallelize_module(model, mesh, {" in pm.code
+    shares = {n.decisions["device"].detail.share for n in out.nodes}
     assert shares == {"1/2", "replicated"}
-    d = out.nodes[0].decisions["device"].fields
-    assert d["devices"] == ["cuda:0", "cuda:1"] and d["device"] == "cuda:0,cuda:1"
+    d = out.nodes[0].decisions["device"].detail
+    assert d.devices == ("cuda:0", "cuda:1") and d.device == "cuda:0,cuda:1"
 
 
 def test_tensor_strategy_memory_overflow_names_the_device(llama):
@@ -121,9 +123,9 @@ def test_two_d_clock_by_hand(llama):
     # the schedule is on the request's clock: stage 2 starts after stage 1 and the transfer
     starts = [s.start_s for s in res.schedule if s.device == "cuda:2"]
     assert min(starts) == pytest.approx(first.tp.makespan_s + first.send_s, rel=1e-12)
-    d = res.to_dict()
-    assert [s["stage_s"] for s in d["stages"]] == [first.stage_s, second.stage_s]
-    assert len(d["collectives"]) == 2 and {c["stage"] for c in d["collectives"]} <= {0, 1}
+    d = res.to_record(ParallelizeUnavailable("not asked", None))
+    assert [s.stage_s for s in d.stages] == [first.stage_s, second.stage_s]
+    assert len(d.collectives) == 2 and {c.stage for c in d.collectives} <= {0, 1}
 
 
 def test_two_d_cut_is_the_min_max_over_block_boundaries(llama):
@@ -171,20 +173,20 @@ def test_auto_picks_the_lowest_latency_and_keeps_the_losers(llama):
     plan, graph = llama
     out = with_partition(plan, NODES, "auto", source=graph)
     st = out.strategy
-    cands = {c["strategy"]: c for c in st["candidates"]}
+    cands = {c.strategy: c for c in st.candidates}
     assert set(cands) == {"heft", "pipeline", "tensor", "2d"}
-    assert all(c["feasible"] and c["latency_s"] > 0 and c["throughput_per_s"] > 0
+    assert all(c.feasible and c.latency_s > 0 and c.throughput_per_s > 0
                for c in cands.values())
     # no nn.Module given (the traced graph only): the 2-D split is costed, shown, never picked
-    assert not cands["2d"]["emittable"] and "no nn.Module" in cands["2d"]["not_emitted"]
-    assert all(c["emittable"] for name, c in cands.items() if name != "2d")
-    best = min((c for c in cands.values() if c["emittable"]), key=lambda c: c["latency_s"])
-    assert st["winner"] == best["strategy"] and st["picked_by"] == "latency for one request"
-    assert "costed but not emitted, so never picked: 2d" in st["why"]
-    assert st["why"].startswith(f"{best['strategy']} has the lowest latency")
+    assert not cands["2d"].emittable and "no nn.Module" in cands["2d"].not_emitted
+    assert all(c.emittable for name, c in cands.items() if name != "2d")
+    best = min((c for c in cands.values() if c.emittable), key=lambda c: c.latency_s)
+    assert st.winner == best.strategy and st.picked_by == "latency for one request"
+    assert "costed but not emitted, so never picked: 2d" in st.why
+    assert st.why.startswith(f"{best.strategy} has the lowest latency")
     # pipeline and 2-D overlap micro-batches: their stream beats one request at a time
-    assert cands["pipeline"]["throughput_per_s"] > 1 / cands["pipeline"]["latency_s"]
-    assert cands["2d"]["throughput_per_s"] > 1 / cands["2d"]["latency_s"]
+    assert cands["pipeline"].throughput_per_s > 1 / cands["pipeline"].latency_s
+    assert cands["2d"].throughput_per_s > 1 / cands["2d"].latency_s
 
 
 def test_auto_says_why_a_strategy_could_not_run(llama):
@@ -193,7 +195,7 @@ def test_auto_says_why_a_strategy_could_not_run(llama):
         "cuda:0=h100,cuda:1=h100,cuda:2=h100"))}
     assert not cands["tensor"].feasible and "splits no block" in cands["tensor"].why_not
     win, st = run_strategy(plan, parse_devices("cuda:0=h100,cuda:1=h100,cuda:2=h100"), "auto")
-    assert win.name in ("heft", "pipeline") and "could not run: tensor" in st["why"]
+    assert win.name in ("heft", "pipeline") and "could not run: tensor" in st.why
     assert "2d" not in cands  # one NVLink group
 
 
@@ -249,7 +251,8 @@ def test_two_d_report_has_stages_and_transfers(llama):
     res = two_d(plan, parse_devices(NODES), source=graph)
     from graphopt.partition.tp_attach import attach_split
 
-    out = attach_split(plan, res, {"winner": "2d", "candidates": []}, source=graph)
+    choice = StrategyChoice(Strategy.TWO_D, Strategy.TWO_D, False, "request", "asked", (), ())
+    out = attach_split(plan, res, choice, source=graph)
     data = json.loads(out.to_json())
     md = render_markdown(data)
     assert "### Stages (pipeline across groups)" in md

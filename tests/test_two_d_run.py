@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from graphopt.errors import GraphoptError
+from graphopt.ir.plan_parallel import ParallelizeUnavailable
+from graphopt.ir.plan_partition import Strategy, StrategyChoice
 from graphopt.partition import parse_devices
 from graphopt.partition.two_d import cost_split, two_d
 from graphopt.partition.two_d_emit import (
@@ -174,10 +176,10 @@ def test_a_cut_inside_a_layer_moves_to_the_nearest_boundary_and_is_recosted() ->
     assert out.latency_s == pytest.approx(again.latency_s, rel=1e-12)
     assert out.notes["planned_latency_s"] == inside.latency_s
     assert out.notes["uneven"] == "3 decoder layers over 2 stages: 2, 1"
-    d = out.to_dict()["pipeline"]
-    assert d["moved_cuts"][0]["at"] == "before model.layers.2" and d["micro_batches"] == 2
-    assert d["emitted"]["stages"][1]["modules"] == ["model.layers.2", "model.norm", "lm_head"]
-    json.dumps(d)
+    d = out.to_record(ParallelizeUnavailable("not asked", None)).pipeline
+    assert d.moved_cuts[0].at == "before model.layers.2" and d.micro_batches == 2
+    assert d.emitted.stages[1].modules == ("model.layers.2", "model.norm", "lm_head")
+    json.dumps(d.to_json())
     on = on_module_boundaries(out, plan, model)  # already on a boundary: nothing moves
     assert on.moved_cuts == () and on.latency_s == out.latency_s
 
@@ -255,8 +257,8 @@ def test_auto_compares_only_what_it_can_emit() -> None:
     assert g.result.not_emitted == g.not_emitted
     out = with_partition(plan, NODES, "auto", source=model, module=model)
     st = out.strategy
-    ok = [c for c in st["candidates"] if c["feasible"] and c["emittable"]]
-    assert st["winner"] == min(ok, key=lambda c: c["latency_s"])["strategy"]
+    ok = [c for c in st.candidates if c.feasible and c.emittable]
+    assert st.winner == min(ok, key=lambda c: c.latency_s).strategy
 
 
 def test_report_gives_the_emitted_two_d_code() -> None:
@@ -270,8 +272,8 @@ def test_report_gives_the_emitted_two_d_code() -> None:
     inside = cost_split(plan, res.devices, [0, mlp, len(plan.nodes)], groups=list(res.groups),
                         source=model)
     out = on_module_boundaries(inside, plan, model)
-    data = json.loads(attach_split(plan, out, {"winner": "2d", "candidates": []},
-                                   source=model, module=model).to_json())
+    choice = StrategyChoice(Strategy.TWO_D, Strategy.TWO_D, False, "request", "asked", (), ())
+    data = json.loads(attach_split(plan, out, choice, source=model, module=model).to_json())
     md = render_markdown(data)
     assert "### 2-D plan (pipeline stages x tensor parallel)" in md
     assert 'mesh_dim_names=("pp", "tp")' in md and "PipelineStage(stage, pp, 2" in md

@@ -25,6 +25,7 @@ from graphopt.backends.driver import measure_here
 from graphopt.backends.onnx.ort_runner import OrtModel
 from graphopt.backends.onnx.session import session_settings
 from graphopt.decisions.deploy.artifact import (
+    Artifact,
     ArtifactTiming,
     DeployChoice,
     pick_measured,
@@ -139,12 +140,13 @@ def _measure(opt: Any) -> DeployChoice:
     shadow = private_copy(model)  # timing runs forward many times: never on the user's model
     calls: dict[str, Callable[[], Any]] = {"original": lambda: shadow(*args),
                                            "torch": lambda: opt.module(*args)}
-    rows = {"torch": ArtifactTiming(
-        "torch", None, all(n["within"] for n in opt.info["numerics"]),
+    rows = {Artifact.TORCH: ArtifactTiming(
+        Artifact.TORCH, None, all(n["within"] for n in opt.info["numerics"]),
         note="the optimized module, under its runtime settings (checked by optimize)")}
     runners = {"torch": Deployed("torch", opt.module)}
     with opt.runtime():
-        for artifact, build in (("torch.compile", _compiled), ("onnxruntime", _session)):
+        for artifact, build in ((Artifact.TORCH_COMPILE, _compiled),
+                                (Artifact.ONNXRUNTIME, _session)):
             try:
                 runner, note, tol = build(opt, args)
                 within, numbers = _check(reference, runner(*args), tol)

@@ -77,7 +77,7 @@ def stage_deploy(opt: Any, outputs: OutputSet, folder: str | os.PathLike[str]
     base = Path(folder)
     artifact_path = base / FILES[choice.artifact]
     record = {"artifact": choice.artifact, "file": artifact_path.name,
-              "load": f"graphopt.load({os.fspath(base)!r})", **choice.to_dict()}
+              "load": f"graphopt.load({os.fspath(base)!r})", **choice.to_json()}
     if choice.artifact == "onnxruntime":
         model = opt.ensure_onnx()
         claim_onnx(outputs, artifact_path, model)

@@ -111,7 +111,7 @@ def weight_formats(plan: Plan, quantize: str = "none") -> WeightFormats:
     if q == "auto":
         for n in gemms:
             d = n.decisions.get("precision")
-            fmt = _low_format(d.fields.get("format")) if d is not None else None
+            fmt = _low_format(d.detail.format) if d is not None else None
             if fmt is not None:
                 applied[n.name] = fmt.key
             else:

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +33,26 @@ from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.kinds import REWRITE_KINDS
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_deploy import DeployChoice
 from graphopt.measure.host_cache import host_target
 
 if TYPE_CHECKING:  # torch is imported only where a torch model is optimized
     import torch
 
-__all__ = ["Optimized", "optimize"]
+__all__ = ["Optimized", "TorchSource", "optimize"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TorchSource:
+    """What optimize ran on for a torch model: :meth:`Optimized.ensure_onnx` exports it
+    again, and a save never overwrites the file its class came from."""
+
+    model: Any
+    example_inputs: Any
+    options: Options
+    dynamic_shapes: Any
 
 
 class Optimized:
@@ -48,7 +60,8 @@ class Optimized:
 
     def __init__(self, module: torch.nn.Module | None, plan: Plan,
                  example_inputs: tuple[Any, ...], info: dict[str, Any], *,
-                 onnx_model: Any = None, source: Any = None, session: Any = None) -> None:
+                 onnx_model: Any = None, torch_source: TorchSource | None = None,
+                 onnx_path: str | os.PathLike[str] | None = None, session: Any = None) -> None:
         self.module = module
         self.plan = plan
         self.example_inputs = example_inputs
@@ -56,28 +69,29 @@ class Optimized:
         #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`) and its
         #: ONNX Runtime session settings (``decisions.ort_session.SessionConfig``)
         self.onnx_model, self.onnx_session = onnx_model, session
-        #: (torch model, example inputs, options) for export_onnx, or the ONNX input's path
-        self._source = source
+        #: what optimize ran on: the torch model and its inputs (for export_onnx), or the
+        #: ONNX input's path (None for an ``onnx.ModelProto``), never both
+        self.torch_source, self.onnx_path = torch_source, onnx_path
         #: the shape range the module accepts (``graphopt.ir.shape_range.ShapeRange``), or None
         self.shape_range: Any = None
         #: the model's input names, which key the shape range; kept here for every module,
         #: the plain copy of the model included, so that save() exports over the range
         self.input_names: list[str] = []
-        #: which artifact to deploy and why (``graphopt.decisions.deploy.artifact.DeployChoice``):
-        #: measured on this machine's CPU, else predicted; the report's "Deploy" section
-        self.deploy: Any = None
+        #: which artifact to deploy and why: measured on this machine's CPU, else predicted;
+        #: the report's "Deploy" section
+        self.deploy: DeployChoice | None = None
         #: artifact -> ``graphopt.api.deploy.Deployed`` built while measuring (reused)
         self.deployed_runners: dict[str, Any] = {}
 
     @property
     def source_model(self) -> Any:
         """The user's torch model (never modified), or None for an ONNX input."""
-        return self._source[0] if isinstance(self._source, tuple) else None
+        return None if self.torch_source is None else self.torch_source.model
 
     @property
     def source_options(self) -> Any:
         """The ``graphopt.ir.options.Options`` optimize ran with (torch input), else None."""
-        return self._source[2] if isinstance(self._source, tuple) else None
+        return None if self.torch_source is None else self.torch_source.options
 
     def deployed(self) -> Any:
         """The recommended artifact (:attr:`deploy`), ready to run: a
@@ -146,7 +160,7 @@ class Optimized:
     def ensure_onnx(self, opset: int | None = None) -> Any:
         """The optimized ``onnx.ModelProto`` (see :meth:`export_onnx`), exported and optimized
         on first use (once per opset) and kept on :attr:`onnx_model`."""
-        if not isinstance(self._source, tuple):
+        if self.torch_source is None:
             have = _opset_of(self.onnx_model)
             if opset is not None and opset != have:
                 raise GraphoptError(f"the optimized model keeps its input's opset {have}; "
@@ -157,7 +171,9 @@ class Optimized:
             from graphopt.backends.torch.isolation import clone_inputs
             from graphopt.frontends.onnx_export import export_torch
 
-            model, inputs, opts, dynamic_shapes = self._source
+            src = self.torch_source
+            model, inputs, opts, dynamic_shapes = (src.model, src.example_inputs, src.options,
+                                                   src.dynamic_shapes)
             # exporters run forward on real tensors: never on the user's model or inputs;
             # dynamo=True (the fallback) gets the user's own spec, which torch.export took
             with progress("exporting to ONNX"):
@@ -183,7 +199,7 @@ class Optimized:
     def input_files(self) -> list[Path]:
         """The files this result was read from (an ONNX model and its external data): no
         export or report may overwrite them."""
-        return [] if isinstance(self._source, tuple) else input_files(self._source)
+        return [] if self.torch_source is not None else input_files(self.onnx_path)
 
 
 def _rewrite_decisions(plan: Plan) -> dict[str, dict[str, Any]]:
@@ -290,14 +306,14 @@ def _optimize_onnx_model(model: Any, target: str | HardwareProfile, options: Any
                          metric=goal)
     result = Optimized(None, done.plan, (), done.report, onnx_model=done.model,
                        session=done.session,
-                       source=model if isinstance(model, (str, os.PathLike)) else None)
+                       onnx_path=model if isinstance(model, (str, os.PathLike)) else None)
     return _with_deploy(result)
 
 
 def _with_deploy(result: Optimized) -> Optimized:
     """The deploy choice (``api/deploy.py``), on the result and in its report."""
     result.deploy = choose_deploy(result)
-    result.plan = replace(result.plan, deploy=result.deploy.to_dict())
+    result.plan = replace(result.plan, deploy=result.deploy)
     return result
 
 
@@ -320,7 +336,8 @@ def _optimize_torch_module(model: Any, example_inputs: Any, target: str | Hardwa
                               shape_range=done.shape_range, input_names=names)
               if isinstance(done.module, fx.GraphModule) else done.module)
     result = Optimized(module, done.plan, args, dict(done.report),
-                       source=(model, example_inputs, options, dynamic_shapes))
+                       torch_source=TorchSource(model, example_inputs, options,
+                                                dynamic_shapes))
     result.shape_range, result.input_names = done.shape_range, names
     # the report shows the settings for the precision actually applied, not the planner's guess
     result.plan = replace(done.plan, runtime_settings=result.runtime_settings.to_dict())

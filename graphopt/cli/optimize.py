@@ -176,7 +176,7 @@ def _optimize_kwargs(options: Options) -> dict[str, Any]:
 
 def _print_deploy(choice: Any, folder: bool = False) -> None:
     """The deploy line (``report/deploy.deploy_summary``) and each candidate's time."""
-    d = choice.to_dict()
+    d = choice.to_json()
     print(terminal_safe(f"  {deploy_summary(d)}"))
     for c in d["candidates"]:
         said = (f"{c['seconds'] * 1e3:.3g} ms" if c["seconds"] else "no time") + \

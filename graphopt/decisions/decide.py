@@ -87,7 +87,7 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
         dtype = None
         if prec is not None:
             decisions["precision"] = prec
-            dtype = FORMAT_DTYPE.get(str(prec.fields.get("format", "")))
+            dtype = FORMAT_DTYPE.get(prec.detail.format)
         a = n.analysis
         if a.kernel_class is not KernelClass.VIEW:
             key = (a.kernel_class, tuple(a.dims.items()), a.flops, a.bytes_read,
@@ -110,7 +110,7 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
                              activation_bytes=memory.activation_peak_bytes).to_dict()
              if params > 0 else {"format": None, "fits": True,
                                  "reason": "the model has no parameters to quantize"})
-    low = {str(d.fields.get("format")) for d in precisions.values()} - {"fp32", "None"}
+    low = {d.detail.format for d in precisions.values()} - {"fp32", "None"}
     settings = plan_runtime_settings(
         plan, "bf16" if "bf16" in low else next(iter(sorted(low)), "fp32"),
         memory.max_batch_size, memory)

@@ -106,8 +106,8 @@ def alignment_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> list[s
         return []
     dtype = next((n.analysis.dtype for n in plan.nodes
                   if n.analysis.kernel_class in _TILED and n.analysis.dtype), "fp32")
-    fmt = next((str(n.decisions["precision"].fields.get("format")) for n in plan.nodes
-                if "precision" in n.decisions and n.decisions["precision"].fields.get("format")),
+    fmt = next((n.decisions["precision"].detail.format for n in plan.nodes
+                if "precision" in n.decisions and n.decisions["precision"].detail.format),
                dtype)
     multiple, _ = required_multiple("gemm", target, fmt)
     if multiple is None:

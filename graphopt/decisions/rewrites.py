@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any
 
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.layout.channels_last import LayoutPlan, decide_layout
 from graphopt.decisions.padding import PadBackend, Values, plan_padding
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import Detail
 from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, NodePlan, Plan
@@ -82,11 +82,12 @@ class DryRunContext:
         node = self._by_name.get(name)
         return None if node is None else node.analysis
 
-    def decide(self, node: Any, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Decision:
-        """Record ``kind`` for ``node`` (a name, or a backend's node with a ``name``)."""
-        d = Decision(reason=reason, fields=MappingProxyType(fields), applied=applied)
-        self.decisions.setdefault(getattr(node, "name", node), {})[kind] = d
+    def decide(self, node: Any, detail: Detail, reason: str, *,
+               applied: bool = True) -> Decision:
+        """Record ``detail``'s kind for ``node`` (a name, or a backend's node with a
+        ``name``)."""
+        d = Decision(reason, detail, applied)
+        self.decisions.setdefault(getattr(node, "name", node), {})[detail.KIND] = d
         return d
 
 
@@ -118,7 +119,7 @@ def _padding(graph: Graph, options: Options, ctx: DryRunContext,
 def record_each_conv(ctx: DryRunContext, layout: LayoutPlan) -> None:
     """A backend that converts each conv as decided (the torch backend's regions)."""
     for name, d in layout.convs.items():
-        ctx.decide(name, "layout", d.reason, applied=d.channels_last, **d.fields())
+        ctx.decide(name, d.detail(), d.reason, applied=d.channels_last)
 
 
 def with_rewrites(plan: Plan, graph: Graph, options: Options, compute_dtype: str,

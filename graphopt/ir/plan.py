@@ -19,7 +19,11 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import NodeCost
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import Detail, read_detail
 from graphopt.ir.graph import TensorInfo
+from graphopt.ir.plan_deploy import DeployChoice
+from graphopt.ir.plan_parallel import TensorParallelPlan, TwoDParallelPlan
+from graphopt.ir.plan_partition import PartitionPlan, StrategyChoice
 from graphopt.ir.plan_summary import ModelInfo, Summary
 from graphopt.ir.records import read_json, write_json
 from graphopt.report.emitters import ReportEmitters
@@ -40,23 +44,28 @@ Section = Any
 class Decision:
     """One decision about a node (padding, layout, precision, exec_path, device) and why.
 
-    ``fields`` hold the decision's own data (e.g. ``{"format": "bf16"}``); the reason is
-    required, including for decisions *not* to change anything.
+    ``detail`` is the decision's own data, a record of its kind
+    (:mod:`graphopt.ir.decision_details`); the reason is required, including for decisions
+    *not* to change anything.
     """
 
     reason: str
-    fields: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    detail: Detail
     applied: bool = True
 
+    @property
+    def kind(self) -> str:
+        """Its key among a node's decisions."""
+        return self.detail.KIND
+
     def to_dict(self) -> dict[str, Any]:
-        return {**self.fields, "applied": self.applied, "reason": self.reason}
+        return {**self.detail.to_json(), "applied": self.applied, "reason": self.reason}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Decision:
-        fields = {k: v for k, v in d.items() if k not in ("applied", "reason")}
-        return cls(d["reason"], fields, d["applied"])
-
-
+    def from_json(cls, kind: str, d: Mapping[str, Any], path: str = "") -> Decision:
+        """The ``kind`` decision a :meth:`to_dict` object was written from."""
+        data = {k: v for k, v in d.items() if k not in ("applied", "reason")}
+        return cls(d["reason"], read_detail(kind, data, path), d["applied"])
 
 
 def mark_reverted(saved: Mapping[str, Mapping[str, Decision]],
@@ -156,7 +165,8 @@ class NodePlan:
                           utilization=cost["utilization"], note=cost["note"]),
             inputs=tuple(_tensor(t) for t in d["inputs"]),
             outputs=tuple(_tensor(t) for t in d["outputs"]),
-            decisions={k: Decision.from_json(v) for k, v in d["decisions"].items()},
+            decisions={k: Decision.from_json(k, v, f"nodes[{d['name']}].decisions.{k}")
+                       for k, v in d["decisions"].items()},
             at_points=points, measured_s=d.get("measured_s"))
 
 
@@ -193,10 +203,10 @@ class Plan(ReportEmitters):
     shape_range: Section = None
     optimization: Section = None
     onnx_optimization: Section = None
-    deploy: Section = None
-    partition: Section = None
-    tensor_parallel: Section = None
-    strategy: Section = None
+    deploy: DeployChoice | None = None
+    partition: PartitionPlan | None = None
+    tensor_parallel: TensorParallelPlan | TwoDParallelPlan | None = None
+    strategy: StrategyChoice | None = None
     llm: Section = None
     #: the files the model was read from (not in the report): :meth:`save` never writes them
     inputs: tuple[str, ...] = field(default=(), compare=False)

@@ -18,6 +18,7 @@ import logging
 from dataclasses import replace
 from types import MappingProxyType
 
+from graphopt.ir.decision_details import DeviceDetail
 from graphopt.ir.plan import Decision, Plan
 from graphopt.partition.devices import Device, DeviceSet
 from graphopt.partition.greedy import GreedyResult, evaluate_assignment, greedy_split
@@ -63,14 +64,12 @@ def apply_partition(plan: Plan, partition: Partition) -> Plan:
         if row is None:
             nodes.append(n)
             continue
-        fields = {"device": row.device, "start_s": row.start_s, "finish_s": row.finish_s}
-        if n.name in stage_of:
-            fields["stage"] = stage_of[n.name]
-        decision = Decision(row.reason, MappingProxyType(fields))
+        decision = Decision(row.reason, DeviceDetail(row.device, row.start_s, row.finish_s,
+                                                     stage=stage_of.get(n.name)))
         nodes.append(replace(n, decisions=MappingProxyType({**n.decisions, "device": decision})))
     missing = len(plan.nodes) - sum(1 for n in plan.nodes if n.name in rows)
     if missing:
         logger.warning("partition covers %d of %d nodes", len(plan.nodes) - missing,
                        len(plan.nodes))
     return replace(plan, nodes=tuple(nodes),
-                   partition=partition.to_dict())
+                   partition=partition.to_record())

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from graphopt.partition.problem import Problem
 from graphopt.partition.simulate import Sim, simulate
 
-__all__ = ["HeftResult", "heft", "rank_order", "refine"]
+__all__ = ["HeftResult", "heft", "rank_order", "refine", "upward_ranks"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,13 @@ class HeftResult:
 
 def rank_order(pb: Problem) -> tuple[int, ...]:
     """Nodes by decreasing upward rank with mean costs (case 1)."""
+    rank = upward_ranks(pb)
+    return tuple(sorted(range(pb.n), key=lambda v: (-rank[v], v)))
+
+
+def upward_ranks(pb: Problem) -> list[float]:
+    """Each node's upward rank: its mean cost plus the longest mean-cost path (transfers
+    included) to an exit; the largest is the critical path's length."""
     n, k = pb.n, pb.k
     wbar = [sum(pb.cost[d][v] for d in range(k)) / k for v in range(n)]
     pairs = [(a, b) for a in range(k) for b in range(k) if a != b]
@@ -82,7 +89,7 @@ def rank_order(pb: Problem) -> tuple[int, ...]:
                 if comm + rank[c] > best:
                     best = comm + rank[c]
         rank[v] = wbar[v] + best
-    return tuple(sorted(range(n), key=lambda v: (-rank[v], v)))
+    return rank
 
 
 #: node ``v`` tried on one device: (bytes over the cap, finish, start, the copies of its inputs

@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphopt.ir.plan_partition import (
+    DeviceRow,
+    PartitionNotes,
+    PartitionPlan,
+    ScheduleRow,
+    Strategy,
+    TransferRow,
+)
+from graphopt.ir.records import read_json
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.tp_roles import Share
 
@@ -26,6 +35,11 @@ class ScheduledNode:
     reason: str
     share: Share | None = None
 
+    def row(self, offset_s: float = 0.0) -> ScheduleRow:
+        """The report's row (the Gantt chart's bar), ``offset_s`` later."""
+        return ScheduleRow(self.node, self.device, self.start_s + offset_s,
+                           self.finish_s + offset_s)
+
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
@@ -37,6 +51,10 @@ class Transfer:
     nbytes: int
     start_s: float
     finish_s: float
+
+    def row(self) -> TransferRow:
+        return TransferRow(self.tensor, self.src_device, self.dst_device, self.nbytes,
+                           self.start_s, self.finish_s)
 
 
 @dataclass(frozen=True)
@@ -64,21 +82,16 @@ class Partition:
         """Node name -> device name."""
         return {s.node: s.device for s in self.schedule}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self) -> PartitionPlan:
         """The report's ``partition`` section (the Gantt chart is drawn from ``schedule``)."""
-        return {
-            "strategy": self.strategy,
-            "makespan_s": self.makespan_s,
-            "devices": [
-                {**d.to_dict(), "memory_used_bytes": self.memory_used.get(d.name, 0),
-                 "busy_s": self.busy_s.get(d.name, 0.0)}
-                for d in self.devices.devices],
-            "schedule": [{"node": s.node, "device": s.device, "start_s": s.start_s,
-                          "finish_s": s.finish_s} for s in self.schedule],
-            "transfers": [{"tensor": t.tensor, "src": t.src_device, "dst": t.dst_device,
-                           "bytes": t.nbytes, "start_s": t.start_s, "finish_s": t.finish_s}
-                          for t in self.transfers],
-            "stages": [list(s) for s in self.stages],
-            "stage_devices": list(self.stage_devices),
-            "notes": dict(self.notes),
-        }
+        notes = read_json(PartitionNotes, self.notes, "partition.notes")
+        return PartitionPlan(
+            strategy=Strategy(self.strategy), makespan_s=self.makespan_s,
+            devices=tuple(DeviceRow(d.name, d.profile.name, d.memory_bytes,
+                                    self.memory_used.get(d.name, 0),
+                                    self.busy_s.get(d.name, 0.0))
+                          for d in self.devices.devices),
+            schedule=tuple(s.row() for s in self.schedule),
+            transfers=tuple(t.row() for t in self.transfers),
+            stages=tuple(tuple(s) for s in self.stages),
+            stage_devices=tuple(self.stage_devices), notes=notes)

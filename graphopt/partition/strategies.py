@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 from graphopt.errors import GraphoptError
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_partition import Strategy, StrategyCandidate, StrategyChoice
 from graphopt.partition.assemble import human_s
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.result import Partition
@@ -79,11 +81,10 @@ class Candidate:
     def emittable(self) -> bool:
         return not self.not_emitted
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.name, "latency_s": self.latency_s,
-                "throughput_per_s": self.throughput_per_s, "feasible": self.feasible,
-                "emittable": self.emittable, "not_emitted": self.not_emitted or None,
-                "why_not": self.why_not or None, "detail": self.detail}
+    def to_record(self) -> StrategyCandidate:
+        return StrategyCandidate(Strategy(self.name), self.latency_s, self.throughput_per_s,
+                                 self.feasible, self.emittable, self.not_emitted or None,
+                                 self.why_not or None, self.detail)
 
 
 def tensor_checked(plan: Plan, devices: DeviceSet, source: Any = None) -> TensorParallel:
@@ -111,6 +112,15 @@ def _partition_candidate(plan: Plan, devices: DeviceSet, name: str) -> Candidate
     return Candidate(name, part.makespan_s, tput, "", part, detail)
 
 
+def _emitters() -> SimpleNamespace:
+    """The emitters that check a split against the user's torch module (tp_emit, tp_styles,
+    two_d_emit: they import torch), loaded at first use so that costing a split never imports
+    torch; this is the one place the strategies reach them."""
+    from graphopt.partition import tp_emit, tp_styles, two_d_emit
+
+    return SimpleNamespace(tp_emit=tp_emit, tp_styles=tp_styles, two_d_emit=two_d_emit)
+
+
 def torch_module(source: Any, module: Any = None) -> Any:
     """The user's ``nn.Module`` (``module``, or ``source`` when it is one), else None: the
     sequence-parallel plan names its norms and LM head, which the traced graph does not keep."""
@@ -127,13 +137,11 @@ def sequence_parallel_emittable(plan: Plan, degree: int, source: Any, module: An
     """Whether :mod:`.tp_emit` can emit sequence parallelism for the user's module at
     ``degree`` (every block split, the norms and LM head found), and why not: a plan costed
     with it must also run with it."""
-    from graphopt.partition.tp_emit import sequence_parallel_support
-
     found, skipped = find_tp_blocks(plan, source=source)
     blocks, fallbacks = splittable([b for b in found if b.kind != LM_HEAD], degree)
     if skipped or fallbacks:  # an LM head that does not divide just stays whole
         return False, f"not every block splits {degree} ways: {(skipped + fallbacks)[0]}"
-    return sequence_parallel_support(blocks, torch_module(source, module))
+    return _emitters().tp_emit.sequence_parallel_support(blocks, torch_module(source, module))
 
 
 def _tensor_variant(plan: Plan, devices: DeviceSet, source: Any, module: Any
@@ -156,11 +164,9 @@ def _tensor_variant(plan: Plan, devices: DeviceSet, source: Any, module: Any
 
 def tensor_not_emitted(plan: Plan, tp: TensorParallel, source: Any, module: Any = None) -> str:
     """Case 4: why :mod:`.tp_emit` cannot split every block ``tp`` split ("" when it can)."""
-    from graphopt.partition.tp_styles import emittable
-
     split = {b.block for b in tp.splits}
     blocks = [b for b in find_tp_blocks(plan, source=source)[0] if b.name in split]
-    _, unsplit = emittable(blocks, torch_module(source, module))
+    _, unsplit = _emitters().tp_styles.emittable(blocks, torch_module(source, module))
     if not unsplit and len(blocks) == len(split):
         return ""
     first = unsplit[0] if unsplit else "a split block has no module paths"
@@ -184,9 +190,7 @@ def _two_d_costed(plan: Plan, devices: DeviceSet, source: Any, sp: bool, mod: An
     """The 2-D split, on ``mod``'s module boundaries when given (raises why not)."""
     res = two_d(plan, devices, source=source, sequence_parallel=sp)
     if res.feasible and mod is not None:
-        from graphopt.partition.two_d_emit import on_module_boundaries
-
-        res = on_module_boundaries(res, plan, mod, source=source)
+        res = _emitters().two_d_emit.on_module_boundaries(res, plan, mod, source=source)
     if not res.feasible:
         raise GraphoptError(f"the 2-D split overflows memory: {res.overflow_text()}", _MEM_FIX)
     return res
@@ -199,10 +203,8 @@ def _two_d_candidate(plan: Plan, devices: DeviceSet, source: Any, module: Any = 
     why = "" if mod is not None else ("no nn.Module given: the 2-D stages are built from the "
                                       "model's own embedding, decoder layers, norm and head")
     if mod is not None:
-        from graphopt.partition.two_d_emit import on_module_boundaries
-
         try:
-            res = on_module_boundaries(res, plan, mod, source=source)
+            res = _emitters().two_d_emit.on_module_boundaries(res, plan, mod, source=source)
         except GraphoptError as e:
             why = e.problem
     if not res.feasible:
@@ -295,7 +297,7 @@ def _pick(cands: list[Candidate]) -> tuple[Candidate, str]:
 
 
 def run_strategy(plan: Plan, devices: DeviceSet, strategy: str, *, source: Any = None,
-                 module: Any = None) -> tuple[Candidate, dict[str, Any]]:
+                 module: Any = None) -> tuple[Candidate, StrategyChoice]:
     """The chosen strategy's result and the report's ``strategy`` section (``module``: the
     user's ``nn.Module`` when ``source`` is the traced graph, so that tensor parallelism may
     use sequence parallelism)."""
@@ -315,8 +317,8 @@ def run_strategy(plan: Plan, devices: DeviceSet, strategy: str, *, source: Any =
     tp = win.result if isinstance(win.result, TensorParallel) else None
     seq = bool(tp and tp.notes["sequence_parallel"]["enabled"]) or bool(
         isinstance(win.result, TwoD) and win.result.sequence_parallel)
-    section = {"requested": strategy, "winner": win.name, "sequence_parallel": seq,
-               "picked_by": "latency for one request" if strategy == "auto" else "request",
-               "why": why, "groups": [list(g) for g in nvlink_groups(devices)],
-               "candidates": [c.to_dict() for c in cands]}
+    section = StrategyChoice(
+        Strategy(strategy), Strategy(win.name), seq,
+        "latency for one request" if strategy == "auto" else "request", why,
+        tuple(tuple(g) for g in nvlink_groups(devices)), tuple(c.to_record() for c in cands))
     return win, section

@@ -21,7 +21,22 @@ from types import MappingProxyType
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.ir.decision_details import DeviceDetail
 from graphopt.ir.plan import Decision, Plan
+from graphopt.ir.plan_parallel import (
+    ParallelizePlan,
+    ParallelizeUnavailable,
+    TensorParallelPlan,
+    TwoDParallelPlan,
+)
+from graphopt.ir.plan_partition import (
+    DeviceRow,
+    PartitionPlan,
+    Strategy,
+    StrategyChoice,
+    TensorNotes,
+    TwoDNotes,
+)
 from graphopt.partition.result import ScheduledNode
 from graphopt.partition.strategies import torch_module
 from graphopt.partition.tensor_parallel import TensorParallel
@@ -34,7 +49,8 @@ __all__ = ["attach_split", "parallelize_section"]
 
 def parallelize_section(plan: Plan, degree: int, source: Any, *,
                         sequence_parallel: bool = False, module: Any = None,
-                        split: set[str] | None = None) -> dict[str, Any]:
+                        split: set[str] | None = None
+                        ) -> ParallelizePlan | ParallelizeUnavailable:
     """Case 2: the ``parallelize_module`` plan for the user's module (the sequence-parallel
     one when the result was costed with it), or why there is none. ``split``: the names of
     the blocks the cost model split (an LM head not worth its gather is left out); None
@@ -46,9 +62,11 @@ def parallelize_section(plan: Plan, degree: int, source: Any, *,
         blocks = [b for b in blocks if b.name in split]
     mod = torch_module(getattr(source, "source_model", source), module)
     try:
-        return describe_plan(blocks, degree, module=mod, sequence_parallel=sequence_parallel)
+        described = describe_plan(blocks, degree, module=mod,
+                                  sequence_parallel=sequence_parallel)
     except GraphoptError as e:
-        return {"unavailable": e.problem, "fix": e.fix}
+        return ParallelizeUnavailable(e.problem, e.fix)
+    return ParallelizePlan.from_json(described)  # tp_emit's description, checked by type
 
 
 def _decisions(plan: Plan, rows: list[tuple[ScheduledNode, tuple[str, ...], int | None]]
@@ -64,57 +82,43 @@ def _decisions(plan: Plan, rows: list[tuple[ScheduledNode, tuple[str, ...], int 
             continue
         s, group, stage = first[n.name]
         share = (s.share or Share.SPLIT).text(len(group))  # None: a node split 1/t
-        fields: dict[str, Any] = {"device": ",".join(group), "devices": list(group),
-                                  "share": share, "start_s": s.start_s, "finish_s": s.finish_s}
-        if stage is not None:
-            fields["stage"] = stage
+        detail = DeviceDetail(",".join(group), s.start_s, s.finish_s, tuple(group), share, stage)
         text = f"on all {len(group)} devices of {'+'.join(group)} ({share}): {s.reason}"
         nodes.append(replace(n, decisions=MappingProxyType(
-            {**n.decisions, "device": Decision(text, MappingProxyType(fields))})))
+            {**n.decisions, "device": Decision(text, detail)})))
     return replace(plan, nodes=tuple(nodes))
 
 
-def _timeline(res: TensorParallel | TwoD, makespan: float) -> dict[str, Any]:
+def _timeline(res: TensorParallel | TwoD, makespan: float) -> PartitionPlan:
     """Case 1: the ``partition`` section of a tensor-parallel or 2-D result."""
     devs = res.devices.devices
     busy, coll, mem = res.busy_s, res.collective_s, res.memory_used
-    out: dict[str, Any] = {
-        "strategy": "tensor" if isinstance(res, TensorParallel) else "2d",
-        "makespan_s": makespan,
-        "devices": [{**d.to_dict(), "memory_used_bytes": mem.get(d.name, 0),
-                     "busy_s": busy.get(d.name, 0.0), "collective_s": coll.get(d.name, 0.0)}
-                    for d in devs],
-        "schedule": [{"node": s.node, "device": s.device, "start_s": s.start_s,
-                      "finish_s": s.finish_s} for s in res.schedule],
-    }
+    devices = tuple(DeviceRow(d.name, d.profile.name, d.memory_bytes, mem.get(d.name, 0),
+                              busy.get(d.name, 0.0), coll.get(d.name, 0.0)) for d in devs)
+    schedule = tuple(s.row() for s in res.schedule)
     if isinstance(res, TensorParallel):
-        names = [d.name for d in devs]
-        out.update(transfers=[], stages=[], stage_devices=[], collectives=[
-            {"kind": str(c.kind), "after": c.after, "bytes": c.nbytes, "start_s": c.start_s,
-             "finish_s": c.finish_s, "devices": names} for c in res.collectives],
-            notes={"throughput_per_s": res.throughput_per_s,
-                   "makespan_is": "one request, every device working on every node"})
-        return out
-    out.update(
-        transfers=[{"tensor": t.tensor, "src": t.src_device, "dst": t.dst_device,
-                    "bytes": t.nbytes, "start_s": t.start_s, "finish_s": t.finish_s}
-                   for t in res.transfers],
-        stages=[list(res.node_names[s.first:s.end]) for s in res.stages],
-        stage_devices=["+".join(s.group) for s in res.stages],
+        names = tuple(d.name for d in devs)
+        return PartitionPlan(
+            Strategy.TENSOR, makespan, devices, schedule, transfers=(), stages=(),
+            stage_devices=(), collectives=tuple(c.row(devices=names) for c in res.collectives),
+            notes=TensorNotes(res.throughput_per_s,
+                              "one request, every device working on every node"))
+    return PartitionPlan(
+        Strategy.TWO_D, makespan, devices, schedule,
+        transfers=tuple(t.row() for t in res.transfers),
+        stages=tuple(tuple(res.node_names[s.first:s.end]) for s in res.stages),
+        stage_devices=tuple("+".join(s.group) for s in res.stages),
         collectives=res.collectives(),
-        notes={**res.notes, "makespan_is": res.notes["latency_is"]})
-    return out
+        notes=TwoDNotes.from_json({**res.notes, "makespan_is": res.notes["latency_is"]}))
 
 
-def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any], *,
+def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: StrategyChoice, *,
                  source: Any = None, module: Any = None) -> Plan:
     """The plan with the node decisions and the three sections of a tensor-parallel or 2-D
     result."""
     if isinstance(res, TensorParallel):
         group = tuple(d.name for d in res.devices.devices)
         rows = [(s, group, None) for s in res.schedule]
-        section = {**res.to_dict(), "groups": [list(group)]}
-        section["devices"] = [{**d, "group": 0} for d in section["devices"]]
         makespan, degree = res.makespan_s, res.degree
         seq = bool(res.notes["sequence_parallel"]["enabled"])
         split = {b.block for b in res.splits}
@@ -123,13 +127,12 @@ def attach_split(plan: Plan, res: TensorParallel | TwoD, strategy: dict[str, Any
         offset = dict(zip((st.index for st in res.stages), res.stage_starts(), strict=True))
         rows = [(replace(s, start_s=s.start_s + offset[i], finish_s=s.finish_s + offset[i],
                          reason=f"stage {i + 1}: {s.reason}"), g, i) for s, g, i in rows]
-        section = res.to_dict()
         makespan, degree = res.latency_s, max(len(g) for g in res.groups)
         seq = res.sequence_parallel  # the 2-D split is costed plain and with SP
         split = {b.block for st in res.stages for b in st.tp.splits}
-    section["parallelize_module"] = parallelize_section(plan, degree, source,
-                                                        sequence_parallel=seq, module=module,
-                                                        split=split)
+    emitted = parallelize_section(plan, degree, source, sequence_parallel=seq, module=module,
+                                  split=split)
+    section: TensorParallelPlan | TwoDParallelPlan = res.to_record(emitted)
     out = _decisions(plan, rows)
     return replace(out, partition=_timeline(res, makespan), tensor_parallel=section,
                    strategy=strategy)

@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphopt.hardware.profile import Link
+from graphopt.ir.plan_parallel import (
+    BlockSplitRow,
+    LinkRow,
+    ParallelizePlan,
+    ParallelizeUnavailable,
+    TensorParallelPlan,
+    TPDeviceRow,
+    TPNotes,
+)
+from graphopt.ir.plan_partition import CollectiveRow, Strategy
 from graphopt.partition.assemble import human_bytes
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.result import ScheduledNode
@@ -33,12 +43,12 @@ class BlockSplit:
     allreduce_s: float
     collective: CollectiveKind = CollectiveKind.ALL_REDUCE
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"block": self.block, "kind": str(self.kind), "degree": self.degree,
-                "dims": dict(self.dims), "column": list(self.column), "row": list(self.row),
-                "compute_s": self.compute_s, "unsplit_s": self.unsplit_s,
-                "collective": str(self.collective), "allreduce_bytes": self.allreduce_bytes,
-                "allreduce_s": self.allreduce_s}
+    def to_row(self, stage: int | None = None) -> BlockSplitRow:
+        """The report's row (``stage``: its 2-D stage)."""
+        return BlockSplitRow(self.block, str(self.kind), self.degree, dict(self.dims),
+                             self.column, self.row, self.compute_s, self.unsplit_s,
+                             str(self.collective), self.allreduce_bytes, self.allreduce_s,
+                             stage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,12 @@ class Collective:
     nbytes: int
     start_s: float
     finish_s: float
+
+    def row(self, offset_s: float = 0.0, devices: tuple[str, ...] | None = None,
+            stage: int | None = None) -> CollectiveRow:
+        """The report's row, ``offset_s`` later (``devices``, ``stage``: on a timeline)."""
+        return CollectiveRow(str(self.kind), self.after, self.nbytes, self.start_s + offset_s,
+                             self.finish_s + offset_s, devices, stage)
 
 
 @dataclass(frozen=True)
@@ -91,23 +107,25 @@ class TensorParallel:
                          f"{human_bytes(caps[k])} usable: {human_bytes(b)} over"
                          for k, b in self.over.items())
 
-    def to_dict(self) -> dict[str, Any]:
-        """The report's section: per device memory, busy and collective time; the splits."""
-        return {
-            "strategy": "tensor", "degree": self.degree, "makespan_s": self.makespan_s,
-            "compute_s": self.compute_s, "throughput_per_s": self.throughput_per_s,
-            "throughput_overlapped_per_s": self.throughput_overlapped_per_s,
-            "link": None if self.link is None else self.link.to_dict(),
-            "devices": [{**d.to_dict(), "memory_used_bytes": self.memory_used[d.name],
-                         "param_bytes": self.params[d.name],
-                         "activation_bytes": self.activations[d.name],
-                         "busy_s": self.busy_s[d.name],
-                         "collective_s": self.collective_s[d.name]}
-                        for d in self.devices.devices],
-            "over": self.over, "splits": [s.to_dict() for s in self.splits],
-            "fallbacks": list(self.fallbacks),
-            "collectives": [{"kind": str(c.kind), "after": c.after, "bytes": c.nbytes,
-                             "start_s": c.start_s, "finish_s": c.finish_s}
-                            for c in self.collectives],
-            "notes": dict(self.notes),
-        }
+    def device_rows(self, group: int = 0) -> tuple[TPDeviceRow, ...]:
+        return tuple(TPDeviceRow(d.name, d.profile.name, d.memory_bytes,
+                                 self.memory_used[d.name], self.params[d.name],
+                                 self.activations[d.name], self.busy_s[d.name],
+                                 self.collective_s[d.name], group)
+                     for d in self.devices.devices)
+
+    def to_record(self, parallelize: ParallelizePlan | ParallelizeUnavailable
+                  ) -> TensorParallelPlan:
+        """The report's section: per device memory, busy and collective time; the splits;
+        ``parallelize``: the ``parallelize_module`` plan for it (``tp_attach``)."""
+        return TensorParallelPlan(
+            strategy=Strategy.TENSOR, degree=self.degree, makespan_s=self.makespan_s,
+            compute_s=self.compute_s, throughput_per_s=self.throughput_per_s,
+            throughput_overlapped_per_s=self.throughput_overlapped_per_s,
+            link=None if self.link is None else LinkRow(**self.link.to_dict()),
+            devices=self.device_rows(), over=self.over,
+            splits=tuple(s.to_row() for s in self.splits), fallbacks=tuple(self.fallbacks),
+            collectives=tuple(c.row() for c in self.collectives),
+            notes=TPNotes.from_json(self.notes),
+            groups=(tuple(d.name for d in self.devices.devices),),
+            parallelize_module=parallelize)

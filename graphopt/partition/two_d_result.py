@@ -11,10 +11,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.ir.plan_parallel import (
+    LinkRow,
+    MovedCutRow,
+    ParallelizePlan,
+    ParallelizeUnavailable,
+    StageModulesRow,
+    TwoDDeviceRow,
+    TwoDLayoutRow,
+    TwoDParallelPlan,
+    TwoDPipeline,
+    TwoDStageRow,
+)
+from graphopt.ir.plan_partition import CollectiveRow, Strategy, TwoDNotes
 from graphopt.partition.devices import DeviceSet
 from graphopt.partition.result import ScheduledNode, Transfer
 from graphopt.partition.tp_result import TensorParallel
@@ -54,11 +67,9 @@ class MovedCut:
     at: str  # "before model.layers.2"
     why: str  # where the planned cut fell
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"between_stages": [self.boundary + 1, self.boundary + 2],
-                "planned_after": self.planned_after, "moved_after": self.moved_after,
-                "planned_position": self.planned, "moved_position": self.moved_to,
-                "at": self.at, "why": self.why}
+    def to_row(self) -> MovedCutRow:
+        return MovedCutRow((self.boundary + 1, self.boundary + 2), self.planned_after,
+                           self.moved_after, self.planned, self.moved_to, self.at, self.why)
 
 
 @dataclass(frozen=True)
@@ -76,9 +87,9 @@ class StageModules:
     specs: Mapping[str, tuple[str, Mapping[str, Any]]]
     styles: Mapping[str, str]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.index, "embed": self.embed, "layers": list(self.layers),
-                "head": self.head, "modules": list(self.modules), "plan": dict(self.styles)}
+    def to_row(self) -> StageModulesRow:
+        return StageModulesRow(self.index, self.embed, self.layers, self.head, self.modules,
+                               dict(self.styles))
 
 
 @dataclass(frozen=True)
@@ -92,10 +103,9 @@ class TwoDLayout:
     stages: tuple[StageModules, ...]
     code: str  # what a user runs on every rank (:func:`.two_d_emit.two_d_snippet`)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"decoder": self.decoder, "model_class": self.model_class,
-                "layer_count": self.layer_count, "lm_head": self.lm_head,
-                "stages": [s.to_dict() for s in self.stages], "code": self.code}
+    def to_row(self) -> TwoDLayoutRow:
+        return TwoDLayoutRow(self.decoder, self.model_class, self.layer_count, self.lm_head,
+                             tuple(s.to_row() for s in self.stages), self.code)
 
 
 @dataclass(frozen=True)
@@ -160,15 +170,11 @@ class TwoD:
     def overflow_text(self) -> str:
         return "; ".join(s.tp.overflow_text() for s in self.stages if s.tp.over)
 
-    def collectives(self) -> list[dict[str, Any]]:
+    def collectives(self) -> tuple[CollectiveRow, ...]:
         """Every stage's collectives on the request's clock, with the devices they run on."""
-        out = []
-        for s, start in zip(self.stages, self.stage_starts(), strict=True):
-            out += [{"kind": str(c.kind), "after": c.after, "bytes": c.nbytes,
-                     "start_s": start + c.start_s, "finish_s": start + c.finish_s,
-                     "devices": list(s.group), "stage": s.index}
-                    for c in s.tp.collectives]
-        return out
+        return tuple(c.row(start, s.group, s.index)
+                     for s, start in zip(self.stages, self.stage_starts(), strict=True)
+                     for c in s.tp.collectives)
 
     def stage_starts(self) -> list[float]:
         out, t = [], 0.0
@@ -177,50 +183,40 @@ class TwoD:
             t += s.stage_s
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self, parallelize: ParallelizePlan | ParallelizeUnavailable
+                  ) -> TwoDParallelPlan:
         """The report's ``tensor_parallel`` section for the 2-D case."""
         caps = {d.name: d.memory_bytes for d in self.devices.devices}
         group_of = {n: i for i, g in enumerate(self.groups) for n in g}
-        rows = []
-        for s in self.stages:
-            for d in s.tp.devices.devices:
-                rows.append({**d.to_dict(), "group": group_of[d.name], "stage": s.index,
-                             "memory_used_bytes": s.tp.memory_used[d.name],
-                             "param_bytes": s.tp.params[d.name],
-                             "activation_bytes": s.tp.activations[d.name],
-                             "busy_s": s.tp.busy_s[d.name],
-                             "collective_s": s.tp.collective_s[d.name]})
-        used = {r["name"] for r in rows}
-        rows += [{**d.to_dict(), "group": group_of[d.name], "stage": None,
-                  "memory_used_bytes": 0, "param_bytes": 0, "activation_bytes": 0,
-                  "busy_s": 0.0, "collective_s": 0.0}
-                 for d in self.devices.devices if d.name not in used]
-        return {
-            "strategy": "2d", "degree": max(s.tp.degree for s in self.stages),
-            "groups": [list(g) for g in self.groups],
-            "makespan_s": self.latency_s, "throughput_per_s": self.throughput_per_s,
-            "bottleneck_s": self.bottleneck_s,
-            "stages": [{"stage": s.index, "group": list(s.group),
-                        "first": self.node_names[s.first], "last": self.node_names[s.end - 1],
-                        "nodes": s.end - s.first, "compute_s": s.tp.makespan_s,
-                        "collective_s": s.tp.makespan_s - s.tp.compute_s,
-                        "send_bytes": s.send_bytes, "send_s": s.send_s, "stage_s": s.stage_s,
-                        "link": None if s.tp.link is None else s.tp.link.to_dict()}
-                       for s in self.stages],
-            "devices": rows,
-            "over": {k: v for k, v in self.over.items() if k in caps},
-            "splits": [{**b.to_dict(), "stage": s.index} for s in self.stages
-                       for b in s.tp.splits],
-            "fallbacks": sorted({f for s in self.stages for f in s.tp.fallbacks}),
-            "collectives": self.collectives(),
-            "notes": dict(self.notes),
-            "pipeline": {"micro_batches": self.micro_batches,
-                         "schedule": self.pipeline_schedule, "schedule_why": self.schedule_why,
-                         "sequence_parallel": self.sequence_parallel,
-                         "moved_cuts": [c.to_dict() for c in self.moved_cuts],
-                         "emitted": None if self.layout is None else self.layout.to_dict(),
-                         "not_emitted": self.not_emitted or None},
-        }
+        rows = [TwoDDeviceRow(**r.to_json(), stage=s.index)
+                for s in self.stages for r in s.tp.device_rows()]
+        used = {r.name for r in rows}
+        rows = [replace(r, group=group_of[r.name]) for r in rows] + [
+            TwoDDeviceRow(d.name, d.profile.name, d.memory_bytes, 0, 0, 0, 0.0, 0.0,
+                          group_of[d.name], None)
+            for d in self.devices.devices if d.name not in used]
+        return TwoDParallelPlan(
+            strategy=Strategy.TWO_D, degree=max(s.tp.degree for s in self.stages),
+            groups=self.groups, makespan_s=self.latency_s,
+            throughput_per_s=self.throughput_per_s, bottleneck_s=self.bottleneck_s,
+            stages=tuple(self._stage_row(s) for s in self.stages), devices=tuple(rows),
+            over={k: v for k, v in self.over.items() if k in caps},
+            splits=tuple(b.to_row(s.index) for s in self.stages for b in s.tp.splits),
+            fallbacks=tuple(sorted({f for s in self.stages for f in s.tp.fallbacks})),
+            collectives=self.collectives(), notes=TwoDNotes.from_json(self.notes),
+            pipeline=TwoDPipeline(
+                self.micro_batches, self.pipeline_schedule, self.schedule_why,
+                self.sequence_parallel, tuple(c.to_row() for c in self.moved_cuts),
+                None if self.layout is None else self.layout.to_row(),
+                self.not_emitted or None),
+            parallelize_module=parallelize)
+
+    def _stage_row(self, s: Stage2D) -> TwoDStageRow:
+        link = s.tp.link
+        return TwoDStageRow(s.index, s.group, self.node_names[s.first],
+                            self.node_names[s.end - 1], s.end - s.first, s.tp.makespan_s,
+                            s.tp.makespan_s - s.tp.compute_s, s.send_bytes, s.send_s,
+                            s.stage_s, None if link is None else LinkRow(**link.to_dict()))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ import logging
 import math
 from typing import Any
 
+from graphopt.report import html as _html
+from graphopt.report import markdown as _markdown
+
 __all__ = ["render_html", "render_json", "render_markdown"]
 
 logger = logging.getLogger(__name__)
@@ -76,12 +79,9 @@ def _render(report: dict[str, Any], indent: str) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    from graphopt.report.markdown import render_markdown as render
-
-    return render(report)
+    return _markdown.render_markdown(report)
 
 
 def render_html(report: dict[str, Any]) -> str:
-    from graphopt.report.html import render_html as render
+    return _html.render_html(report)
 
-    return render(report)

@@ -18,6 +18,7 @@ import onnx
 from graphopt.decisions.layout.channels_last import LayoutPlan
 from graphopt.decisions.rewrites import decide_run_layout
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import Detail
 from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, NodePlan, Plan
@@ -56,10 +57,11 @@ class OnnxContext:
     def plan_node(self, name: str) -> NodePlan | None:
         return self._by_name.get(name)
 
-    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Decision:
-        d = Decision(reason=reason, fields=fields, applied=applied)
-        self.decisions.setdefault(node, {})[kind] = d
+    def decide(self, node: str, detail: Detail, reason: str, *,
+               applied: bool = True) -> Decision:
+        """Record ``detail``'s kind of decision for ``node``."""
+        d = Decision(reason, detail, applied)
+        self.decisions.setdefault(node, {})[detail.KIND] = d
         return d
 
 

@@ -62,6 +62,7 @@ from graphopt.backends.onnx.sensitivity import (
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
+from graphopt.ir.decision_details import Sensitivity
 from graphopt.ir.plan import Decision
 
 __all__ = ["MAX_CHECKS", "MAX_TRIES", "GuardReport", "LossyPass", "OutputError", "compare", "guard",
@@ -371,7 +372,8 @@ def _annotate(ctx: OnnxContext, kind: str, sens: list[NodeSensitivity]) -> None:
         d = ctx.decisions.get(s.node, {}).get(kind)
         if d is not None:
             numbers = {k: v for k, v in s.to_dict().items() if k != "node"}
-            ctx.decisions[s.node][kind] = replace(d, fields={**d.fields, "sensitivity": numbers})
+            ctx.decisions[s.node][kind] = replace(d, detail=replace(
+                d.detail, sensitivity=Sensitivity(**numbers)))
 
 
 def _reverted(saved: dict[str, dict[str, Decision]], now: dict[str, dict[str, Decision]],

@@ -62,6 +62,7 @@ from graphopt.decisions.precision.roles import (
     Role,
     assign_role,
 )
+from graphopt.ir.decision_details import PrecisionDetail
 from graphopt.ir.order import unique_name
 
 __all__ = ["FOLLOW_OPS", "LOW_OPS", "MEAN_OPS", "TABLES", "reduce_precision"]
@@ -262,8 +263,8 @@ class _Rewriter:
             if node.op_type == "CastLike" and len(node.input) > 1 and node.output:
                 self.cur[node.output[0]] = self.cur.get(node.input[1], self.orig(node.input[1]))
             out_nodes.append(node)
-            self.ctx.decide(node.name, "precision", why, applied=low,
-                            format="fp16" if low else "fp32", role=role.value)
+            detail = PrecisionDetail("fp16" if low else "fp32", role=role.value)
+            self.ctx.decide(node.name, detail, why, applied=low)
         self._convert_weak(weak_low, weak_fp32_readers)
         return out_nodes, casts, roles
 
@@ -353,8 +354,8 @@ def reduce_precision(model: onnx.ModelProto, ctx: OnnxContext,
             why = ctx.notes.get("precision_choice", {}).get("reason", "fp32")
             for node in ctx.plan.nodes:
                 if node.op_type in LOW_KINDS and node_island(node) is None:
-                    ctx.decide(node.name, "precision", kept_fp32(why), applied=False,
-                               format="fp32")
+                    ctx.decide(node.name, PrecisionDetail("fp32"), kept_fp32(why),
+                               applied=False)
         return None
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
            for n in model.graph.node for a in n.attribute):

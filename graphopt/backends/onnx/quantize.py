@@ -77,6 +77,7 @@ from graphopt.decisions.quantization.choice import (
     method_description,
 )
 from graphopt.errors import GraphoptError
+from graphopt.ir.decision_details import QuantizeDetail
 
 __all__ = ["INT4_BLOCK_SIZE", "QUANTIZE_PASSES", "QuantizePass", "quantize", "quantize_auto",
            "quantize_fp8", "quantize_int4", "quantize_int8_dynamic", "quantize_int8_static"]
@@ -191,7 +192,7 @@ def _select(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozen
             continue
         pn = ctx.plan_node(node.name)
         prec = pn.decisions.get("precision") if pn is not None else None
-        fmt = str(prec.fields.get("format", "fp32")) if prec is not None else "fp32"
+        fmt = prec.detail.format if prec is not None else "fp32"
         plan_why = prec.reason if prec is not None else "the node is not in the plan"
         if mode == "auto":
             m, why = (None, off) if off is not None else auto_choice(
@@ -268,9 +269,9 @@ def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset
             continue
         done.setdefault(p.mode, []).append(name)
         method = method_description(p.mode, ctx.target, INT4_BLOCK_SIZE)
-        ctx.decide(name, "quantize", f"{method}: {p.why}", format=_FORMAT[p.mode], method=p.mode)
+        ctx.decide(name, QuantizeDetail(_FORMAT[p.mode], p.mode), f"{method}: {p.why}")
     for name, (fmt, why) in skipped.items():
-        ctx.decide(name, "quantize", f"not applied: {why}", applied=False, format=fmt)
+        ctx.decide(name, QuantizeDetail(fmt), f"not applied: {why}", applied=False)
     before_ops = {m.op_type for m in model.graph.node}
     note: dict[str, object] = {
         "mode": mode, "nodes": {m: sorted(n) for m, n in sorted(done.items())},

@@ -45,16 +45,15 @@ def record_layout(ctx: OnnxContext | DryRunContext, layout: LayoutPlan) -> None:
     ``prefer_nhwc`` (``layout.nhwc``) runs it, on the CPU EP neither (it picks its own)."""
     nhwc = layout.nhwc if ctx.target.is_gpu else None
     for name, d in layout.convs.items():
-        fields = d.fields()
         if nhwc is None:
-            if d.channels_last:
-                fields["backend"] = f"case 1: {CPU_EP}"
-            ctx.decide(name, "layout", d.reason, applied=False, **fields)
+            backend = f"case 1: {CPU_EP}" if d.channels_last else None
+            ctx.decide(name, d.detail(backend), d.reason, applied=False)
             continue
+        backend = None
         if d.channels_last != nhwc and layout.mode != "keep":
-            fields["backend"] = ("case 2: prefer_nhwc is one option per session: ORT runs "
-                                 f"this conv {'NHWC' if nhwc else 'NCHW'} with the rest")
-        ctx.decide(name, "layout", d.reason, applied=d.channels_last and nhwc, **fields)
+            backend = ("case 2: prefer_nhwc is one option per session: ORT runs "
+                       f"this conv {'NHWC' if nhwc else 'NCHW'} with the rest")
+        ctx.decide(name, d.detail(backend), d.reason, applied=d.channels_last and nhwc)
 
 
 def decide_session(model: onnx.ModelProto, ctx: OnnxContext) -> SessionConfig:

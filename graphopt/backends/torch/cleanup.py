@@ -23,6 +23,7 @@ from torch import fx
 
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.fx_utils import get_tensor, is_aten, new_param
+from graphopt.ir.decision_details import Detail, DropDetail, FoldDetail
 
 __all__ = ["BATCHNORMS", "DROPOUTS", "FOLDS_INTO", "fold_batchnorm_and_drop_dropout",
            "record_fold"]
@@ -31,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 class _Decides(Protocol):
-    def decide(self, node: Any, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Any: ...
+    def decide(self, node: Any, detail: Detail, reason: str, *,
+               applied: bool = True) -> Any: ...
 
 #: the ATen ops this pass reads, and the reasons it records: shared with its IR view
 #: (:mod:`.cleanup_view`)
@@ -53,9 +54,9 @@ def other_readers(src: str) -> str:
 
 def record_fold(ctx: _Decides, bn: str, src: str) -> None:
     """The decisions of one folded BatchNorm, on it and on the op that absorbs it."""
-    ctx.decide(bn, "fold", f"folded into {src}: eval BatchNorm is affine "
-               "(W' = W*g/s, b' = (b-mu)*g/s + beta)", into=src)
-    ctx.decide(src, "fold", f"absorbed BatchNorm {bn}", absorbed=bn)
+    ctx.decide(bn, FoldDetail(into=src), f"folded into {src}: eval BatchNorm is affine "
+               "(W' = W*g/s, b' = (b-mu)*g/s + beta)")
+    ctx.decide(src, FoldDetail(absorbed=bn), f"absorbed BatchNorm {bn}")
 
 
 def _bn_params(gm: fx.GraphModule, bn: fx.Node):
@@ -82,21 +83,21 @@ def _bn_params(gm: fx.GraphModule, bn: fx.Node):
 def _fold_one(gm: fx.GraphModule, ctx: RewriteContext, bn: fx.Node) -> bool:
     src = bn.args[0]
     if not isinstance(src, fx.Node) or not is_aten(src, *FOLDS_INTO):
-        ctx.decide(bn, "fold", NOT_AFTER_GEMM, applied=False)
+        ctx.decide(bn, FoldDetail(), NOT_AFTER_GEMM, applied=False)
         return False
     if len(src.users) != 1:
-        ctx.decide(bn, "fold", other_readers(src.name), applied=False)
+        ctx.decide(bn, FoldDetail(), other_readers(src.name), applied=False)
         return False
     params = _bn_params(gm, bn)
     if isinstance(params, str):
-        ctx.decide(bn, "fold", f"kept: {params}", applied=False)
+        ctx.decide(bn, FoldDetail(), f"kept: {params}", applied=False)
         return False
     gamma, beta, mean, var, eps = params
     w_node = src.args[1]
     b_node = src.args[2] if len(src.args) > 2 else None
     w = get_tensor(gm, w_node)
     if w is None:
-        ctx.decide(bn, "fold", WEIGHT_NOT_CONSTANT, applied=False)
+        ctx.decide(bn, FoldDetail(), WEIGHT_NOT_CONSTANT, applied=False)
         return False
     b = get_tensor(gm, b_node) if isinstance(b_node, fx.Node) else None
     scale = (gamma.double() / torch.sqrt(var.double() + eps))
@@ -126,11 +127,11 @@ def fold_batchnorm_and_drop_dropout(gm: fx.GraphModule, ctx: RewriteContext) -> 
         elif is_aten(node, *DROPOUTS):
             train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)
             if train:
-                ctx.decide(node, "drop", TRAINING_DROPOUT, applied=False)
+                ctx.decide(node, DropDetail(), TRAINING_DROPOUT, applied=False)
                 continue
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
-            ctx.decide(node.name, "drop", DROPPED)
+            ctx.decide(node.name, DropDetail(), DROPPED)
             changed = True
     if changed:
         gm.graph.eliminate_dead_code()

@@ -28,6 +28,7 @@ from graphopt.backends.torch.cleanup import (
     record_fold,
 )
 from graphopt.decisions.rewrites import DryRunContext
+from graphopt.ir.decision_details import DropDetail, FoldDetail
 from graphopt.ir.graph import Graph, Node, TensorInfo
 
 __all__ = ["cleaned_graph"]
@@ -82,12 +83,12 @@ def cleaned_graph(graph: Graph, ctx: DryRunContext) -> Graph:
         op = _aten(node)
         if op in DROPOUTS:
             if node.attrs.get("training_mode"):
-                ctx.decide(node.name, "drop", TRAINING_DROPOUT, applied=False)
+                ctx.decide(node.name, DropDetail(), TRAINING_DROPOUT, applied=False)
             else:
                 alias[node.outputs[0]] = node.inputs[0]
                 readers[node.inputs[0]] = readers.get(node.inputs[0], 0) - 1 + \
                     readers.get(node.outputs[0], 0)
-                ctx.decide(node.name, "drop", DROPPED)
+                ctx.decide(node.name, DropDetail(), DROPPED)
                 continue
         elif op in BATCHNORMS:
             src = graph.producer.get(node.inputs[0]) if node.inputs else None
@@ -99,7 +100,7 @@ def cleaned_graph(graph: Graph, ctx: DryRunContext) -> Graph:
                 readers[node.inputs[0]] = readers.get(node.outputs[0], 0)
                 record_fold(ctx, node.name, src.name)
                 continue
-            ctx.decide(node.name, "fold", why, applied=False)
+            ctx.decide(node.name, FoldDetail(), why, applied=False)
         index[node.name] = len(nodes)
         nodes.append(node)
     outputs = [alias.get(t, t) for t in graph.outputs]

@@ -13,6 +13,7 @@ from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.layout.channels_last import LayoutPlan
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import Detail
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, Plan
 from graphopt.ir.plan import NodePlan as PlanNode
@@ -64,11 +65,12 @@ class RewriteContext:
     def plan_node(self, node: fx.Node | str) -> PlanNode | None:
         return self._by_name.get(node if isinstance(node, str) else node.name)
 
-    def decide(self, node: fx.Node | str, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Decision:
+    def decide(self, node: fx.Node | str, detail: Detail, reason: str, *,
+               applied: bool = True) -> Decision:
+        """Record ``detail``'s kind of decision for ``node``."""
         name = node if isinstance(node, str) else node.name
-        d = Decision(reason=reason, fields=fields, applied=applied)
-        self.decisions.setdefault(name, {})[kind] = d
+        d = Decision(reason, detail, applied)
+        self.decisions.setdefault(name, {})[detail.KIND] = d
         return d
 
 

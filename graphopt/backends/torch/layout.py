@@ -144,8 +144,7 @@ def _apply(gm: fx.GraphModule, region: Region) -> tuple[int, int, int]:
 
 def _record(ctx: RewriteContext, conv: fx.Node, d: ConvLayout, applied: bool,
             backend: str | None = None, reason: str | None = None) -> None:
-    fields = d.fields() if backend is None else {**d.fields(), "backend": backend}
-    ctx.decide(conv, "layout", reason or d.reason, applied=applied, **fields)
+    ctx.decide(conv, d.detail(backend), reason or d.reason, applied=applied)
 
 
 def _estimate(decided: LayoutPlan, layouts: list[ConvLayout]) -> LayoutEstimate:
@@ -168,7 +167,7 @@ def channels_last(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     seen = {c.name for c in convs}
     for name, d in decided.convs.items():  # plan convs this pass has no edit for (conv1d)
         if name not in seen:
-            ctx.decide(name, "layout", d.reason, applied=False, **d.fields())
+            ctx.decide(name, d.detail(), d.reason, applied=False)
     excluded: dict[fx.Node, str] = {}
     for conv, info in convs.items():
         d = decided.convs.get(conv.name)

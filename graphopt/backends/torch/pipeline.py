@@ -55,6 +55,7 @@ from graphopt.frontends.torch_frontend import trace_torch
 from graphopt.frontends.torch_inputs import without_cache
 from graphopt.hardware import get_target
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import WeightQuantDetail
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, mark_reverted
 
@@ -288,8 +289,9 @@ def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:
         if not any(t is not None and t.kind in ("param", "constant") for t in n.inputs):
             continue
         q = n.decisions.get("quantize")
-        fmt = q.fields.get("format") if q is not None and q.applied else None
-        group = q.fields.get("group") if q is not None else None
+        fmt = q.detail.format if q is not None and q.applied else None
+        group = q.detail.group if q is not None and isinstance(q.detail, WeightQuantDetail) \
+            else None
         scale_bits = 32 if compute_dtype == "fp32" else 16
         formats[n.name] = (int4_bits_per_weight(int(group), scale_bits)
                            if fmt == "int4" and group else str(fmt) if fmt else compute_dtype)

@@ -58,6 +58,7 @@ from graphopt.decisions.precision.by_op import kept_fp32
 from graphopt.decisions.precision.format import choose_precision
 from graphopt.decisions.precision.roles import Backend, Const, NodeFacts, Role, assign_role
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import PrecisionDetail
 
 __all__ = ["reduce_precision"]
 
@@ -290,7 +291,7 @@ def _record(gm: fx.GraphModule, ctx: RewriteContext, asg: _Assigner,
         if role in (Role.ISLAND, Role.WIDE) and tf32_ok and aten_name(node) in LOW_OPS:
             form, reason, role = "tf32", f"tf32: {reason}; fp32 GEMM on tensor cores", Role.TF32
         counts[role] = counts.get(role, 0) + 1
-        ctx.decide(node, "precision", reason, applied=role in (Role.LOW, Role.TF32), format=form)
+        ctx.decide(node, PrecisionDetail(form), reason, applied=role in (Role.LOW, Role.TF32))
     return counts
 
 
@@ -302,11 +303,12 @@ def _record_full_precision(gm: fx.GraphModule, ctx: RewriteContext, why: str,
         if aten_name(node) not in LOW_OPS:
             continue
         if tf32:
-            ctx.decide(node, "precision", f"tf32: fp32 GEMM on {_unit(ctx.target, 'tf32')} "
-                       "with 10-bit mantissa inputs, fp32 accumulation", format="tf32")
+            ctx.decide(node, PrecisionDetail("tf32"), f"tf32: fp32 GEMM on "
+                       f"{_unit(ctx.target, 'tf32')} with 10-bit mantissa inputs, fp32 "
+                       "accumulation")
             count += 1
         else:
-            ctx.decide(node, "precision", kept_fp32(why), applied=False, format="fp32")
+            ctx.decide(node, PrecisionDetail("fp32"), kept_fp32(why), applied=False)
     return count
 
 

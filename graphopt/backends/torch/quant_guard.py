@@ -47,6 +47,7 @@ from graphopt.backends.torch.verify import compare_outputs
 from graphopt.decisions.tolerance import Tolerance, loosest, tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
+from graphopt.ir.decision_details import WeightQuantDetail
 
 __all__ = ["GROUPS", "guard"]
 
@@ -245,15 +246,15 @@ def _record(ctx: RewriteContext, lowered: dict[str, tuple[Any, dict[str, Any]]],
             f"; measured: local error {local[name]:.3g}, share of the output error "
             f"{numbers['share']:.1%}" if numbers["share"] is not None else "")
         op = str(form["low"][0]).removesuffix(".default")
+        detail = WeightQuantDetail(low.fmt, low.kernel, low.group, numbers["local"],
+                                   numbers["contribution"], numbers["share"])
         if name in on:
-            ctx.decide(name, "quantize", f"{low.fmt} ({op}): {low.why}{said}", format=low.fmt,
-                       kernel=low.kernel, group=low.group, **numbers)
+            ctx.decide(name, detail, f"{low.fmt} ({op}): {low.why}{said}")
         else:
             why = declined or (f"kept in {ctx.compute_dtype}: among the most sensitive "
                                f"(rank {rank.get(name)} of {len(ranked)}); the rest are within "
                                "the budget")
-            ctx.decide(name, "quantize", f"{low.fmt} not applied: {why}{said}", applied=False,
-                       format=low.fmt, kernel=low.kernel, group=low.group, **numbers)
+            ctx.decide(name, detail, f"{low.fmt} not applied: {why}{said}", applied=False)
         rows.append({"rank": rank.get(name), "node": name, "format": low.fmt,
                      "local": numbers["local"], "contribution": numbers["contribution"],
                      "share": numbers["share"], "kept": name not in on})

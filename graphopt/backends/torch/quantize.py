@@ -33,6 +33,7 @@ from graphopt.backends.torch.fx_utils import float_linear, get_tensor, is_aten, 
 from graphopt.backends.torch.quant_kernels import quantize_rows_int8
 from graphopt.decisions.quantization.choice import auto_quantize_blocked
 from graphopt.hardware import is_this_machine
+from graphopt.ir.decision_details import QuantizeDetail, RunsOn
 from graphopt.ir.legality import Legality
 
 __all__ = ["dynamic_int8", "dynamic_int8_without_ends", "pack_int8_weight"]
@@ -120,7 +121,7 @@ def dynamic_int8_without_ends(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     def edge(node: fx.Node) -> bool:
         plan_node = ctx.plan_node(node)
         precision = plan_node.decisions.get("precision") if plan_node else None
-        return precision is not None and "edge" in precision.fields
+        return precision is not None and precision.detail.edge is not None
     if not any(is_aten(n, "linear") and edge(n) for n in gm.graph.nodes):
         return False
     return dynamic_int8(gm, ctx, skip=edge)
@@ -143,13 +144,13 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext,
             continue
         plan_node = ctx.plan_node(node)
         precision = plan_node.decisions.get("precision") if plan_node else None
-        wanted = precision is not None and precision.fields.get("format") == "int8" \
-            and precision.fields.get("runs_on") == "torch"
+        wanted = precision is not None and precision.detail.format == "int8" \
+            and precision.detail.runs_on is RunsOn.TORCH
         if mode == "auto" and not wanted or skip is not None and skip(node):
             continue
         legal = can_quantize(gm, node, ctx)
         if not legal:
-            ctx.decide(node, "quantize", f"not applied: {legal.reason}", applied=False)
+            ctx.decide(node, QuantizeDetail(), f"not applied: {legal.reason}", applied=False)
             continue
         w = get_tensor(gm, node.args[1])
         b = get_tensor(gm, node.args[2]) if len(node.args) > 2 and node.args[2] is not None \
@@ -158,9 +159,8 @@ def dynamic_int8(gm: fx.GraphModule, ctx: RewriteContext,
         _replace(gm, node, pack_int8_weight(w.float(), None if b is None else b.float()))
         around = "" if low is None or low.dtype == torch.float32 else \
             f" (fp32 kernel in a {ctx.compute_dtype} model: cast around it)"
-        ctx.decide(name, "quantize", "dynamic INT8 (per-channel weights, per-call activation "
-                   f"range){around}: " + (precision.reason if precision else "forced"),
-                   format="int8")
+        ctx.decide(name, QuantizeDetail("int8"), "dynamic INT8 (per-channel weights, per-call "
+                   f"activation range){around}: " + (precision.reason if precision else "forced"))
         changed = True
     if changed:
         gm.graph.eliminate_dead_code()

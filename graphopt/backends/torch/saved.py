@@ -276,10 +276,10 @@ def _records(opt: Any, outputs: Any) -> dict[str, str]:
 
 def _model_source(opt: Any) -> list[Path]:
     """The Python file the model's class was defined in: a save must never overwrite it."""
-    source = getattr(opt, "_source", None)
-    if not isinstance(source, tuple):
+    model = getattr(opt, "source_model", None)
+    if model is None:
         return []
-    cls = type(source[0])
+    cls = type(model)
     try:
         found = inspect.getsourcefile(cls)
     except (TypeError, OSError):  # a class whose module is not in sys.modules: its code knows

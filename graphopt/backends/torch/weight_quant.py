@@ -50,6 +50,7 @@ from graphopt.decisions.quantization.torch_kernels import (
 )
 from graphopt.decisions.tolerance import loosest
 from graphopt.frontends.aten_ops import TORCH_DTYPES
+from graphopt.ir.decision_details import QuantizeDetail, RunsOn
 
 __all__ = ["Lowering", "guard_chooses", "host_dynamic_int8", "low_bit_linears",
            "quantize_tolerance"]
@@ -78,19 +79,16 @@ def _planned(ctx: RewriteContext, node: fx.Node) -> Lowering | None:
     """Case 1: the plan's torch format for ``node``, if it has one."""
     plan_node = ctx.plan_node(node)
     d = plan_node.decisions.get("precision") if plan_node else None
-    if d is None or d.fields.get("runs_on") != "torch":
+    if d is None or d.detail.runs_on is not RunsOn.TORCH:
         return None
-    if d.fields.get("candidate"):  # a first or last GEMM: the plan's prior, measured here
-        group = d.fields.get("candidate_group")
-        return Lowering(str(d.fields["candidate"]), str(d.fields["candidate_kernel"]),
-                        int(group) if group else None,
-                        f"the {d.fields.get('edge')} weight GEMM, measured by the guard "
+    p = d.detail
+    if p.candidate:  # a first or last GEMM: the plan's prior, measured here
+        return Lowering(p.candidate, str(p.candidate_kernel), p.candidate_group or None,
+                        f"the {p.edge} weight GEMM, measured by the guard "
                         "(the plan keeps it float by default)")
-    if not d.fields.get("kernel"):
+    if not p.kernel:
         return None
-    group = d.fields.get("group")
-    return Lowering(str(d.fields["format"]), str(d.fields["kernel"]),
-                    int(group) if group else None, d.reason)
+    return Lowering(p.format, p.kernel, p.group or None, d.reason)
 
 
 def guard_chooses(ctx: RewriteContext) -> bool:
@@ -106,10 +104,10 @@ def guard_chooses(ctx: RewriteContext) -> bool:
 
 def _planned_format(d: Any) -> str | None:
     """The low-bit format a plan precision decision gives torch's kernels, if any."""
-    if d is None or d.fields.get("runs_on") != "torch":
+    if d is None or d.detail.runs_on is not RunsOn.TORCH:
         return None
-    fmt = d.fields.get("candidate") or (d.fields["format"] if d.fields.get("kernel") else None)
-    return str(fmt) if fmt else None
+    fmt = d.detail.candidate or (d.detail.format if d.detail.kernel else None)
+    return fmt or None
 
 
 def quantize_tolerance(ctx: RewriteContext) -> str:
@@ -198,7 +196,7 @@ def low_bit_linears(gm: fx.GraphModule, ctx: RewriteContext) -> bool | PassResul
             continue
         why = low if isinstance(low, str) else _refused(gm, node, low, ctx)
         if why is not None:
-            ctx.decide(node, "quantize", f"not applied, keeps its float format: {why}",
+            ctx.decide(node, QuantizeDetail(), f"not applied, keeps its float format: {why}",
                        applied=False)
             continue
         lowered[node.name] = (low, _lower(gm, node, low))

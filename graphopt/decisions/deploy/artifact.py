@@ -22,83 +22,21 @@ Runtime session of its ONNX export, and by how much it beats the others.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
 from graphopt.cost.calibrated import fixed_cost, for_runtime
 from graphopt.decisions.deploy.confidence import clears, speedup_interval
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_deploy import ARTIFACTS, Artifact, ArtifactTiming, DeployChoice
 
-__all__ = ["ARTIFACTS", "MEASURED_MARGIN", "PREDICTED_MARGIN", "ArtifactTiming", "DeployChoice",
-           "pick_measured", "predict_deploy", "unsettled"]
+__all__ = ["ARTIFACTS", "MEASURED_MARGIN", "PREDICTED_MARGIN", "Artifact", "ArtifactTiming",
+           "DeployChoice", "pick_measured", "predict_deploy", "unsettled"]
 
-#: every artifact graphopt can hand over, simplest to deploy first
-ARTIFACTS = ("torch", "torch.compile", "onnxruntime")
 #: case 2: a measured gain below this is timer and scheduler noise on a shared host (the
 #: passes' timing guard allows the same, ``backends/timing.NOISE``)
 MEASURED_MARGIN = 0.03
 #: case 3: a predicted gain below this is inside the cost model's uncertainty
 PREDICTED_MARGIN = 0.10
-
-
-@dataclass(frozen=True)
-class ArtifactTiming:
-    """One candidate: its time (measured best, or predicted), whether its outputs are within
-    tolerance (None: not checked) and what else the report should say (a compile's seconds,
-    why it failed)."""
-
-    artifact: str
-    seconds: float | None
-    within: bool | None = None
-    note: str = ""
-    error: str | None = None
-    #: measured: its best time in each interleaved round, paired by round with the others'
-    rounds: tuple[float, ...] = ()
-
-    @property
-    def usable(self) -> bool:
-        return self.error is None and self.seconds is not None and self.within is not False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"artifact": self.artifact, "seconds": self.seconds, "within": self.within,
-                "note": self.note, "error": self.error}
-
-
-@dataclass(frozen=True)
-class DeployChoice:
-    """The artifact to deploy and why; ``rows``: every candidate, in :data:`ARTIFACTS` order;
-    ``original_s``: the user's own model, timed beside them (measured only)."""
-
-    artifact: str
-    measured: bool
-    reason: str
-    rows: tuple[ArtifactTiming, ...]
-    method: str
-    original_s: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def row(self, artifact: str) -> ArtifactTiming | None:
-        return next((r for r in self.rows if r.artifact == artifact), None)
-
-    @property
-    def speedup(self) -> float | None:
-        """The chosen artifact's speed over the torch module's (None: either has no time)."""
-        return _ratio(self.row("torch"), self.row(self.artifact))
-
-    @property
-    def speedup_vs_original(self) -> float | None:
-        chosen = self.row(self.artifact)
-        if self.original_s is None or chosen is None or not chosen.seconds:
-            return None
-        return self.original_s / chosen.seconds
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"artifact": self.artifact, "measured": self.measured, "reason": self.reason,
-                "method": self.method, "original_s": self.original_s,
-                "speedup_vs_torch_module": self.speedup,
-                "speedup_vs_original": self.speedup_vs_original,
-                "candidates": [r.to_dict() for r in self.rows], **dict(self.extra)}
 
 
 def _ratio(slow: ArtifactTiming | None, fast: ArtifactTiming | None) -> float | None:
@@ -119,9 +57,10 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
     :data:`MEASURED_MARGIN` (``decisions/confidence``); a tie keeps the simpler artifact."""
     usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
     if not usable:  # the report shows each one's failure; the torch module stays the answer
-        return DeployChoice("torch", True, "no candidate ran within tolerance: " + "; ".join(
+        why = ("no candidate ran within tolerance: " + "; ".join(
             f"{r.artifact} ({r.error or r.note})" for r in rows) + "; the torch module, as "
-            "optimize returned it (see its numerics)", rows, method, original_s)
+            "optimize returned it (see its numerics)")
+        return DeployChoice.of(Artifact.TORCH, True, why, rows, method, original_s)
     best, said = usable[0], []
     for simpler, challenger, interval in _challenges(usable):
         text = f"{challenger.artifact} {interval[0]:.2f}-{interval[1]:.2f}x {simpler.artifact}"
@@ -139,7 +78,7 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
     if out:
         why += "; not candidates: " + "; ".join(f"{r.artifact} ({r.error or r.note})"
                                                 for r in out)
-    return DeployChoice(best.artifact, True, why, rows, method, original_s)
+    return DeployChoice.of(best.artifact, True, why, rows, method, original_s)
 
 
 def unsettled(rows: tuple[ArtifactTiming, ...]) -> bool:
@@ -174,37 +113,39 @@ def predict_deploy(plan: Plan, *, torch_model: bool, not_measured: str) -> Deplo
     """Case 3: the choice from the plan's estimates; ``not_measured``: why no timing decided."""
     method = f"predicted from the plan's cost model, not measured: {not_measured}"
     if not torch_model:
-        row = ArtifactTiming("onnxruntime", plan.summary.est_latency_with_decisions_s,
+        row = ArtifactTiming(Artifact.ONNXRUNTIME, plan.summary.est_latency_with_decisions_s,
                              note="the optimized ONNX model in its session config")
-        return DeployChoice("onnxruntime", False, "an ONNX input has one artifact: the "
+        return DeployChoice.of(Artifact.ONNXRUNTIME, False, "an ONNX input has one artifact: the "
                             "optimized model in ONNX Runtime", (row,), method)
     eager = float(plan.summary.est_latency_with_decisions_s
                   or plan.summary.est_latency_s or 0.0)
-    rows = [ArtifactTiming("torch", eager, note="each op its own kernel, eager's fixed cost")]
+    rows = [ArtifactTiming(Artifact.TORCH, eager,
+                           note="each op its own kernel, eager's fixed cost")]
     fusion = plan.fusion or {}
     fused, unfused = fusion.get("est_latency_fused_s"), fusion.get("est_latency_unfused_s")
     if fused and unfused:  # the plan's fusion groups, at the decided precisions
-        rows.append(ArtifactTiming("torch.compile", eager * float(fused) / float(unfused),
+        rows.append(ArtifactTiming(Artifact.TORCH_COMPILE, eager * float(fused) / float(unfused),
                                    note=f"{fusion.get('kernels_fused')} fused kernels for "
                                         f"{fusion.get('nodes')} nodes (cost/fusion.py)"))
     ort = _ort_estimate(plan, eager)
-    rows.append(ArtifactTiming("onnxruntime", ort,
+    rows.append(ArtifactTiming(Artifact.ONNXRUNTIME, ort,
                                note="each op at ONNX Runtime's measured fixed cost" if ort else
                                "not estimated: the target has no measured ONNX Runtime fixed "
                                "costs (graphopt calibrate measures them on a CPU)"))
     timed = [r for r in rows if r.seconds]
     if not timed:  # an empty batch: nothing to run, nothing to choose between
-        return DeployChoice("torch", False, "the plan estimates no time (no work to run): the "
-                            "torch module, the simplest artifact", tuple(rows), method)
+        return DeployChoice.of(Artifact.TORCH, False, "the plan estimates no time (no work to "
+                               "run): the torch module, the simplest artifact", tuple(rows),
+                               method)
     best = min(timed, key=lambda r: r.seconds or 0.0)
     est = ", ".join(f"{r.artifact} {r.seconds * 1e3:.3g} ms" for r in timed)
-    if best.artifact != "torch" and (best.seconds or 0.0) > eager * (1 - PREDICTED_MARGIN):
+    if best.artifact != Artifact.TORCH and (best.seconds or 0.0) > eager * (1 - PREDICTED_MARGIN):
         best = rows[0]
         why = (f"estimated {est}: no other artifact is predicted {PREDICTED_MARGIN:.0%} faster "
                "than the torch module")
     else:
         why = f"estimated {est}: {best.artifact} is predicted fastest"
-    return DeployChoice(best.artifact, False, why, tuple(rows), method)
+    return DeployChoice.of(best.artifact, False, why, tuple(rows), method)
 
 
 def _ort_estimate(plan: Plan, eager_s: float) -> float | None:

@@ -37,6 +37,7 @@ from graphopt.decisions.kernels.tiles import (
     swizzle_bytes,
 )
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import Launch, Tile
 
 __all__ = [
     "KernelConfig", "attention_config", "cpu_config", "elementwise_config", "gemm_config",
@@ -64,7 +65,7 @@ _THREADS = 256  # elementwise/GEMV block: 8 warps, a common occupancy-friendly c
 
 @dataclass(frozen=True, slots=True)
 class KernelConfig:
-    """A launch template for one node; ``to_dict`` gives the report's ``tile`` and ``launch``."""
+    """A launch template for one node; its records are the report's ``tile`` and ``launch``."""
 
     template: str
     instruction: str
@@ -83,24 +84,16 @@ class KernelConfig:
     threads: int | None = None
     swap_ab: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        tile: dict[str, Any] = {"instruction": self.instruction}
-        if self.tile is not None:
-            tile.update(m=self.tile[0], n=self.tile[1], k=self.tile[2])
-        for name in ("stages", "k_iters", "swizzle_bytes", "waves", "efficiency"):
-            if getattr(self, name) is not None:
-                tile[name] = getattr(self, name)
-        if self.swap_ab:
-            tile["swap_ab"] = True
-        launch: dict[str, Any] = {}
-        for name in ("grid", "block", "cluster"):
-            if getattr(self, name) is not None:
-                launch[name] = list(getattr(self, name))
-        for name in ("smem_bytes", "vector_width", "threads"):
-            if getattr(self, name) is not None:
-                launch[name] = getattr(self, name)
-        return {"template": self.template, "tile": tile, "launch": launch,
-                "reason": self.reason}
+    def tile_record(self) -> Tile:
+        """The exec_path decision's ``tile``: the instruction, and what of the tile is fixed."""
+        m, n, k = self.tile if self.tile is not None else (None, None, None)
+        return Tile(self.instruction, m, n, k, self.stages, self.k_iters, self.swizzle_bytes,
+                    self.waves, self.efficiency, True if self.swap_ab else None)
+
+    def launch_record(self) -> Launch:
+        """The exec_path decision's ``launch``."""
+        return Launch(self.grid, self.block, self.cluster, self.smem_bytes, self.vector_width,
+                      self.threads)
 
 
 def _n_candidates(engine: Engine, n: int) -> range:

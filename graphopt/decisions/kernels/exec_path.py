@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from types import MappingProxyType
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.analysis.record import NodeAnalysis
@@ -64,6 +63,7 @@ from graphopt.decisions.kernels.tiles import (
 )
 from graphopt.hardware.generations import family_for
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import ExecPath, ExecPathDetail
 from graphopt.ir.plan import Decision
 
 __all__ = ["CPU_PATHS", "GPU_PATHS", "cpu_compute_dtype", "cpu_path", "exec_path",
@@ -92,11 +92,11 @@ def exec_path(analysis: NodeAnalysis, target: HardwareProfile,
     key = peak_key(dtype or analysis.dtype)
     kc = analysis.kernel_class
     if kc is KernelClass.VIEW:
-        return Decision("free view: no kernel is launched", MappingProxyType({"path": "none"}),
+        return Decision("free view: no kernel is launched", ExecPathDetail(ExecPath.NONE),
                         applied=False)
     if analysis.no_work:
         return Decision("zero-size output: nothing to compute, no kernel is launched",
-                        MappingProxyType({"path": "none"}), applied=False)
+                        ExecPathDetail(ExecPath.NONE), applied=False)
     if not target.is_gpu:
         return _cpu(analysis, target, key)
     if kc not in GEMM_LIKE:
@@ -104,11 +104,11 @@ def exec_path(analysis: NodeAnalysis, target: HardwareProfile,
     return _gpu_gemm(analysis, target, key)
 
 
-def _decision(path: str, reason: str, cfg: KernelConfig, **extra: object) -> Decision:
-    d = cfg.to_dict()
+def _decision(path: str, reason: str, cfg: KernelConfig, instruction: str | None = None,
+              tma: bool | None = None) -> Decision:
     logger.debug("exec_path %s: %s", path, reason)
-    return Decision(reason, MappingProxyType({"path": path, "tile": d["tile"],
-                                              "launch": d["launch"], **extra}))
+    return Decision(reason, ExecPathDetail(ExecPath(path), cfg.tile_record(),
+                                           cfg.launch_record(), instruction, tma))
 
 
 def _memory_bound(a: NodeAnalysis, t: HardwareProfile, key: str) -> Decision:
@@ -136,7 +136,7 @@ def _gpu_gemm(a: NodeAnalysis, t: HardwareProfile, key: str) -> Decision:
     if a.kernel_class is KernelClass.QUANT_GEMM and key == "int4" and not t.has("int4_tensor"):
         d = _gpu_gemm(a, t, "fp16")  # mixed-input GEMM: int4 weights widened in registers
         return Decision(f"weight-only int4 without int4 tensor cores: weights dequantized to "
-                        f"fp16 in registers, then {d.reason}", d.fields)
+                        f"fp16 in registers, then {d.reason}", d.detail)
     if not tensor_core_dtype(key, t):
         cfg = gemm_config(p, key, t, SIMT)
         why = ("fp32 without TF32 runs on CUDA cores (pass dtype='tf32' when the plan allows "

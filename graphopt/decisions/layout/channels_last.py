@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from graphopt.cost.roofline import efficiency, tc_alignment
 from graphopt.decisions.layout.regions import PlanRegion, plan_regions
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import LayoutDetail, LayoutFormat
 from graphopt.ir.legality import Legality
 from graphopt.ir.plan import NodePlan, Plan
 
@@ -306,9 +307,9 @@ class ConvLayout:
     def channels_last(self) -> bool:
         return self.format == "channels_last"
 
-    def fields(self) -> dict[str, Any]:
-        return {"format": self.format, "region": self.region,
-                "predicted_gain_s": self.predicted_gain_s}
+    def detail(self, backend: str | None = None) -> LayoutDetail:
+        return LayoutDetail(LayoutFormat(self.format), self.region, self.predicted_gain_s,
+                            backend)  # backend: why the backend runs the conv otherwise
 
 
 @dataclass(frozen=True)

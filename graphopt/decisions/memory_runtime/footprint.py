@@ -39,7 +39,7 @@ PrecisionSpec = Mapping[str, "str | float | Decision"] | str | None
 def _bits_of(value: str | float | Decision) -> tuple[float, bool]:
     """(bits per weight, applies to 1-D params too) for one precision value (case 1)."""
     if isinstance(value, Decision):
-        value = str(value.fields.get("format", "fp32"))
+        value = value.detail.format
     if isinstance(value, (int, float)):
         if value <= 0:
             raise GraphoptError(f"bits per weight must be positive, got {value}",

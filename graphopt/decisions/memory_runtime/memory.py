@@ -301,7 +301,7 @@ def _cost_dtypes(precision: PrecisionSpec) -> dict[str, str] | None:
 
     out = {}
     for name, d in precision.items():
-        fmt = str(d.fields.get("format", "")) if isinstance(d, Decision) else str(d)
+        fmt = d.detail.format if isinstance(d, Decision) else str(d)
         if fmt in FORMAT_DTYPE:
             out[name] = FORMAT_DTYPE[fmt]
     return out

@@ -16,6 +16,7 @@ from graphopt.decisions.padding.downstream import downstream_cost
 from graphopt.decisions.padding.sites import shape_of
 from graphopt.decisions.padding.state import Decided, Outcome, SweepState, cut
 from graphopt.decisions.padding.steps import AttentionStep
+from graphopt.ir.decision_details import PaddingDetail, PaddingSkip
 from graphopt.ir.graph import Node
 
 __all__ = ["plan_attention"]
@@ -53,7 +54,7 @@ def _verdict(sw: SweepState, m: int | None, why: str, d: int, dp: int, dv: int, 
 def _illegal(sw: SweepState, node: Node, cut_reason: str, why: str) -> Outcome:
     """Not legal here: cut what reaches the node padded, and say why."""
     cuts = cut(sw, node, cut_reason) if any(t in sw.maps for t in node.inputs) else Outcome()
-    return cuts + Outcome(decided=(Decided(node.name, "padding", f"not applied: {why}",
+    return cuts + Outcome(decided=(Decided(node.name, PaddingSkip(), f"not applied: {why}",
                                            applied=False),))
 
 
@@ -102,10 +103,10 @@ def plan_attention(sw: SweepState, node: Node) -> Outcome:
             pads=tuple({"node": node.name, "source": t, "from": r, "to": w}
                        for t, r, w in pads),
             maps=((node.outputs[0], out_map),) if dvp != dv else (), padded=(node.name,))
-    fields = {"old": {"head_dim": d, **({"head_dim_v": dv} if dv != d else {})},
-              "new": {"head_dim": dp if applied else d,
-                      **({"head_dim_v": dvp if applied else dv} if dv != d else {})},
-              "multiple": m,
-              "waste_pct": round(100 * (1 - f_keep / f_pad), 2) if applied else 0.0,
-              "predicted_gain": round(gain, 3) if (dp, dvp) != (d, dv) else 1.0}
-    return out + Outcome(decided=(Decided(node.name, "padding", reason, applied, fields),))
+    detail = PaddingDetail(
+        old={"head_dim": d, **({"head_dim_v": dv} if dv != d else {})},
+        new={"head_dim": dp if applied else d,
+             **({"head_dim_v": dvp if applied else dv} if dv != d else {})},
+        multiple=m, waste_pct=round(100 * (1 - f_keep / f_pad), 2) if applied else 0.0,
+        predicted_gain=round(gain, 3) if (dp, dvp) != (d, dv) else 1.0)
+    return out + Outcome(decided=(Decided(node.name, detail, reason, applied),))

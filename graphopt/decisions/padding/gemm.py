@@ -10,7 +10,6 @@ times faster than leaving the node as it is (Inductor's pad_mm uses 1.1x).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from graphopt.decisions.padding.carry import PadConst, SetGroups
 from graphopt.decisions.padding.channel_map import ChannelMap, round_up
@@ -19,6 +18,7 @@ from graphopt.decisions.padding.downstream import downstream_cost, partner_cut_t
 from graphopt.decisions.padding.sites import GemmSite, absorbs, can_pad, numel
 from graphopt.decisions.padding.state import Decided, Outcome, SweepState, cut
 from graphopt.decisions.padding.steps import CarryStep, GemmStep, InputPlan
+from graphopt.ir.decision_details import GroupsCarryDetail, PaddingDetail, PaddingSkip
 from graphopt.ir.graph import Node
 from graphopt.ir.legality import Legality
 
@@ -81,37 +81,38 @@ def _variant_time(sw: SweepState, site: GemmSite, v: _Variant) -> float:
 
 
 def should_pad(sw: SweepState, site: GemmSite, keep: _Variant, variants: list[_Variant],
-               m: int | None, why: str) -> tuple[_Variant, str, float, dict[str, Any]]:
-    """Profitability: (chosen variant, reason, predicted gain over ``keep``, extra fields)."""
+               m: int | None, why: str) -> tuple[_Variant, str, float, dict[str, int] | None]:
+    """Profitability: (chosen variant, reason, predicted gain over ``keep``, the dims a
+    declined pad would have had)."""
     mode, margin, g = sw.options.pad, sw.options.pad_margin, site.groups
     if mode == "never":
-        return keep, "not applied: pad='never'", 1.0, {}
+        return keep, "not applied: pad='never'", 1.0, None
     if m is None:
-        return keep, f"not applied: {why}", 1.0, {}
+        return keep, f"not applied: {why}", 1.0, None
     if (keep.inp.reads.size // g) % m == 0 and (site.c_out // g) % m == 0:
         names = "K and N" if site.op == "linear" else "C_in and C_out" + (
             " per group" if g > 1 else "")
-        return keep, f"not applied: {names} already multiples of {m}", 1.0, {}
+        return keep, f"not applied: {names} already multiples of {m}", 1.0, None
     t_keep = _variant_time(sw, site, keep)
     if mode == "always":
         full = variants[-1]
-        return full, f"pad='always': {why}", t_keep / _variant_time(sw, site, full), {}
+        return full, f"pad='always': {why}", t_keep / _variant_time(sw, site, full), None
     times = {id(v): _variant_time(sw, site, v) for v in variants if v.changes(keep)}
     if not times:
-        return keep, "not applied: no legal padded variant", 1.0, {}
+        return keep, "not applied: no legal padded variant", 1.0, None
     best = min((v for v in variants if id(v) in times), key=lambda v: times[id(v)])
     gain = t_keep / times[id(best)]
     if gain >= margin:
-        return best, f"predicted {gain:.2f}x >= {margin}x margin", gain, {}
-    return keep, f"not applied: predicted {gain:.2f}x < {margin}x margin", gain, {
-        "candidate": _dims(site, best.inp.reads.size, best.out.size)}
+        return best, f"predicted {gain:.2f}x >= {margin}x margin", gain, None
+    return keep, f"not applied: predicted {gain:.2f}x < {margin}x margin", gain, \
+        _dims(site, best.inp.reads.size, best.out.size)
 
 
 def decide_gemm(sw: SweepState, node: Node, site: GemmSite | str) -> Outcome:
     """Cases 1-3: legality, then profitability; one ``padding`` decision per node."""
     if isinstance(site, str):
         cuts = cut(sw, node, site) if any(t in sw.maps for t in node.inputs) else Outcome()
-        return cuts + Outcome(decided=(Decided(node.name, "padding", f"not applied: {site}",
+        return cuts + Outcome(decided=(Decided(node.name, PaddingSkip(), f"not applied: {site}",
                                                applied=False),))
     in_map, g = sw.maps.get(site.x), site.groups
     m, why = sw.multiple("gemm" if site.op == "linear" else "conv")
@@ -133,14 +134,14 @@ def decide_gemm(sw: SweepState, node: Node, site: GemmSite | str) -> Outcome:
     variants = [_Variant(ins[True], out_keep), _Variant(ins[False], out_pad),
                 _Variant(ins[True], out_pad)]
     if not legal:
-        chosen, reason, gain, extra = keep, f"not applied: {legal.reason}", 1.0, {}
+        chosen, reason, gain, candidate = keep, f"not applied: {legal.reason}", 1.0, None
     else:
-        chosen, reason, gain, extra = should_pad(sw, site, keep, variants, m, why)
-    return _record_gemm(sw, site, chosen, reason, gain, m, extra)
+        chosen, reason, gain, candidate = should_pad(sw, site, keep, variants, m, why)
+    return _record_gemm(sw, site, chosen, reason, gain, m, candidate)
 
 
 def _record_gemm(sw: SweepState, site: GemmSite, v: _Variant, reason: str, gain: float,
-                 m: int | None, extra: dict[str, Any]) -> Outcome:
+                 m: int | None, candidate: dict[str, int] | None) -> Outcome:
     node, inp, out = site.node, v.inp, v.out
     done = Outcome()
     if site.x in sw.maps and not inp.from_padded:
@@ -155,14 +156,14 @@ def _record_gemm(sw: SweepState, site: GemmSite, v: _Variant, reason: str, gain:
         if inp.action == "pad" else ()
     old_f, new_f = site_flops(site, site.c_in, site.c_out), site_flops(site, inp.reads.size,
                                                                          out.size)
-    fields = {"old": _dims(site, site.c_in, site.c_out),
-              "new": _dims(site, inp.reads.size, out.size), "multiple": m,
-              "waste_pct": round(100 * (1 - old_f / new_f), 2),
-              "predicted_gain": round(gain, 3), **extra}
+    detail = PaddingDetail(old=_dims(site, site.c_in, site.c_out),
+                           new=_dims(site, inp.reads.size, out.size), multiple=m,
+                           waste_pct=round(100 * (1 - old_f / new_f), 2),
+                           predicted_gain=round(gain, 3), candidate=candidate)
     return done + Outcome(
         steps=steps, pads=pads, maps=((node.outputs[0], out),) if out.is_padded else (),
         padded=(node.name,) if applied else (),
-        decided=(Decided(node.name, "padding", reason, applied, fields),))
+        decided=(Decided(node.name, detail, reason, applied),))
 
 
 def _carry_depthwise(site: GemmSite, in_map: ChannelMap) -> Outcome:
@@ -175,10 +176,10 @@ def _carry_depthwise(site: GemmSite, in_map: ChannelMap) -> Outcome:
     out = in_map.moved(in_map.axis, clean=True)
     return Outcome(
         steps=(CarryStep(node, out, tuple(edits)),), maps=((node.outputs[0], out),), carried=1,
-        decided=(Decided(node.name, "padding", f"not applied: {can_pad(site).reason}", False,
-                         {"old": _dims(site, site.c_in, site.c_out),
-                          "new": _dims(site, site.c_in, site.c_out)}),
-                 Decided(node.name, "padding_carry", "carried: depthwise conv runs on the "
-                         f"padded channels (groups {site.groups} -> {in_map.size}, zero "
-                         "filters on padding)", True,
-                         {"old": {"groups": site.groups}, "new": {"groups": in_map.size}})))
+        decided=(Decided(node.name, PaddingSkip(_dims(site, site.c_in, site.c_out),
+                                                _dims(site, site.c_in, site.c_out)),
+                         f"not applied: {can_pad(site).reason}", False),
+                 Decided(node.name, GroupsCarryDetail({"groups": site.groups},
+                                                      {"groups": in_map.size}),
+                         "carried: depthwise conv runs on the padded channels (groups "
+                         f"{site.groups} -> {in_map.size}, zero filters on padding)", True)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from graphopt.cost.roofline import peak_key, tc_alignment
@@ -19,6 +18,7 @@ from graphopt.decisions.padding.channel_map import ChannelMap
 from graphopt.decisions.padding.cost import required_multiple
 from graphopt.decisions.padding.sites import GemmSite, Values, gemm_site
 from graphopt.decisions.padding.steps import PadBackend, Step
+from graphopt.ir.decision_details import Detail, PaddingSliceDetail
 from graphopt.ir.graph import Graph, Node
 from graphopt.ir.options import Options
 
@@ -30,10 +30,9 @@ class Decided:
     """One decision for the backend to record (``PadBackend.decide``), in the order made."""
 
     node: str
-    kind: str  # "padding" | "padding_carry" | "padding_slice"
+    detail: Detail  # a padding, padding_carry or padding_slice record
     reason: str
     applied: bool = True
-    fields: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -97,5 +96,5 @@ def cut(state: SweepState, node: Node | None, reason: str,
     slices = tuple({"node": name, "source": t, "real": state.maps[t].real,
                     "padded": state.maps[t].size, "reason": reason} for t in reads)
     decided = () if node is None else (
-        Decided(name, "padding_slice", f"slice to real channels before {name}: {reason}"),)
+        Decided(name, PaddingSliceDetail(), f"slice to real channels before {name}: {reason}"),)
     return Outcome(slices=slices, decided=decided)

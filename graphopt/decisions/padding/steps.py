@@ -17,6 +17,7 @@ from graphopt.decisions.padding.carry import Edit
 from graphopt.decisions.padding.channel_map import ChannelMap
 from graphopt.decisions.padding.sites import GemmSite
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import Detail
 from graphopt.ir.graph import Node
 from graphopt.ir.legality import Legality
 
@@ -101,8 +102,8 @@ class PadBackend(Protocol):
     def can_edit(self, node: Node) -> Legality:
         """Has this backend a legal edit for the node (its own legality, beside ``can_pad``)."""
 
-    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Any: ...
+    def decide(self, node: str, detail: Detail, reason: str, *,
+               applied: bool = True) -> Any: ...
 
 
 class _PassContext(Protocol):
@@ -113,8 +114,8 @@ class _PassContext(Protocol):
 
     def plan_node(self, name: str) -> Any: ...
 
-    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Any: ...
+    def decide(self, node: str, detail: Detail, reason: str, *,
+               applied: bool = True) -> Any: ...
 
 
 @dataclass
@@ -137,6 +138,6 @@ class ContextBackend:
         plan_node = self.ctx.plan_node(node)
         return None if plan_node is None else plan_node.analysis
 
-    def decide(self, node: str, kind: str, reason: str, *, applied: bool = True,
-               **fields: Any) -> Any:
-        return self.ctx.decide(node, kind, reason, applied=applied, **fields)
+    def decide(self, node: str, detail: Detail, reason: str, *,
+               applied: bool = True) -> Any:
+        return self.ctx.decide(node, detail, reason, applied=applied)

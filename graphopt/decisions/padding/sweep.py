@@ -16,6 +16,7 @@ from graphopt.decisions.padding.gemm import decide_gemm
 from graphopt.decisions.padding.sites import Values
 from graphopt.decisions.padding.state import Decided, Outcome, SweepState, cut
 from graphopt.decisions.padding.steps import CarryStep, PadBackend, PaddingPlan, Step
+from graphopt.ir.decision_details import PaddingCarryDetail
 from graphopt.ir.graph import Graph, Node
 from graphopt.ir.options import Options
 
@@ -34,11 +35,10 @@ def _carry(sw: SweepState, node: Node) -> Outcome:
         return cut(sw, node, rule.reason)
     return Outcome(steps=(CarryStep(node, rule.out, rule.edits),),
                    maps=((node.outputs[0], rule.out),), carried=1,
-                   decided=(Decided(node.name, "padding_carry",
+                   decided=(Decided(node.name, PaddingCarryDetail(rule.out.real, rule.out.size,
+                                                                  rule.out.clean),
                                     f"carried: {rule.reason} ({rule.out.real} real of "
-                                    f"{rule.out.size})",
-                                    fields={"real": rule.out.real, "padded": rule.out.size,
-                                            "clean": rule.out.clean}),))
+                                    f"{rule.out.size})"),))
 
 
 def _case(sw: SweepState, node: Node) -> Outcome:
@@ -74,7 +74,7 @@ def plan_padding(graph: Graph, value: Values, backend: PadBackend, options: Opti
         padded += out.padded
         carried += out.carried
         for d in out.decided:
-            backend.decide(d.node, d.kind, d.reason, applied=d.applied, **d.fields)
+            backend.decide(d.node, d.detail, d.reason, applied=d.applied)
         done.update(node.outputs)
     outs = [t for t in dict.fromkeys(graph.outputs) if t in maps]
     if outs:

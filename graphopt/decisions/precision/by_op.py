@@ -19,12 +19,12 @@ Cases, per plan node:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import MappingProxyType
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.decisions.precision.islands import ISLAND_OPS
 from graphopt.ir import ops
+from graphopt.ir.decision_details import PrecisionDetail
 from graphopt.ir.plan import Decision, NodePlan, Plan
 
 __all__ = ["LOW_KINDS", "island_reason", "kept_fp32", "node_decision", "node_island",
@@ -68,11 +68,11 @@ def node_decision(node: NodePlan, compute_dtype: str) -> Decision | None:
     """The precision decision for one plan node at ``compute_dtype`` (cases 1-3)."""
     why = node_island(node)
     if why is not None:
-        return Decision(f"fp32 island: {why}", MappingProxyType(
-            {"format": "fp32", "island": True}), applied=False)
+        return Decision(f"fp32 island: {why}", PrecisionDetail("fp32", island=True),
+                        applied=False)
     if node.op_type in LOW_KINDS:
         return Decision(f"{compute_dtype}: {LOW_KINDS[node.op_type]} with fp32 accumulation",
-                        MappingProxyType({"format": compute_dtype, "island": False}))
+                        PrecisionDetail(compute_dtype, island=False))
     return None
 
 

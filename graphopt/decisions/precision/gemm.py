@@ -43,7 +43,6 @@ format both use is :mod:`.cost`. The model-level weight format is the quantizati
 from __future__ import annotations
 
 import logging
-from types import MappingProxyType
 from typing import Any
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
@@ -66,6 +65,7 @@ from graphopt.decisions.quantization.cpu_int8 import (
 )
 from graphopt.decisions.quantization.recommend import runnable
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import GemmEdge, PrecisionDetail, RunsOn
 from graphopt.ir.graph import DTYPE_BITS
 from graphopt.ir.legality import Legality
 from graphopt.ir.plan import Decision, NodePlan, Plan
@@ -103,19 +103,18 @@ def carrier_format(target: HardwareProfile, model_format: str, source: str = "to
     return "fp32", f"{target.display_name} has no native bf16 arithmetic"
 
 
-def _decide(fmt: str, model: QuantFormat, reason: str, runs_on: str = "torch",
+def _decide(fmt: str, model: QuantFormat, reason: str, runs_on: RunsOn = RunsOn.TORCH,
             **extra: Any) -> Decision:
-    fields = {"format": fmt, "runs_on": runs_on, **extra}
-    return Decision(reason, MappingProxyType({k: v for k, v in fields.items() if v is not None}),
-                    applied=fmt != model.key)
+    """The node's decision at ``fmt``; ``extra``: the other :class:`PrecisionDetail` fields."""
+    return Decision(reason, PrecisionDetail(fmt, runs_on, **extra), applied=fmt != model.key)
 
 
-def _edge(is_first: bool, is_last: bool) -> str | None:
+def _edge(is_first: bool, is_last: bool) -> GemmEdge | None:
     """Case 2: "first" or "last" weight GEMM of the model, else None."""
-    return "first" if is_first else "last" if is_last else None
+    return GemmEdge.FIRST if is_first else GemmEdge.LAST if is_last else None
 
 
-def _sensitive(kc: KernelClass, w_bytes: int, live: bool, edge: str | None,
+def _sensitive(kc: KernelClass, w_bytes: int, live: bool, edge: GemmEdge | None,
                target: HardwareProfile) -> str | None:
     """Case 2: why a GEMM stays at the carrier, else None."""
     if kc is KernelClass.ATTENTION or w_bytes == 0:
@@ -141,8 +140,7 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
     kc = a.kernel_class
     if kc in (KernelClass.QUANT_GEMM, KernelClass.QUANT_DOT):
         return Decision("already quantized in the model: kept",
-                        MappingProxyType({"format": a.dtype or "int8", "runs_on": "torch"}),
-                        applied=False)
+                        PrecisionDetail(a.dtype or "int8", RunsOn.TORCH), applied=False)
     island = node_island(node) if isinstance(node, NodePlan) else island_reason("", a)
     if island is not None:  # case 1: the backends' rule, so plan and backends agree
         return _decide("fp32", model, f"fp32 island: {island}")
@@ -166,41 +164,41 @@ def node_precision(node: NodePlan | NodeAnalysis, target: HardwareProfile,
     c = gpu_format(GpuNode(a, op_type, w_bytes, w_bits, act_bits), target, model,
                    (carrier, carrier_why, hi.est_time_s, hi.bottleneck))
     if prior:
-        return _edge_prior(carrier, carrier_why, keep or "", model, edge or "", c)
-    return _decide(c.format, model, c.reason, c.runs_on, **c.fields)
+        return _edge_prior(carrier, carrier_why, keep or "", model, edge, c)
+    return _decide(c.format, model, c.reason, c.runs_on, baseline=c.baseline,
+                   speedup=c.speedup, kernel=c.kernel, group=c.group)
 
 
-def _edge_prior(carrier: str, why: str, keep: str, model: QuantFormat, edge: str,
+def _edge_prior(carrier: str, why: str, keep: str, model: QuantFormat, edge: GemmEdge | None,
                 c: GpuChoice) -> Decision:
     """Case 2 on a GPU: the first or last weight GEMM stays at the carrier in the plan (its
     predictions assume the usual outcome), and the format it would get is recorded as a
     ``candidate`` that torch's guard measures (``backends/torch/quant_guard.py``), lowering
     it where the outputs stay within the budget: measured, not assumed."""
-    if c.runs_on != "torch" or not c.fields.get("kernel"):
+    if c.runs_on is not RunsOn.TORCH or not c.kernel:
         return _decide(carrier, model, f"stays {carrier} ({why}): {keep}", edge=edge)
-    fields = {"candidate": c.format, "candidate_kernel": c.fields["kernel"],
-              "candidate_group": c.fields.get("group")}
     return _decide(carrier, model, f"stays {carrier} ({why}): {keep}; the plan counts it at "
                    f"{carrier}, and optimize's guard measures it at {c.format} and lowers it "
-                   "if the outputs stay within the budget", edge=edge, **fields)
+                   "if the outputs stay within the budget", edge=edge, candidate=c.format,
+                   candidate_kernel=c.kernel, candidate_group=c.group)
 
 
-def _cpu_where(a: NodeAnalysis, op_type: str | None) -> tuple[str, str]:
+def _cpu_where(a: NodeAnalysis, op_type: str | None) -> tuple[RunsOn, str]:
     """Case 5 on a CPU: (runs_on, which backend applies an INT8 node and how)."""
     if a.kernel_class is KernelClass.CONV:
-        return "onnx", ("applied on ONNX as static QDQ (QLinearConv) when calibration data is "
-                        "given; torch has no INT8 conv pass; never dynamic: "
-                        f"{CONV_INT8_MEASURED}")
+        return RunsOn.ONNX, ("applied on ONNX as static QDQ (QLinearConv) when calibration data "
+                             "is given; torch has no INT8 conv pass; never dynamic: "
+                             f"{CONV_INT8_MEASURED}")
     if op_type == "Linear":
-        return "torch", ("applied by torch's dynamic INT8 pass (quantized::linear_dynamic) and "
-                         "on ONNX (dynamic INT8, static QDQ with calibration data)")
-    return "onnx", ("applied on ONNX (dynamic INT8, static QDQ with calibration data); torch's "
-                    "INT8 pass covers nn.Linear only")
+        return RunsOn.TORCH, ("applied by torch's dynamic INT8 pass (quantized::linear_dynamic) "
+                              "and on ONNX (dynamic INT8, static QDQ with calibration data)")
+    return RunsOn.ONNX, ("applied on ONNX (dynamic INT8, static QDQ with calibration data); "
+                         "torch's INT8 pass covers nn.Linear only")
 
 
 def _cpu_int8(a: NodeAnalysis, target: HardwareProfile, model: QuantFormat,
               carrier: tuple[str, str, float, float], w_bytes: int, w_bits: float,
-              act_bits: float, op_type: str | None, edge: str | None) -> Decision:
+              act_bits: float, op_type: str | None, edge: GemmEdge | None) -> Decision:
     """Case 4: INT8 where it pays by cost against the carrier ``(format, why, activation bits,
     seconds)``, else the carrier, with both times in the reason; ``edge``: "first"/"last"
     weight GEMM (case 2's prior, recorded for the checks that measure it)."""
@@ -214,13 +212,12 @@ def _cpu_int8(a: NodeAnalysis, target: HardwareProfile, model: QuantFormat,
     if not v.pays:
         return _decide(fmt, model, f"stays {fmt} ({why}): {v.reason}")
     runs_on, where = _cpu_where(a, op_type)
-    extra = {} if edge is None else {"edge": edge}
     said = "" if edge is None else (
         f"; the {edge} weight GEMM: its error is not averaged out by other layers, so the "
         "accuracy checks measure it (torch retries without the first and last GEMMs, the "
         "ONNX guard keeps the most sensitive nodes)")
     return _decide("int8", model, f"{v.reason}; {where}{said}", runs_on, baseline=fmt,
-                   speedup=round(t_base / v.cost.total_s, 3), method=v.cost.method, **extra)
+                   speedup=round(t_base / v.cost.total_s, 3), method=v.cost.method, edge=edge)
 
 
 def _live(plan: Plan) -> set[str] | None:
@@ -289,7 +286,8 @@ def plan_precisions(plan: Plan, model_format: str | None = None) -> dict[str, De
                                   is_last=n.name == last, live=live is None or n.name in live,
                                   source=source)
            for n in plan.nodes}
-    low = sum(d.fields["format"] not in _TORCH_FORMATS for d in out.values())
+    low = sum(d.detail.format not in _TORCH_FORMATS for d in out.values()
+              if isinstance(d.detail, PrecisionDetail))
     logger.info("precision on %s: %d of %d nodes at a low-precision format", plan.target.name,
                 low, len(out))
     return out

@@ -43,10 +43,7 @@ numbered there; this module handles case 3 and case 5 on a GPU:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from dataclasses import dataclass
 
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.cost.roofline import alignment_efficiency, tc_alignment
@@ -65,6 +62,7 @@ from graphopt.decisions.quantization.torch_kernels import (
     torch_kernel_for,
 )
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.decision_details import RunsOn
 
 __all__ = ["MIN_GAIN", "WEIGHT_HEAVY", "GpuChoice", "GpuNode", "gpu_format"]
 
@@ -95,12 +93,16 @@ class GpuNode:
 @dataclass(frozen=True, slots=True)
 class GpuChoice:
     """Cases 3 and 5's answer for one weight GEMM: its format (the carrier where none pays),
-    why, who runs it, and the decision's other fields (None: left out)."""
+    why, who runs it, and for a chosen low format the carrier it beat, by how much, and the
+    torch kernel and group that run it (None: left out of the decision)."""
 
     format: str
     reason: str
-    runs_on: str = "torch"
-    fields: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    runs_on: RunsOn = RunsOn.TORCH
+    baseline: str | None = None
+    speedup: float | None = None
+    kernel: str | None = None
+    group: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,21 +276,20 @@ def _chosen(o: _Option, g: GpuNode, carrier: str, t_hi: float, notes: list[str],
     """The choice of option ``o`` with its reason: format, times, gain, notes, who runs it
     (case 5)."""
     if o.kernel is not None and g.op_type == "Linear":
-        runs_on = "torch"
+        runs_on = RunsOn.TORCH
         where = f"applied by graphopt's torch module ({KERNEL_OPS[o.kernel]})"
     elif o.kernel is not None:
-        runs_on = "plan-only"
+        runs_on = RunsOn.PLAN_ONLY
         where = (f"plan-only: graphopt's torch kernels replace nn.Linear only, not "
                  f"{g.op_type or 'this node'}; deploy with TensorRT(-LLM), vLLM or Transformer "
                  "Engine")
     else:
-        runs_on = "plan-only"
+        runs_on = RunsOn.PLAN_ONLY
         where = (f"plan-only: torch has no {o.fmt.display} kernel; deploy with TensorRT(-LLM), "
                  "vLLM or Transformer Engine")
     extra = "".join(f"; {n}" for n in [o.how, *notes, why_not] if n)
     return GpuChoice(o.fmt.key, f"{o.display}: roofline {t_hi * 1e6:.2f} -> "
                      f"{o.t * 1e6:.2f} us ({o.gain:.0%} faster than {carrier}){extra}; {where}",
-                     runs_on, MappingProxyType({
-                         "baseline": carrier, "speedup": round(t_hi / o.t, 3),
-                         "kernel": o.kernel if runs_on == "torch" else None,
-                         "group": o.group if runs_on == "torch" else None}))
+                     runs_on, carrier, round(t_hi / o.t, 3),
+                     o.kernel if runs_on is RunsOn.TORCH else None,
+                     o.group if runs_on is RunsOn.TORCH else None)

@@ -271,7 +271,7 @@ def outcome(facts: NodeFacts, fmt: str) -> tuple[Outcome, dict[str, Any]]:
         return Outcome.EXCLUDED, {"excluded": facts.excluded}
     plan = facts.plan
     decided = node_decision(plan, fmt) if plan is not None else None
-    if decided is not None and decided.fields["island"]:
+    if decided is not None and decided.detail.island:
         return Outcome.PLAN_ISLAND, {"plan": decided.reason}
     if plan is None and facts.canonical is not None and (
             why := island_reason(facts.canonical, None, facts.inputs)) is not None:

@@ -1,0 +1,125 @@
+"""The plan sections that optimize, the deploy choice and partitioning fill are typed records
+(issue 32, part B): each reads back equal through ``Plan.from_json``, and is read by attribute.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import graphopt
+from graphopt.api.planning import with_partition
+from graphopt.decisions.planner import build_plan
+from graphopt.errors import GraphoptError
+from graphopt.frontends import load_graph
+from graphopt.hardware import get_target
+from graphopt.ir.plan import Plan
+from graphopt.ir.plan_deploy import ARTIFACTS, Artifact, ArtifactTiming, DeployChoice
+from graphopt.ir.plan_parallel import (
+    ParallelizePlan,
+    TensorParallelPlan,
+    TwoDParallelPlan,
+)
+from graphopt.ir.plan_partition import (
+    HeftNotes,
+    PartitionPlan,
+    PipelineNotes,
+    Strategy,
+    StrategyChoice,
+    TensorNotes,
+    TwoDNotes,
+)
+from graphopt.partition import parse_devices
+from graphopt.partition.tp_attach import attach_split
+from graphopt.partition.two_d import two_d
+from tests import zoo
+from tests.arch_zoo import build
+from tests.test_two_d_run import NODES, _ids, tiny
+
+TWO = "cuda:0=h100,cuda:1=h100"
+
+
+def _round_trip(p: Plan) -> Plan:
+    text = p.to_json()
+    back = Plan.from_json(text)
+    assert back == p
+    assert back.to_json() == text
+    return back
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple[Plan, object]:
+    model, inputs = build("llama")
+    graph = load_graph(model, inputs)
+    return build_plan(graph, get_target("h100")), graph
+
+
+def test_an_optimized_plan_has_a_typed_deploy_choice() -> None:
+    model, example = zoo.zoo()["odd_residual_cnn"]
+    opt = graphopt.optimize(model, example, target="h100", measure=False)
+    back = _round_trip(opt.plan)
+    assert isinstance(back.deploy, DeployChoice) and back.deploy == opt.deploy
+    assert back.deploy.artifact in ARTIFACTS and not back.deploy.measured
+    assert [c.artifact for c in back.deploy.candidates] == list(ARTIFACTS)
+    assert all(c.rounds == () for c in back.deploy.candidates)  # not in the report
+    data = json.loads(opt.plan.to_json())["deploy"]
+    assert data["artifact"] == back.deploy.artifact.value
+    assert "rounds" not in data["candidates"][0]
+
+
+def test_the_deploy_speedups_are_computed_when_the_choice_is_made() -> None:
+    rows = (ArtifactTiming(Artifact.TORCH, 2e-3, True),
+            ArtifactTiming(Artifact.TORCH_COMPILE, None, None, error="boom"),
+            ArtifactTiming(Artifact.ONNXRUNTIME, 1e-3, True, rounds=(1e-3, 1.1e-3)))
+    choice = DeployChoice.of(Artifact.ONNXRUNTIME, True, "why", rows, "how", original_s=4e-3)
+    assert choice.speedup_vs_torch_module == pytest.approx(2.0)
+    assert choice.speedup_vs_original == pytest.approx(4.0)
+    assert DeployChoice.from_json(choice.to_json()) == DeployChoice.of(
+        Artifact.ONNXRUNTIME, True, "why", (*rows[:2], ArtifactTiming(
+            Artifact.ONNXRUNTIME, 1e-3, True)), "how", original_s=4e-3)
+    with pytest.raises(GraphoptError, match="artifact"):
+        DeployChoice.from_json({**choice.to_json(), "artifact": "tensorrt"})
+
+
+def test_a_tensor_parallel_plan_reads_back_as_records(llama) -> None:
+    plan, graph = llama
+    out = _round_trip(with_partition(plan, TWO, "tensor", source=graph))
+    assert isinstance(out.partition, PartitionPlan)
+    assert isinstance(out.partition.notes, TensorNotes)
+    assert isinstance(out.tensor_parallel, TensorParallelPlan)
+    assert isinstance(out.tensor_parallel.parallelize_module, ParallelizePlan)
+    assert isinstance(out.strategy, StrategyChoice) and out.strategy.winner is Strategy.TENSOR
+    assert out.tensor_parallel.devices[0].group == 0
+
+
+def test_auto_over_two_machines_reads_back_as_records(llama) -> None:
+    plan, graph = llama
+    out = _round_trip(with_partition(plan, NODES, "auto", source=graph))
+    assert {c.strategy for c in out.strategy.candidates} == {
+        Strategy.HEFT, Strategy.PIPELINE, Strategy.TENSOR, Strategy.TWO_D}
+    assert out.strategy.requested is Strategy.AUTO
+    assert isinstance(out.partition.notes, (HeftNotes, PipelineNotes))
+
+
+@pytest.mark.parametrize(("strategy", "notes"), [("heft", HeftNotes),
+                                                  ("pipeline", PipelineNotes)])
+def test_a_split_reads_back_with_its_strategy_notes(llama, strategy, notes) -> None:
+    plan, graph = llama
+    out = _round_trip(with_partition(plan, TWO, strategy, source=graph))
+    assert isinstance(out.partition.notes, notes) and out.partition.strategy == strategy
+    assert out.partition.collectives is None and "collectives" not in json.loads(
+        out.to_json())["partition"]
+
+
+def test_a_two_d_split_reads_back_as_records() -> None:
+    model = tiny()
+    plan = graphopt.plan(model, (_ids(),), target="h100-sxm")
+    res = two_d(plan, parse_devices(NODES), source=model)
+    choice = StrategyChoice(Strategy.TWO_D, Strategy.TWO_D, False, "request", "asked", (), ())
+    out = _round_trip(attach_split(plan, res, choice, source=model, module=model))
+    assert isinstance(out.tensor_parallel, TwoDParallelPlan)
+    assert isinstance(out.partition.notes, TwoDNotes)
+    assert out.partition.notes.makespan_is == out.partition.notes.latency_is
+    assert out.tensor_parallel.notes.makespan_is is None  # on the timeline only
+    assert out.tensor_parallel.pipeline.emitted is None  # costed, not on module boundaries
