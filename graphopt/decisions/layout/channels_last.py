@@ -41,6 +41,7 @@ from graphopt.decisions.layout.regions import PlanRegion, plan_regions
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.legality import Legality
 from graphopt.ir.plan import NodePlan, Plan
+from graphopt.ir.plan_sections import LayoutRegion, LayoutSummary
 
 __all__ = ["MARGIN", "ConvFacts", "ConvGroups", "ConvLayout", "LayoutEstimate", "LayoutPlan",
            "can_channels_last", "conv_facts", "conv_gain_s", "conversion_time_s",
@@ -321,10 +322,10 @@ class LayoutPlan:
     nhwc: bool
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "nhwc": self.nhwc, "reason": self.reason,
-                "regions": [{"id": r.id, "convs": list(r.convs), **e.to_dict()}
-                            for r, e in self.regions]}
+    def summary(self) -> LayoutSummary:
+        """The model-level decision and the regions, as the plan's ``rewrites.layout``."""
+        return LayoutSummary(self.mode, self.nhwc, self.reason, tuple(LayoutRegion(
+            r.id, tuple(r.convs), e.gain_s, e.cost_s, e.apply, e.reason) for r, e in self.regions))
 
 
 def _model_level(convs: dict[str, ConvLayout], times: dict[str, float],

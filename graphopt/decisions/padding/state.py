@@ -21,6 +21,7 @@ from graphopt.decisions.padding.sites import GemmSite, Values, gemm_site
 from graphopt.decisions.padding.steps import PadBackend, Step
 from graphopt.ir.graph import Graph, Node
 from graphopt.ir.options import Options
+from graphopt.ir.plan_sections import PadSlice, PerCallPad
 
 __all__ = ["Decided", "Outcome", "SweepState", "cut"]
 
@@ -42,8 +43,8 @@ class Outcome:
 
     steps: tuple[Step, ...] = ()
     maps: tuple[tuple[str, ChannelMap], ...] = ()  # tensor -> its padded map from now on
-    slices: tuple[dict[str, Any], ...] = ()
-    pads: tuple[dict[str, Any], ...] = ()
+    slices: tuple[PadSlice, ...] = ()
+    pads: tuple[PerCallPad, ...] = ()
     padded: tuple[str, ...] = ()
     carried: int = 0
     decided: tuple[Decided, ...] = ()
@@ -94,8 +95,8 @@ def cut(state: SweepState, node: Node | None, reason: str,
     name = node.name if node is not None else "output"
     reads = tensors if tensors is not None else list(dict.fromkeys(
         t for t in (node.inputs if node is not None else []) if t in state.maps))
-    slices = tuple({"node": name, "source": t, "real": state.maps[t].real,
-                    "padded": state.maps[t].size, "reason": reason} for t in reads)
+    slices = tuple(PadSlice(name, t, state.maps[t].real, state.maps[t].size, reason)
+                   for t in reads)
     decided = () if node is None else (
         Decided(name, "padding_slice", f"slice to real channels before {name}: {reason}"),)
     return Outcome(slices=slices, decided=decided)
