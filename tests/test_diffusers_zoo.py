@@ -125,7 +125,7 @@ def test_batch_range_matches_at_other_batch_sizes(name: str) -> None:
     batch = Dim("batch", min=1, max=4)
     spec = tuple({0: batch} if t.ndim and t.shape[0] == BATCH else None for t in inputs)
     opt = graphopt.optimize(model, inputs, target="cpu", measure=False, dynamic_shapes=spec)
-    assert opt.plan.shape_range["dims"][0]["name"] == "batch"
+    assert opt.plan.shape_range.dims[0].name == "batch"
     tol = opt.numerics[0]["tolerance"]
     for size in (1, 3):
         x = _batched(inputs, size)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import graphopt
+from graphopt.ir.plan_sections import FusionKind
 from tests.zoo import RMSNormMLP, TransformerBlock
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -25,33 +26,32 @@ class LinearGelu(nn.Module):
 def test_a_gemm_takes_its_epilogue_and_costs_its_boundary_bytes():
     p = graphopt.plan(LinearGelu().eval(), (torch.randn(64, 288),), target="h100")
     f = p.fusion
-    (g,) = f["groups"]
-    assert g["kind"] == "epilogue" and g["nodes"] == ["linear", "gelu"]
+    (g,) = f.groups
+    assert g.kind is FusionKind.EPILOGUE and g.nodes == ("linear", "gelu")
     # x, W and b in, the GELU's output out: the GEMM's own output never reaches DRAM
-    assert g["external_bytes"] == 4 * (64 * 288 + 700 * 288 + 700 + 64 * 700)
+    assert g.external_bytes == 4 * (64 * 288 + 700 * 288 + 700 + 64 * 700)
     lin, gelu = p.node("linear"), p.node("gelu")
-    assert g["unfused_s"] == pytest.approx(lin.cost.est_time_s + gelu.cost.est_time_s)
-    memory = g["external_bytes"] / lin.cost.bandwidth_used
+    assert g.unfused_s == pytest.approx(lin.cost.est_time_s + gelu.cost.est_time_s)
+    memory = g.external_bytes / lin.cost.bandwidth_used
     want = max(lin.cost.compute_time_s + gelu.cost.compute_time_s, memory) + \
         lin.cost.overhead_s
-    assert g["est_time_s"] == pytest.approx(want)
+    assert g.est_time_s == pytest.approx(want)
     assert p.summary.est_latency_fused_s == pytest.approx(want)
-    assert p.summary.est_latency_s == pytest.approx(g["unfused_s"])
+    assert p.summary.est_latency_s == pytest.approx(g.unfused_s)
 
 
 def test_patterns_are_one_kernel_and_shared_results_are_not_fused():
     p = graphopt.plan(RMSNormMLP().eval(), (torch.randn(2, 16, 64),), target="h100")
     f = p.fusion
-    kinds = {g["kind"] for g in f["groups"]}
-    assert kinds == {"pattern"}  # the RMSNorm and the SwiGLU
-    rms = next(g for g in f["groups"] if "rsqrt" in g["nodes"])
-    assert rms["est_time_s"] < rms["unfused_s"]
+    kinds = {g.kind for g in f.groups}
+    assert kinds == {FusionKind.PATTERN}  # the RMSNorm and the SwiGLU
+    rms = next(g for g in f.groups if "rsqrt" in g.nodes)
+    assert rms.est_time_s < rms.unfused_s
     # every node is in exactly one group, and a group of one costs what its node costs
-    assert set(f["group_of"]) == {n.name for n in p.nodes}
-    assert f["est_latency_fused_s"] < f["est_latency_unfused_s"] == \
-        pytest.approx(p.est_latency_s)
+    assert set(f.group_of) == {n.name for n in p.nodes}
+    assert f.est_latency_fused_s < f.est_latency_unfused_s == pytest.approx(p.est_latency_s)
     block = graphopt.plan(TransformerBlock().eval(), (torch.randn(2, 16, 288),), "h100")
-    group_of = block.fusion["group_of"]
+    group_of = block.fusion.group_of
     # the residual `add` is read by the next LayerNorm and by the second residual add: it is
     # written once to memory, so it does not fuse into its reader
     assert group_of["add"] != group_of["layer_norm_1"]
@@ -92,7 +92,7 @@ def test_a_node_alone_has_no_label_and_an_unfused_plan_no_field():
 
     block = graphopt.plan(TransformerBlock().eval(), (torch.randn(2, 16, 288),), "h100")
     f = block.fusion
-    alone = {n for n, g in f["group_of"].items()} - {n for g in f["groups"] for n in g["nodes"]}
+    alone = set(f.group_of) - {n for g in f.groups for n in g.nodes}
     assert alone
     rows = {line.split(" | ")[0][3:-1]: line for line in block.to_markdown().splitlines()
             if line.startswith("| `")}

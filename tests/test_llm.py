@@ -183,10 +183,10 @@ def cnn_plan() -> graphopt.Plan:
 
 def test_cnn_batch_knee_below_the_memory_max(cnn_plan) -> None:
     mem = cnn_plan.memory
-    rec, top = mem["recommended_batch_size"], mem["max_batch_size"]
-    assert 8 <= rec < top // 8 and mem["batch_decided_by"] == "throughput"
-    assert f"memory allows up to {top}" in mem["batch_advice"]
-    rates = {int(b): s for b, s in mem["samples_per_s_at"].items()}
+    rec, top = mem.recommended_batch_size, mem.max_batch_size
+    assert 8 <= rec < top // 8 and mem.batch_decided_by == "throughput"
+    assert f"memory allows up to {top}" in mem.batch_advice
+    rates = {int(b): s for b, s in mem.samples_per_s_at.items()}
     best = max(rates.values())
     assert rates[rec] >= KNEE_FRACTION * best > max(s for b, s in rates.items() if b < rec)
     assert rates[1] < rates[rec] and rec % 8 == 0
@@ -202,13 +202,13 @@ def test_batch_curve_at_the_traced_batch_is_the_plan_estimate(cnn_plan) -> None:
 def test_memory_decides_when_it_caps_the_batch(cnn_plan) -> None:
     total = cnn_plan.target.memory_bytes
     mem = cnn_plan.memory
-    room = mem["param_bytes"] + mem["constant_bytes"] + mem["workspace_bytes"] \
-        + int(20.5 * mem["activation_peak_per_sample_bytes"])
+    room = mem.param_bytes + mem.constant_bytes + mem.workspace_bytes \
+        + int(20.5 * mem.activation_peak_per_sample_bytes)
     tight = ReservePolicy(total - room, 0.0, "test: about 20 samples of room")
     mp = memory_plan(cnn_plan, reserve_policy=tight)
-    assert mp.advice is not None and mp.max_batch_size == 16
-    assert mp.recommended_batch_size == 16 and mp.advice.decided_by == "memory"
-    assert "still on the rising part" in mp.advice.reason
+    assert mp.batch_advice is not None and mp.max_batch_size == 16
+    assert mp.recommended_batch_size == 16 and mp.batch_decided_by == "memory"
+    assert "still on the rising part" in mp.batch_advice
     assert advise_batch(cnn_plan, 0, 8).recommended == 0
 
 
@@ -236,7 +236,7 @@ def test_llm_section_recommends_within_the_range_and_memory(tiny_plan) -> None:
     assert 1 <= mem["recommended_batch_size"] <= 16
     assert mem["batch_decided_by"] in ("throughput", "range")
     assert mem["weight_bytes"] == memory_plan(tiny_plan.decode).param_bytes  # as traced
-    assert tiny_plan.decode.memory["param_bytes"] == mem["weight_bytes"]
+    assert tiny_plan.decode.memory.param_bytes == mem["weight_bytes"]
     assert tiny_plan.section["quantize"] == "none" and mem["param_format"] == "as traced"
 
 

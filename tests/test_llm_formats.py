@@ -114,11 +114,11 @@ def test_bound_and_max_batch_follow_the_weight_bytes(plans) -> None:
                                                            + r["kv_read_bytes"]))
             assert 0 < r["tokens_per_s"] <= r["bound_tokens_per_s"]
         plan_mem = lp.decode.memory  # the decode plan's memory section: the same plan
-        assert plan_mem["param_bytes"] == mem["weight_bytes"]
-        assert plan_mem["max_batch_size"] == mem["max_batch_size"]
-        fixed = mem["weight_bytes"] + plan_mem["constant_bytes"] + plan_mem["workspace_bytes"]
+        assert plan_mem.param_bytes == mem["weight_bytes"]
+        assert plan_mem.max_batch_size == mem["max_batch_size"]
+        fixed = mem["weight_bytes"] + plan_mem.constant_bytes + plan_mem.workspace_bytes
         assert mem["max_batch_size"] == max_batch_that_fits(
-            mem["usable_bytes"] - fixed, plan_mem["activation_peak_per_sample_bytes"])[0]
+            mem["usable_bytes"] - fixed, plan_mem.activation_peak_per_sample_bytes)[0]
         maxes[fmt] = mem["max_batch_size"]
     assert maxes["none"] < maxes[FP8] < maxes[INT4]
 
@@ -139,7 +139,7 @@ def test_auto_is_the_plans_per_node_choice(plans) -> None:
         assert len(wf.applied) >= 2 * LAYERS and len(wf.kept) >= 2  # a real mix
         # the memory plan counts the plan's own decisions on those GEMMs
         decisions = {n.name: n.decisions["precision"] for n in _weight_gemms(plan)}
-        assert plan.memory["param_bytes"] == memory_plan(plan, decisions).param_bytes
+        assert plan.memory.param_bytes == memory_plan(plan, decisions).param_bytes
     assert _row(lp, "decode", 1)["tokens_per_s"] > _row(plans["none"], "decode", 1)["tokens_per_s"]
 
 
@@ -183,7 +183,7 @@ def test_memory_plan_at_applied_formats(plans) -> None:
         assert mp.param_bytes == traced - sum(
             2 * _matrix_numel(n) - math.ceil(_matrix_numel(n) * bits / 8) for n in middle)
         assert mp.param_bytes == plans[fmt].section["memory"]["weight_bytes"]
-        assert mp.to_dict() == plans[fmt].decode.memory
+        assert mp == plans[fmt].decode.memory
 
 
 def test_a_format_the_target_cannot_run_names_the_fix() -> None:

@@ -177,14 +177,14 @@ def test_max_batch_on_a_gpu_with_the_default_policy() -> None:
 
 def test_breakdown_rows_sum_to_total() -> None:
     mp = memory_plan(_plan(residual_graph(), "rtx-4090"))
-    rows = mp.breakdown()
-    assert [r[0] for r in rows] == ["parameters", "activations (peak)", "workspace", "reserve",
-                                    "free"]
-    assert sum(b for _, b, _ in rows) == mp.total_bytes
-    assert sum(p for _, _, p in rows) == pytest.approx(100.0)
+    rows = mp.breakdown
+    assert [r.component for r in rows] == ["parameters", "activations (peak)", "workspace",
+                                           "reserve", "free"]
+    assert sum(r.bytes for r in rows) == mp.total_bytes
+    assert sum(r.percent for r in rows) == pytest.approx(100.0, abs=0.05)
     md = render_breakdown(mp)
     assert "| component | bytes | size | % of total |" in md and "| reserve |" in md
-    d = mp.to_dict()
+    d = mp.to_json()
     for key in ("param_bytes", "activation_peak_bytes", "max_batch_size", "fits",
                 "compression_ratio", "breakdown", "reserve_policy"):
         assert key in d

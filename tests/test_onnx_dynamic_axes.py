@@ -93,9 +93,9 @@ def test_the_range_ends_scale_with_the_inputs(bert_files) -> None:
     dyn, _ = bert_files
     plan = graphopt.plan(dyn, target="h100",
                          dynamic_shapes={"batch": (1, BATCH, 64), "seq": (16, SEQ, 512)})
-    ends = plan.shape_range["est_latency_s"]
-    assert ends["opt"] == pytest.approx(plan.est_latency_s)
-    assert ends["min"] < ends["opt"] < ends["max"]
+    ends = plan.shape_range.est_latency_s
+    assert ends.opt == pytest.approx(plan.est_latency_s)
+    assert ends.min < ends.opt < ends.max
 
 
 def test_a_dynamic_batch_vit_plans_as_its_static_twin(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def test_constant_node_weights_are_quantized_as_weights(tmp_path: Path) -> None:
 def test_a_pre_quantized_model_plans_and_optimizes(tmp_path: Path) -> None:
     path = _ort_quantized(tmp_path)
     plan = graphopt.plan(path, target="cpu")
-    assert plan.quantization["original_format"] == "int8"
+    assert plan.quantization.original_format == "int8"
     kinds = {n.op_type: n.analysis.kernel_class.value for n in plan.nodes}
     assert kinds["MatMulInteger"] == "quant_dot" and kinds["ConvInteger"] == "conv"
     opt = graphopt.optimize(path, target="cpu")
@@ -245,7 +245,7 @@ def test_quantized_op_families_are_costed_at_their_bits(tmp_path: Path) -> None:
         plan = graphopt.plan(files[fmt], target="h100")
         node = next(n for n in plan.nodes if n.op_type == op)
         assert (node.analysis.kernel_class.value, node.analysis.dtype) == (kernel_class, dtype)
-        assert plan.quantization["original_format"] == dtype, fmt
+        assert plan.quantization.original_format == dtype, fmt
     nbits = graphopt.plan(files["NBITS"], target="h100")
     assert [dict(n.analysis.dims) for n in nbits.nodes if n.op_type == "MatMulNBits"] == \
         [{"M": 4, "N": 256, "K": 256, "batch": 1}] * 2

@@ -14,6 +14,7 @@ from graphopt.decisions.planner import build_plan
 from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.hardware.registry import get_target
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_sections import FusionKind
 from tests import ort_fusion_models as om
 from tests.zoo import RMSNormMLP, TransformerBlock
 
@@ -26,8 +27,8 @@ def _plan(m: onnx.ModelProto, target: str = "cpu") -> Plan:
 
 def _groups(p: Plan) -> dict[frozenset[str], str]:
     """graphopt's multi-node ORT groups: node set -> the op ORT makes of them."""
-    return {frozenset(g["nodes"]): g["fused_op"] for g in p.fusion["groups"]
-            if g["kind"] == "ort"}
+    return {frozenset(g.nodes): g.fused_op for g in p.fusion.groups
+            if g.kind is FusionKind.ORT}
 
 
 # (model, ORT level, the ops ORT's optimized graph holds: the fusion really ran)
@@ -105,21 +106,20 @@ def test_fusions_follow_the_targets_execution_provider() -> None:
         frozenset({"mm", "add", "relu"}): "FusedGemm"}
     cpu = _plan(om.conv_relu()).fusion
     gpu = _plan(om.conv_relu(), "h100").fusion
-    assert cpu["runtime"]["name"] == gpu["runtime"]["name"] == "onnxruntime"
-    assert (cpu["runtime"]["execution_provider"], gpu["runtime"]["execution_provider"]) == \
-        (CPU_EP, CUDA_EP)
-    assert cpu["kernels_fused"] == 1 and gpu["kernels_fused"] == 2
+    assert cpu.runtime.name == gpu.runtime.name == "onnxruntime"
+    assert (cpu.runtime.execution_provider, gpu.runtime.execution_provider) == (CPU_EP, CUDA_EP)
+    assert cpu.kernels_fused == 1 and gpu.kernels_fused == 2
 
 
 def test_ort_groups_are_costed_as_one_kernel() -> None:
     p = _plan(om.layer_norm(), "a100")
-    (g,) = p.fusion["groups"]
-    assert g["kind"] == "ort" and g["fused_op"] == "SkipLayerNormalization"
-    assert g["rules"] == ["LayerNormFusion", "SkipLayerNormFusion"]
-    assert g["est_time_s"] < g["unfused_s"] == pytest.approx(p.est_latency_s)
+    (g,) = p.fusion.groups
+    assert g.kind is FusionKind.ORT and g.fused_op == "SkipLayerNormalization"
+    assert g.rules == ("LayerNormFusion", "SkipLayerNormFusion")
+    assert g.est_time_s < g.unfused_s == pytest.approx(p.est_latency_s)
     # x, r, gamma, beta and the two scalars in, y out: the nine intermediates stay inside
-    assert g["external_bytes"] == 4 * (3 * 2 * 4 * 16 + 2 * 16 + 2)
-    assert p.summary.est_latency_fused_s == pytest.approx(g["est_time_s"])
+    assert g.external_bytes == 4 * (3 * 2 * 4 * 16 + 2 * 16 + 2)
+    assert p.summary.est_latency_fused_s == pytest.approx(g.est_time_s)
     assert p.to_json() == _plan(om.layer_norm(), "a100").to_json()  # byte-deterministic
 
 
@@ -140,8 +140,8 @@ def test_torch_exported_models_group_as_ort_fuses_them(cls: type, shape: tuple[i
     split = {s for s in fused if all("Slice" in n for n in s)}
     assert ("Split" in ops) == bool(split)
     assert set(groups) == fused - split
-    folded = [g for g in p.fusion["groups"] if g["kind"] == "folded"]
-    assert all(g["est_time_s"] == 0 for g in folded)
+    folded = [g for g in p.fusion.groups if g.kind is FusionKind.FOLDED]
+    assert all(g.est_time_s == 0 for g in folded)
     assert p.summary.est_latency_fused_s < p.est_latency_s
 
 

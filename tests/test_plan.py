@@ -10,6 +10,7 @@ import torch
 
 import graphopt
 from graphopt.errors import GraphoptError, UnknownTargetError
+from graphopt.ir.shape_range import DimRange
 from tests.zoo import ConvNet, RMSNormMLP
 
 
@@ -97,15 +98,14 @@ def test_dynamic_batch_is_planned_at_a_stated_default(tmp_path):
                       target="h100")
     # N is planned at the stated default (1, a leading dim), costed at min and max too
     assert p.node("mm").analysis.dims["M"] == 1
-    assert p.shape_range["dims"] == [
-        {"name": "N", "min": 1, "opt": 1, "max": None, "source": "default"}]
+    assert p.shape_range.dims == (DimRange("N", 1, 1, None, "default"),)
     assert any("default sizes: N=1" in w for w in p.warnings)
     p = graphopt.plan(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)]),
                       target="h100", dynamic_shapes={"N": (1, 256, 1 << 20)})
     assert p.node("mm").analysis.dims["M"] == 256
     assert p.node("mm").at_points["max"]["dims"]["M"] == 1 << 20
-    est = p.shape_range["est_latency_s"]
-    assert est["min"] <= est["opt"] < est["max"]
+    est = p.shape_range.est_latency_s
+    assert est.min <= est.opt < est.max
 
 
 def test_bad_model_objects_raise_graphopt_errors():

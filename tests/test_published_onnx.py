@@ -144,7 +144,7 @@ def test_the_vad_gets_a_sample_rate(cache: Path) -> None:
 def test_a_pre_quantized_published_model(cache: Path) -> None:
     path = _quantized(cache)
     plan = graphopt.plan(path, target="cpu")
-    assert plan.quantization["original_format"] == "int8"
+    assert plan.quantization.original_format == "int8"
     classes = {n.op_type: n.analysis.kernel_class.value for n in plan.nodes}
     assert classes.get("ConvInteger") == "conv"
     _plans_optimizes_and_matches(path)

@@ -77,6 +77,6 @@ def test_the_memory_section_counts_the_formats_applied() -> None:
         # one format per node: a lowered node's bias counts as traced (fp32), 2 B too many
         bias_bytes = 4 if node in lowered else 2
         want += layer.weight.numel() * weight_bits / 8 + layer.bias.numel() * bias_bytes
-    assert opt.plan.memory["param_bytes"] == want
+    assert opt.plan.memory.param_bytes == want
     plain = graphopt.optimize(model, X, target="h100", quantize="none", measure=False)
-    assert plain.plan.memory["param_bytes"] > want
+    assert plain.plan.memory.param_bytes > want

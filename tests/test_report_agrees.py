@@ -15,7 +15,7 @@ def test_the_weights_card_shows_what_the_nodes_get(tmp_path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 64)).eval()
     plan = graphopt.plan(model, (torch.randn(8, 64),), target="h100")
-    assert plan.quantization["format"] == "fp8_e4m3"  # the memory fit's pick
+    assert plan.quantization.format == "fp8_e4m3"  # the memory fit's pick
     formats = {n.decisions["precision"].detail.format for n in plan.nodes
                if n.op_type in ("Linear", "Gemm", "MatMul")}
     assert formats == {"bf16"}  # first and last weight GEMMs stay bf16

@@ -29,7 +29,7 @@ def _isolate(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _values(s: RuntimeSettings) -> dict[str, object]:
-    return {k: v["value"] for k, v in s.to_dict().items() if isinstance(v, dict)}
+    return {k: v["value"] for k, v in s.to_json().items() if isinstance(v, dict)}
 
 
 def test_h100_settings() -> None:
@@ -72,7 +72,7 @@ def test_precision_and_shape_rules() -> None:
 
 @pytest.mark.parametrize("target", ["h100", "v100", "t4", "rtx-5090", "cpu", "graviton3"])
 def test_every_setting_has_a_reason_and_serializes(target: str) -> None:
-    d = runtime_settings(target, has_convs=True).to_dict()
+    d = runtime_settings(target, has_convs=True).to_json()
     json.dumps(d)
     assert all(v["reason"] for v in d.values() if isinstance(v, dict))
 

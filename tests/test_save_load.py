@@ -156,7 +156,7 @@ def test_every_pass_saves_and_loads(case: str, ranged: bool, tmp_path: Path) -> 
     if case == "int8":  # re-packed at load: the same kernel, not a dequantized copy
         assert "quantized.linear_dynamic.default" in targets
     assert loaded.plan["target"]["name"] == opt.plan.target.name
-    assert loaded.runtime_settings.to_dict() == opt.runtime_settings.to_dict()
+    assert loaded.runtime_settings == opt.runtime_settings
     assert loaded._runtime == opt.module._runtime
 
 

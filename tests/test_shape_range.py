@@ -52,26 +52,26 @@ def test_a_plan_over_a_range_costs_min_opt_and_max():
     spec = ({0: Dim("batch", min=1, max=64), 1: Dim("seq", min=4, max=512)},)
     p = graphopt.plan(Attention().eval(), (x,), target="h100", dynamic_shapes=spec)
     rng = p.shape_range
-    assert [(d["name"], d["min"], d["opt"], d["max"]) for d in rng["dims"]] == [
+    assert [(d.name, d.min, d.opt, d.max) for d in rng.dims] == [
         ("batch", 1, 2, 64), ("seq", 4, 16, 512)]
-    est = rng["est_latency_s"]
-    assert est["min"] <= est["opt"] < est["max"]
+    est = rng.est_latency_s
+    assert est.min <= est.opt < est.max
     qkv = p.node("linear")
     assert qkv.analysis.dims["M"] == 2 * 16  # decided at opt
     assert qkv.at_points["min"]["dims"]["M"] == 1 * 4
     assert qkv.at_points["max"]["dims"]["M"] == 64 * 512
     assert qkv.to_dict()["range"]["max"]["flops"] == 64 * 512 * 864 * (2 * 288 + 1)  # + bias
-    assert any("batch a multiple of 8" in h for h in rng["hints"])
+    assert any("batch a multiple of 8" in h for h in rng.hints)
     # the same plan at one shape is the opt point: same decisions, same cost
     static = graphopt.plan(Attention().eval(), (x,), target="h100")
-    assert static.est_latency_s == pytest.approx(est["opt"], rel=1e-9)
+    assert static.est_latency_s == pytest.approx(est.opt, rel=1e-9)
     assert "Shape range" in p.to_markdown() and "Shape range" in p.to_html()
 
 
 def test_an_unbounded_dim_is_accepted_and_said():
     p = graphopt.plan(OddMLP().eval(), (torch.randn(4, 61),), target="h100",
                       dynamic_shapes=({0: Dim.DYNAMIC},))
-    assert p.shape_range["dims"][0]["max"] is None
+    assert p.shape_range.dims[0].max is None
     assert any("no max given" in w for w in p.warnings)
 
 
@@ -109,7 +109,7 @@ def test_the_module_takes_every_shape_in_the_range_and_matches(case):
         with torch.no_grad():
             result = compare_outputs(model(x), opt.module(x), tol)
         assert all(c.within for c in result), (shape, [c.describe() for c in result])
-    top = [d["max"] for d in opt.plan.shape_range["dims"]]
+    top = [d.max for d in opt.plan.shape_range.dims]
     too_big = list(shapes[-1])
     too_big[0] = top[0] + 1
     with pytest.raises(GraphoptError, match=r"outside \[1, \d+\].*optimized for batch in"):
@@ -224,7 +224,7 @@ def test_python_spec_can_return_dynamic_shapes(tmp_path: Path):
             return model, (torch.randn(4, 8),), ({0: Dim("batch", min=2, max=32)},)
     """))
     p = graphopt.plan(f"{tmp_path / 'model.py'}:build", target="h100")
-    assert p.shape_range["dims"][0]["max"] == 32
+    assert p.shape_range.dims[0].max == 32
 
 
 def test_inputs_sharing_a_dim_must_agree():
@@ -272,14 +272,14 @@ def test_runtime_settings_know_the_shapes_vary():
     static = graphopt.plan(OddResidualCNN().eval(), (x,), target="h100")
     ranged = graphopt.plan(OddResidualCNN().eval(), (x,), target="h100",
                            dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
-    assert static.runtime_settings["cudnn_benchmark"]["value"] is True
-    bench = ranged.runtime_settings["cudnn_benchmark"]
-    assert bench["value"] is False and "dynamic shapes" in bench["reason"]
+    assert static.runtime_settings.cudnn_benchmark.value is True
+    bench = ranged.runtime_settings.cudnn_benchmark
+    assert bench.value is False and "dynamic shapes" in bench.reason
     # the batch setting is the memory plan's recommended batch, with the maximum beside it
     for p in (static, ranged):
-        batch = p.runtime_settings["batch_size"]
-        assert batch["value"] == p.memory["recommended_batch_size"]
-        assert str(p.memory["max_batch_size"]) in batch["reason"].replace(",", "")
+        batch = p.runtime_settings.batch_size
+        assert batch.value == p.memory.recommended_batch_size
+        assert str(p.memory.max_batch_size) in batch.reason.replace(",", "")
 
 
 def test_onnx_default_sizes_the_model_refuses_are_fitted_and_said():

@@ -42,7 +42,7 @@ def _at(args, batch: int, seq: int):
 def test_zoo_module_matches_across_the_range(name):
     model, args, spec = _ranged(name)
     opt = graphopt.optimize(model, args, target="h100", measure=False, dynamic_shapes=spec)
-    assert opt.plan.shape_range["dims"][0]["name"] == "batch"
+    assert opt.plan.shape_range.dims[0].name == "batch"
     tol = Tolerance(**opt.info["tolerance"])
     for batch, seq in ((1, 5), (3, 32)):
         x = _at(args, batch, seq)

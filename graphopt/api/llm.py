@@ -230,7 +230,7 @@ def _costed(plans: Mapping[str, Plan], graphs: Mapping[str, Graph], quantize: st
     section = llm_section(plans["prefill"], graphs["prefill"], plans["decode"], graphs["decode"],
                           plans["decode"].target, batch, prompt_len, cache_len, shape,
                           formats=formats, memory=memory["decode"])
-    out = {p: replace(plans[p], memory=memory[p].to_dict(), llm=section) for p in _PHASES}
+    out = {p: replace(plans[p], memory=memory[p], llm=section) for p in _PHASES}
     return LLMPlan(out["prefill"], out["decode"], MappingProxyType(dict(graphs)))
 
 

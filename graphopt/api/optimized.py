@@ -110,7 +110,6 @@ class Optimized:
     def runtime_settings(self) -> Any:
         """The torch runtime settings for running this module on its target (issue 4 rules)."""
         return plan_runtime_settings(self.plan, self.info.get("compute_dtype", "fp32"),
-                                     (self.plan.memory or {}).get("max_batch_size"),
                                      self.plan.memory)
 
     def runtime(self) -> contextlib.AbstractContextManager[dict[str, str]]:
@@ -192,7 +191,7 @@ class Optimized:
             self.plan = replace(self.plan, onnx_optimization={
                 **onnx_plan.optimization, **export,
                 "decisions": _rewrite_decisions(onnx_plan),
-                **({"fusion": onnx_plan.fusion} if onnx_plan.fusion is not None else {})})
+                **({"fusion": onnx_plan.fusion.to_json()} if onnx_plan.fusion is not None else {})})
         return self.onnx_model
 
     @property
@@ -340,5 +339,5 @@ def _optimize_torch_module(model: Any, example_inputs: Any, target: str | Hardwa
                                                 dynamic_shapes))
     result.shape_range, result.input_names = done.shape_range, names
     # the report shows the settings for the precision actually applied, not the planner's guess
-    result.plan = replace(done.plan, runtime_settings=result.runtime_settings.to_dict())
+    result.plan = replace(done.plan, runtime_settings=result.runtime_settings)
     return _with_deploy(result)

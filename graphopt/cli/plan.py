@@ -43,11 +43,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               + (f" unfused, {fmt_time(fused)} fused" if fused is not None else ""))
         rng = p.shape_range
         if rng:
-            est = rng["est_latency_s"]
-            at = ", ".join(f"{d['name']} {d['min']}/{d['opt']}/{d['max'] or 'inf'}"
-                           for d in rng["dims"])
-            print(f"  shape range ({at}): min {fmt_time(est['min'])}, opt "
-                  f"{fmt_time(est['opt'])}, max {fmt_time(est['max'])}")
+            est = rng.est_latency_s
+            at = ", ".join(f"{d.name} {d.min}/{d.opt}/{d.max or 'inf'}" for d in rng.dims)
+            print(f"  shape range ({at}): min {fmt_time(est.min)}, opt "
+                  f"{fmt_time(est.opt)}, max {fmt_time(est.max)}")
         mix = ", ".join(f"{k} {v}" for k, v in s.bottleneck_mix.items())
         print(f"  bottlenecks (kernels): {mix}")
         for n in s.costliest_nodes[:5]:

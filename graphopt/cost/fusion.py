@@ -30,6 +30,8 @@ from typing import Any
 
 from graphopt.analysis.kernel_class import KernelClass
 from graphopt.cost.ort_fusion import ort_units
+from graphopt.ir.plan_sections import FusionKind, FusionPlan, FusionRuntime, KernelGroup
+from graphopt.ir.plan_summary import CostlyKernel
 
 __all__ = ["COSTLIEST_KERNELS", "FusionGroup", "costliest_kernels", "fusion_groups",
            "fusion_section"]
@@ -46,7 +48,7 @@ class FusionGroup:
     """One kernel a runtime would launch: its nodes (graph order), kind and cost."""
 
     id: str
-    kind: str  # "pattern" | "epilogue" | "pointwise" | "ort" | "folded" | "single"
+    kind: FusionKind
     nodes: list[str] = field(default_factory=list)
     est_time_s: float = 0.0
     unfused_s: float = 0.0
@@ -55,13 +57,11 @@ class FusionGroup:
     fused_op: str | None = None
     rules: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {"id": self.id, "kind": self.kind, "nodes": list(self.nodes),
-               "est_time_s": self.est_time_s, "unfused_s": self.unfused_s,
-               "external_bytes": self.external_bytes}
-        if self.fused_op is not None:
-            out |= {"fused_op": self.fused_op, "rules": list(self.rules)}
-        return out
+    def record(self) -> KernelGroup:
+        """The group as the plan's ``fusion`` section lists it."""
+        return KernelGroup(self.id, self.kind, tuple(self.nodes), self.est_time_s,
+                           self.unfused_s, self.external_bytes, self.fused_op,
+                           None if self.fused_op is None else tuple(self.rules))
 
 
 def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
@@ -78,9 +78,11 @@ def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
     if ep is not None:
         groups = []
         for i, u in enumerate(ort_units(nodes, graph_outputs, ep)):
-            kind = "folded" if u.folded else "ort" if len(u.nodes) > 1 else "single"
-            g = _costed(FusionGroup(f"k{i}", kind, u.nodes, fused_op=u.op if kind == "ort"
-                                    else None, rules=tuple(u.rules)), by_name, readers, outputs)
+            kind = (FusionKind.FOLDED if u.folded else FusionKind.ORT if len(u.nodes) > 1
+                    else FusionKind.SINGLE)
+            g = _costed(FusionGroup(f"k{i}", kind, u.nodes, fused_op=u.op
+                                    if kind is FusionKind.ORT else None, rules=tuple(u.rules)),
+                        by_name, readers, outputs)
             if u.folded:  # computed once when the session starts, never per run
                 g.est_time_s = 0.0
             groups.append(g)
@@ -106,9 +108,9 @@ def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
             continue
         a = n.analysis
         if a.pattern:
-            members, kind = patterns[a.pattern], "pattern"
+            members, kind = patterns[a.pattern], FusionKind.PATTERN
         else:
-            members, kind = [n.name], "single"
+            members, kind = [n.name], FusionKind.SINGLE
             reduced = a.kernel_class in _REDUCING
             fusible = a.kernel_class in _ANCHORS | _POINTWISE | _REDUCING
             nxt = sole_reader(n.name) if fusible else None
@@ -122,7 +124,8 @@ def fusion_groups(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
                 members.append(nxt)
                 nxt = sole_reader(nxt)
             if len(members) > 1:
-                kind = "epilogue" if a.kernel_class in _ANCHORS else "pointwise"
+                kind = (FusionKind.EPILOGUE if a.kernel_class in _ANCHORS
+                        else FusionKind.POINTWISE)
         gid = f"k{len(groups)}"
         for m in members:
             group_of[m] = gid
@@ -160,28 +163,28 @@ def _costed(g: FusionGroup, by_name: dict[str, Any], readers: dict[str, list[str
 
 
 def fusion_section(nodes: Sequence[Any], graph_outputs: Sequence[str] = (),
-                   ep: str | None = None) -> dict[str, Any]:
-    """The report's ``fusion`` section: whose fusions it follows, every multi-node group, each
-    node's group, and the fused estimate beside the unfused one. ``ep``: group as ONNX
-    Runtime's optimizer does for that execution provider (an ONNX model)."""
+                   ep: str | None = None) -> tuple[FusionPlan, tuple[CostlyKernel, ...]]:
+    """The plan's ``fusion`` section (whose fusions it follows, every multi-node group, each
+    node's group, the fused estimate beside the unfused one) and the summary's ranking of the
+    kernels by what runs. ``ep``: group as ONNX Runtime's optimizer does for that execution
+    provider (an ONNX model)."""
     groups = fusion_groups(nodes, graph_outputs, ep)
     fused = sum(g.est_time_s for g in groups)
     unfused = sum(g.unfused_s for g in groups)
     kind = {n.name: n.analysis.kernel_class for n in nodes}
-    kernels = [g for g in groups if g.kind != "folded" and
+    kernels = [g for g in groups if g.kind is not FusionKind.FOLDED and
                any(kind[m] is not KernelClass.VIEW for m in g.nodes)]
-    runtime = ({"name": "onnxruntime", "execution_provider": ep,
-                "rules": f"as ONNX Runtime's graph optimizer fuses for {ep} at ORT_ENABLE_ALL"}
+    runtime = (FusionRuntime("onnxruntime", ep, f"as ONNX Runtime's graph optimizer fuses for "
+                                                f"{ep} at ORT_ENABLE_ALL")
                if ep is not None else
-               {"name": "generic", "execution_provider": None,
-                "rules": "as Inductor, TensorRT and ONNX Runtime fuse: patterns, GEMM/conv "
-                         "epilogues, pointwise chains with one reduction"})
-    return {"runtime": runtime,
-            "est_latency_fused_s": fused, "est_latency_unfused_s": unfused,
-            "kernels_fused": len(kernels), "nodes": len(nodes),
-            "group_of": {m: g.id for g in groups for m in g.nodes},
-            "groups": [g.to_dict() for g in groups if len(g.nodes) > 1],
-            "costliest_kernels": costliest_kernels(kernels, kind, fused)}
+               FusionRuntime("generic", None, "as Inductor, TensorRT and ONNX Runtime fuse: "
+                             "patterns, GEMM/conv epilogues, pointwise chains with one "
+                             "reduction"))
+    section = FusionPlan(runtime=runtime, est_latency_fused_s=fused,
+                         est_latency_unfused_s=unfused, kernels_fused=len(kernels),
+                         nodes=len(nodes), group_of={m: g.id for g in groups for m in g.nodes},
+                         groups=tuple(g.record() for g in groups if len(g.nodes) > 1))
+    return section, costliest_kernels(kernels, kind, fused)
 
 
 #: kernels listed in the summary's fused ranking (as many as ``costliest_nodes``)
@@ -189,7 +192,8 @@ COSTLIEST_KERNELS = 10
 
 
 def costliest_kernels(kernels: Sequence[FusionGroup], kind: dict[str, KernelClass],
-                      fused_total: float, top: int = COSTLIEST_KERNELS) -> list[dict[str, Any]]:
+                      fused_total: float, top: int = COSTLIEST_KERNELS
+                      ) -> tuple[CostlyKernel, ...]:
     """The summary's ranking by what runs: each kernel (a fusion group, or a node alone) at its
     fused time, named by its nodes, beside the unfused sum of its nodes. ``costliest_nodes``
     ranks nodes by their own unfused times, which a fused group does not pay."""
@@ -197,9 +201,9 @@ def costliest_kernels(kernels: Sequence[FusionGroup], kind: dict[str, KernelClas
     rows = []
     for g in ranked[:top]:
         real = [m for m in g.nodes if kind[m] is not KernelClass.VIEW] or list(g.nodes)
-        rows.append({"kernel": g.id, "name": "+".join(real), "nodes": list(g.nodes),
-                     "kind": g.kind, "fused": len(g.nodes) > 1,
-                     "kernel_class": kind[real[0]].value, "est_time_s": g.est_time_s,
-                     "unfused_s": g.unfused_s,
-                     "share": g.est_time_s / fused_total if fused_total else 0.0})
-    return rows
+        rows.append(CostlyKernel(kernel=g.id, name="+".join(real), nodes=tuple(g.nodes),
+                                 kind=g.kind, fused=len(g.nodes) > 1,
+                                 kernel_class=kind[real[0]].value, est_time_s=g.est_time_s,
+                                 unfused_s=g.unfused_s,
+                                 share=g.est_time_s / fused_total if fused_total else 0.0))
+    return tuple(rows)

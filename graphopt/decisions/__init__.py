@@ -20,14 +20,14 @@ from graphopt.decisions.memory_runtime.memory import (
 from graphopt.decisions.precision.gemm import node_precision, plan_precisions
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format, runs_natively
 from graphopt.decisions.quantization.cpu_int8 import int8_pays_on_cpu
-from graphopt.decisions.quantization.recommend import QuantRecommendation, recommend_quant
+from graphopt.decisions.quantization.recommend import QuantizationPlan, recommend_quant
 
 __all__ = [
     # quantization + memory
     "FORMATS",
     "MemoryPlan",
     "QuantFormat",
-    "QuantRecommendation",
+    "QuantizationPlan",
     "ReservePolicy",
     "get_format",
     "int8_pays_on_cpu",

@@ -10,18 +10,18 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import replace
-from typing import Any
 
 from graphopt.analysis.kernel_class import GEMM_LIKE, KernelClass
 from graphopt.cost.roofline import estimate
 from graphopt.decisions.kernels.exec_path import exec_path
 from graphopt.decisions.memory_runtime.compile_mode import compile_mode
 from graphopt.decisions.memory_runtime.memory import memory_plan
-from graphopt.decisions.memory_runtime.runtime import RuntimeSettings, runtime_settings
+from graphopt.decisions.memory_runtime.runtime import runtime_settings
 from graphopt.decisions.precision.gemm import plan_precisions
 from graphopt.decisions.quant_formats import FORMAT_DTYPE
 from graphopt.decisions.quantization.recommend import recommend_quant
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_memory import MemoryPlan, QuantizationPlan, RuntimeSettings
 
 __all__ = ["decide", "model_format", "plan_runtime_settings"]
 
@@ -54,21 +54,20 @@ def model_format(plan: Plan) -> str:
 
 
 def plan_runtime_settings(plan: Plan, precision: str,
-                          max_batch_size: int | None, memory: Any = None) -> RuntimeSettings:
+                          memory: MemoryPlan | None = None) -> RuntimeSettings:
     """Runtime settings for ``plan`` run at ``precision``: whether it has convs and its largest
     attention head_dim come from the plan's nodes; the batch is ``memory``'s recommended one
-    (its JSON dict or the MemoryPlan) when it has one."""
-    if memory is not None and not isinstance(memory, dict):
-        memory = memory.to_dict()
-    memory = memory or {}
+    when it has one, else the largest it fits."""
     head_dims = [n.analysis.dims.get("head_dim") for n in plan.nodes
                  if n.analysis.kernel_class is KernelClass.ATTENTION]
     settings = runtime_settings(
         plan.target, precision=precision,
         has_convs=any(n.analysis.kernel_class is KernelClass.CONV for n in plan.nodes),
-        static_shapes=not plan.shape_range, max_batch_size=max_batch_size,
+        static_shapes=not plan.shape_range,
+        max_batch_size=None if memory is None else memory.max_batch_size,
         head_dim=max((h for h in head_dims if h), default=None),
-        batch_size=memory.get("recommended_batch_size"), batch_reason=memory.get("batch_advice"))
+        batch_size=None if memory is None else memory.recommended_batch_size,
+        batch_reason=None if memory is None else memory.batch_advice)
     mode = compile_mode(plan.target, plan.summary.time_by_bottleneck_s,
                         dynamic=bool(plan.shape_range))
     return replace(settings, compile_mode=mode)
@@ -107,14 +106,12 @@ def decide(plan: Plan, *, preference: str = "balanced") -> Plan:
     original = model_format(plan)
     params = plan.model.param_count
     quant = (recommend_quant(target, params, original, preference,
-                             activation_bytes=memory.activation_peak_bytes).to_dict()
-             if params > 0 else {"format": None, "fits": True,
-                                 "reason": "the model has no parameters to quantize"})
+                             activation_bytes=memory.activation_peak_bytes)
+             if params > 0 else
+             QuantizationPlan.nothing_to_quantize("the model has no parameters to quantize"))
     low = {d.detail.format for d in precisions.values()} - {"fp32", "None"}
     settings = plan_runtime_settings(
-        plan, "bf16" if "bf16" in low else next(iter(sorted(low)), "fp32"),
-        memory.max_batch_size, memory)
+        plan, "bf16" if "bf16" in low else next(iter(sorted(low)), "fp32"), memory)
     gemms = sum(1 for n in plan.nodes if n.analysis.kernel_class in GEMM_LIKE)
     logger.info("decided %d nodes (%d GEMM-like) on %s", len(nodes), gemms, target.name)
-    return replace(decided, memory=memory.to_dict(), quantization=quant,
-                   runtime_settings=settings.to_dict())
+    return replace(decided, memory=memory, quantization=quant, runtime_settings=settings)

@@ -16,7 +16,7 @@ from graphopt.decisions.range_plan import at_opt, with_hints, with_range
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import NodePlan, Plan
-from graphopt.ir.plan_summary import CostlyKernel, CostlyNode, ModelInfo, Summary, TensorSpec
+from graphopt.ir.plan_summary import CostlyNode, ModelInfo, Summary, TensorSpec
 
 __all__ = ["build_plan", "model_info"]
 
@@ -104,12 +104,10 @@ def with_fusion(plan: Plan) -> Plan:
     grouped as ONNX Runtime fuses it for the target's execution provider, which is where it
     runs (:mod:`graphopt.cost.ort_fusion`)."""
     ep = execution_provider(plan.target) if plan.model.source == "onnx" else None
-    section = fusion_section(plan.nodes, plan.model.output_names, ep)
     # the summary ranks what runs (``costliest_kernels``, fused) beside the nodes (unfused)
-    kernels = tuple(CostlyKernel(**{**row, "nodes": tuple(row["nodes"])})
-                    for row in section.pop("costliest_kernels"))
+    section, kernels = fusion_section(plan.nodes, plan.model.output_names, ep)
     return replace(plan, summary=replace(plan.summary,
-                                         est_latency_fused_s=section["est_latency_fused_s"],
+                                         est_latency_fused_s=section.est_latency_fused_s,
                                          costliest_kernels=kernels),
                    fusion=section)
 

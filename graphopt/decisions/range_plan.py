@@ -21,6 +21,7 @@ from graphopt.decisions.padding import required_multiple
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_sections import PointTimes, ShapeRangePlan
 from graphopt.ir.shape_range import POINTS, ShapeRange, bind
 
 __all__ = ["alignment_hints", "at_opt", "with_hints", "with_range"]
@@ -65,7 +66,8 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
     for n in plan.nodes:  # a point equal to opt (or skipped) is the node's own record
         own, at = _record(records, n.analysis, n.cost), points.get(n.name, {})
         nodes.append(replace(n, at_points={p: at.get(p, own) for p in POINTS}))
-    section = {**rng.to_dict(), "est_latency_s": {p: totals[p] for p in POINTS}}
+    section = ShapeRangePlan(rng.dims, {k: tuple(v) for k, v in rng.inputs.items()},
+                             PointTimes(**totals))
     unbounded = [d.name for d in rng.dims if d.max is None]
     warnings = list(plan.warnings)
     if unbounded:
@@ -83,7 +85,7 @@ def with_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
     if section is None:
         return plan
     hints = alignment_hints(plan, graph, target)
-    return replace(plan, shape_range={**section, "hints": hints})
+    return replace(plan, shape_range=replace(section, hints=tuple(hints)))
 
 
 def _record(records: dict[int, dict[str, Any]], a: NodeAnalysis, c: NodeCost

@@ -36,6 +36,7 @@ from graphopt.ir.decision_details import Detail
 from graphopt.ir.graph import Graph
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, NodePlan, Plan
+from graphopt.ir.plan_sections import PaddingSummary, RewritesPlan
 from graphopt.ir.shape_range import bind
 
 __all__ = ["DryRunContext", "HostFacts", "PaddingView", "decide_run_layout", "record_each_conv",
@@ -103,13 +104,14 @@ class PaddingView:
 
 
 def _padding(graph: Graph, options: Options, ctx: DryRunContext,
-             view: Callable[[DryRunContext], PaddingView | None]) -> dict[str, Any]:
+             view: Callable[[DryRunContext], PaddingView | None]) -> PaddingSummary:
     v = view(ctx)  # before the mode: the passes before padding run whatever it is
     if options.pad == "never":
-        return {"mode": "never", "reason": "pad='never'"}
+        return PaddingSummary.not_decided("never", "pad='never'")
     if v is None:
-        return {"mode": options.pad, "reason": "no backend can rewrite this model's graph "
-                "(it was traced by make_fx, not captured by torch.export: optimize refuses it)"}
+        return PaddingSummary.not_decided(
+            options.pad, "no backend can rewrite this model's graph (it was traced by make_fx, "
+            "not captured by torch.export: optimize refuses it)")
     at = v.graph or graph
     if graph.shape_range:  # decided at the range's opt point, like the plan
         at = bind(at, graph.shape_range.values("opt"))
@@ -136,8 +138,8 @@ def with_rewrites(plan: Plan, graph: Graph, options: Options, compute_dtype: str
     record_layout(ctx, layout)
     nodes = tuple(replace(n, decisions={**n.decisions, **ctx.decisions[n.name]})
                   if n.name in ctx.decisions else n for n in plan.nodes)
-    section = {"compute_dtype": compute_dtype, "padding": padding, "layout": layout.to_dict(),
-               "note": "what graphopt.optimize would apply with these options; optimize "
-                       "decides padding again on the graph it rewrites, and its report says "
-                       "what was applied"}
+    section = RewritesPlan(compute_dtype, padding, layout.summary(),
+                           "what graphopt.optimize would apply with these options; optimize "
+                           "decides padding again on the graph it rewrites, and its report "
+                           "says what was applied")
     return replace(plan, nodes=nodes, rewrites=section)

@@ -22,8 +22,10 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.decision_details import Detail, read_detail
 from graphopt.ir.graph import TensorInfo
 from graphopt.ir.plan_deploy import DeployChoice
+from graphopt.ir.plan_memory import MemoryPlan, QuantizationPlan, RuntimeSettings
 from graphopt.ir.plan_parallel import TensorParallelPlan, TwoDParallelPlan
 from graphopt.ir.plan_partition import PartitionPlan, StrategyChoice
+from graphopt.ir.plan_sections import FusionPlan, RewritesPlan, ShapeRangePlan
 from graphopt.ir.plan_summary import ModelInfo, Summary
 from graphopt.ir.records import read_json, write_json
 from graphopt.report.emitters import ReportEmitters
@@ -195,12 +197,12 @@ class Plan(ReportEmitters):
     nodes: tuple[NodePlan, ...]
     summary: Summary
     warnings: tuple[str, ...] = ()
-    fusion: Section = None
-    memory: Section = None
-    quantization: Section = None
-    runtime_settings: Section = None
-    rewrites: Section = None
-    shape_range: Section = None
+    fusion: FusionPlan | None = None
+    memory: MemoryPlan | None = None
+    quantization: QuantizationPlan | None = None
+    runtime_settings: RuntimeSettings | None = None
+    rewrites: RewritesPlan | None = None
+    shape_range: ShapeRangePlan | None = None
     optimization: Section = None
     onnx_optimization: Section = None
     deploy: DeployChoice | None = None
@@ -237,8 +239,7 @@ class Plan(ReportEmitters):
         return {name: value for name in SECTIONS if (value := getattr(self, name)) is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        fusion = write_json(self.fusion) if self.fusion is not None else None
-        group_of = fusion.get("group_of", {}) if isinstance(fusion, Mapping) else {}
+        group_of = self.fusion.group_of if self.fusion is not None else {}
         return {
             "schema_version": SCHEMA_VERSION,
             "graphopt_version": __version__,

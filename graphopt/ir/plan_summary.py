@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from graphopt.ir.graph import TensorInfo
+from graphopt.ir.plan_sections import FusionKind
 from graphopt.ir.records import Record, optional
 
 __all__ = ["CostlyKernel", "CostlyNode", "ModelInfo", "Prediction", "Summary", "TensorSpec"]
@@ -60,7 +61,7 @@ class CostlyKernel(Record):
     kernel: str
     name: str
     nodes: tuple[str, ...]
-    kind: str
+    kind: FusionKind
     fused: bool
     kernel_class: str
     est_time_s: float

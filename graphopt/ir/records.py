@@ -4,8 +4,9 @@ The plan's sections are frozen dataclasses deriving from :class:`Record`. ``to_j
 each field under its name (a record as an object, an enum as its value, a tuple as a list);
 ``from_json()`` reads the object back by the fields' type hints, so ``R.from_json(r.to_json())
 == r`` for every record, and a key the record does not know is an error that names it, never a
-silent ``None``. A field marked :func:`optional` is left out of the JSON while it is None, as the
-report has always done for keys that only some plans have.
+silent ``None``. A field marked :func:`optional` is left out of the JSON while it holds its default
+(None unless given), as the report has always done for keys that only some plans have; a field
+whose JSON key is not a Python name (``from``) says its key with :func:`keyed`.
 
 Numbers are not coerced: an ``int`` read into a ``float`` field stays an int, so the JSON bytes
 written back are the bytes read.
@@ -23,19 +24,29 @@ from typing import Any, TypeVar
 
 from graphopt.errors import GraphoptError
 
-__all__ = ["JSONValue", "Record", "optional", "read_json", "write_json"]
+__all__ = ["JSONValue", "Record", "keyed", "optional", "read_json", "write_json"]
 
 #: a value JSON holds as it is (leaves the schema does not name further)
 JSONValue = Any
 
 R = TypeVar("R", bound="Record")
 
-_OMIT = "graphopt_omit_none"
+_OMIT = "graphopt_omit_default"
+_KEY = "graphopt_json_key"
 
 
 def optional(default: Any = None) -> Any:
-    """A field left out of the JSON while it is None (a key only some plans have)."""
+    """A field left out of the JSON while it holds ``default`` (a key only some plans have)."""
     return dataclasses.field(default=default, metadata={_OMIT: True})
+
+
+def keyed(key: str) -> Any:
+    """A field written under JSON key ``key`` (one that is no Python name, such as ``from``)."""
+    return dataclasses.field(metadata={_KEY: key})
+
+
+def _key(f: dataclasses.Field[Any]) -> str:
+    return f.metadata.get(_KEY, f.name)
 
 
 class Record:
@@ -47,9 +58,9 @@ class Record:
         out: dict[str, Any] = {}
         for f in _fields(type(self)):
             value = getattr(self, f.name)
-            if value is None and f.metadata.get(_OMIT):
+            if f.metadata.get(_OMIT) and (value is f.default or value == f.default):
                 continue
-            out[f.name] = write_json(value)
+            out[_key(f)] = write_json(value)
         return out
 
     @classmethod
@@ -105,14 +116,14 @@ def read_json(tp: Any, data: Any, path: str = "") -> Any:
 
 def _read_record(cls: type[R], data: Any, path: str) -> R:
     _expect(isinstance(data, Mapping), data, f"an object ({cls.__name__})", path)
-    hints, known = _hints(cls), {f.name: f for f in _fields(cls)}
+    hints, known = _hints(cls), {_key(f): f for f in _fields(cls)}
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise GraphoptError(f"plan JSON: {path or cls.__name__} has key(s) {unknown} that "
                             f"{cls.__name__} does not know; the file was written by another "
                             "graphopt version or edited: write it again with this one")
-    kwargs = {name: read_json(hints[name], data[name], f"{path}.{name}")
-              for name in known if name in data}
+    kwargs = {f.name: read_json(hints[f.name], data[key], f"{path}.{key}")
+              for key, f in known.items() if key in data}
     try:
         return cls(**kwargs)
     except TypeError as e:  # a required field missing

@@ -21,6 +21,7 @@ from typing import Any
 
 from graphopt.errors import GraphoptError
 from graphopt.ir.graph import Graph, TensorInfo
+from graphopt.ir.records import Record, optional
 
 __all__ = ["CHECK_BUDGET", "CHECK_MAX_ELEMENTS", "MAX_DIM_VALUE", "POINTS", "DimRange",
            "ShapeRange", "bind", "bind_shape", "dim_expression", "evaluate"]
@@ -35,7 +36,7 @@ CHECK_MAX_ELEMENTS = 2**26
 
 
 @dataclass(frozen=True, slots=True)
-class DimRange:
+class DimRange(Record):
     """One dynamic dimension: its name, the sizes it may take, and the size planned for.
 
     ``max`` is None when nothing bounds it (``Dim.DYNAMIC`` without ``max``): the module accepts
@@ -48,8 +49,9 @@ class DimRange:
     max: int | None
     #: where the numbers came from ("dynamic_shapes", "example", "default", ...)
     source: str = ""
-    #: torch's own name for it (``s77``), which graphs re-read from fx carry
-    symbol: str = ""
+    #: torch's own name for it (``s77``), which graphs re-read from fx carry; JSON leaves out
+    #: an empty one
+    symbol: str = optional("")
 
     def at(self, point: str) -> int:
         if point == "min":
@@ -67,10 +69,6 @@ class DimRange:
 
     def describe(self) -> str:
         return f"{self.name} in {self.bounds}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "min": self.min, "opt": self.opt, "max": self.max,
-                "source": self.source, **({"symbol": self.symbol} if self.symbol else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +173,7 @@ class ShapeRange:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dims": [d.to_dict() for d in self.dims],
+        return {"dims": [d.to_json() for d in self.dims],
                 "inputs": {k: list(v) for k, v in self.inputs.items()}}
 
     @classmethod

@@ -168,7 +168,7 @@ def pad_channels(model: onnx.ModelProto, ctx: OnnxContext) -> onnx.ModelProto | 
     nodes = {n.name: n for n in g.node}
     values = _Values(out)
     plan = plan_padding(graph, values.small, _Backend(ctx, nodes, values), ctx.options)
-    ctx.notes["padding"] = plan.notes(ctx.options.pad, ctx.compute_dtype)
+    ctx.notes["padding"] = plan.notes(ctx.options.pad, ctx.compute_dtype).to_json()
     if not plan.steps:
         return None
     st = PadState(out, {o for n in g.node for o in (*n.output, n.name)} | available)

@@ -31,7 +31,7 @@ import torch
 from torch import fx
 
 from graphopt.backends.torch.fx_utils import aten_name, get_tensor, val
-from graphopt.decisions.layout.channels_last import ConvGroups
+from graphopt.decisions.layout.conv_facts import ConvGroups
 
 __all__ = ["AGNOSTIC", "ConvInfo", "Region", "conv_info", "find_regions", "is_entry_conversion",
            "is_exit_conversion", "memory_format_for",
@@ -68,7 +68,7 @@ def memory_format_for(rank: int) -> torch.memory_format:
 @dataclass(frozen=True)
 class ConvInfo(ConvGroups):
     """What applying the layout decision needs to know about one conv node (the decision's
-    own facts come from the plan: ``graphopt.decisions.layout.channels_last.ConvFacts``)."""
+    own facts come from the plan: ``graphopt.decisions.layout.conv_facts.ConvFacts``)."""
 
     weight: fx.Node | None  # the get_attr node, None when the weight is computed
     rank: int

@@ -201,7 +201,7 @@ def pad_channels(gm: fx.GraphModule, ctx: RewriteContext) -> bool:
     if ctx.shape_range:  # decided at the range's opt point, like the plan
         graph = bind(graph, ctx.shape_range.values("opt"))
     plan = plan_padding(graph, backend.value, backend, ctx.options)
-    ctx.notes["padding"] = plan.notes(ctx.options.pad, ctx.compute_dtype)
+    ctx.notes["padding"] = plan.notes(ctx.options.pad, ctx.compute_dtype).to_json()
     ap = _Apply(PadState(gm, ctx), nodes)
     for step in plan.steps:
         if isinstance(step, GemmStep):

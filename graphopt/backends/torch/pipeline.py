@@ -58,6 +58,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.decision_details import WeightQuantDetail
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, mark_reverted
+from graphopt.ir.plan_memory import MemoryPlan
 
 __all__ = ["decide_run", "default_passes", "optimize_torch", "prepare", "strip_unused"]
 
@@ -255,7 +256,7 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
             "numerics": [c.to_dict() for c in final], **held_out_report(held, ctx)}
     plan = ctx.plan.with_decisions(ctx.decisions)
     memory = (_artifact_memory(plan, ctx.compute_dtype) if fallback is None
-              else memory_plan(plan).to_dict())  # the model itself: its own dtypes
+              else memory_plan(plan))  # the model itself: its own dtypes
     plan = replace(plan, optimization=info, memory=memory,
                    warnings=(*plan.warnings, *held.warnings))
     flags = ctx.notes.get("precision", {}).get("runtime", {})
@@ -279,7 +280,7 @@ def _guard_notes(guard: list[dict[str, Any]] | None, applied: list[str],
     return guard
 
 
-def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:
+def _artifact_memory(plan: Plan, compute_dtype: str) -> MemoryPlan:
     """The memory plan of what the module carries: each weight GEMM at the format the
     quantize pass applied (INT4 at its group's bits, scales and zeros in the activations'
     dtype), the other weights at the compute dtype
@@ -295,7 +296,7 @@ def _artifact_memory(plan: Plan, compute_dtype: str) -> dict[str, Any]:
         scale_bits = 32 if compute_dtype == "fp32" else 16
         formats[n.name] = (int4_bits_per_weight(int(group), scale_bits)
                            if fmt == "int4" and group else str(fmt) if fmt else compute_dtype)
-    return memory_plan(plan, formats).to_dict()
+    return memory_plan(plan, formats)
 
 
 def _shapes(args: tuple[Any, ...]) -> str:

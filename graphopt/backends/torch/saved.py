@@ -265,7 +265,7 @@ def _records(opt: Any, outputs: Any) -> dict[str, str]:
               for a in opt.example_inputs]
     inputs = {"names": _input_names(opt), "shapes": shapes,
               "shape_range": opt.shape_range.to_dict() if opt.shape_range else None}
-    runtime = {"settings": opt.runtime_settings.to_dict(),
+    runtime = {"settings": opt.runtime_settings.to_json(),
                "flags": dict(getattr(module, "_runtime", None) or {})}
     marker = {"format": FORMAT, "version": VERSION, "graphopt": __version__,
               "torch": torch.__version__}

@@ -121,12 +121,13 @@ def predict_deploy(plan: Plan, *, torch_model: bool, not_measured: str) -> Deplo
                   or plan.summary.est_latency_s or 0.0)
     rows = [ArtifactTiming(Artifact.TORCH, eager,
                            note="each op its own kernel, eager's fixed cost")]
-    fusion = plan.fusion or {}
-    fused, unfused = fusion.get("est_latency_fused_s"), fusion.get("est_latency_unfused_s")
-    if fused and unfused:  # the plan's fusion groups, at the decided precisions
-        rows.append(ArtifactTiming(Artifact.TORCH_COMPILE, eager * float(fused) / float(unfused),
-                                   note=f"{fusion.get('kernels_fused')} fused kernels for "
-                                        f"{fusion.get('nodes')} nodes (cost/fusion.py)"))
+    fusion = plan.fusion
+    if fusion is not None and fusion.est_latency_fused_s and fusion.est_latency_unfused_s:
+        # the plan's fusion groups, at the decided precisions
+        rows.append(ArtifactTiming(Artifact.TORCH_COMPILE, eager * float(fusion.est_latency_fused_s)
+                                   / float(fusion.est_latency_unfused_s),
+                                   note=f"{fusion.kernels_fused} fused kernels for "
+                                        f"{fusion.nodes} nodes (cost/fusion.py)"))
     ort = _ort_estimate(plan, eager)
     rows.append(ArtifactTiming(Artifact.ONNXRUNTIME, ort,
                                note="each op at ONNX Runtime's measured fixed cost" if ort else

@@ -34,18 +34,26 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from graphopt.cost.roofline import efficiency, tc_alignment
+from graphopt.decisions.layout.conv_facts import (
+    CONVS,
+    ConvFacts,
+    ConvShape,
+    conv_facts,
+    static_dims,
+)
 from graphopt.decisions.layout.regions import PlanRegion, plan_regions
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.decision_details import LayoutDetail, LayoutFormat
 from graphopt.ir.legality import Legality
-from graphopt.ir.plan import NodePlan, Plan
+from graphopt.ir.plan import Plan
+from graphopt.ir.plan_sections import LayoutRegion, LayoutSummary
 
-__all__ = ["MARGIN", "ConvFacts", "ConvGroups", "ConvLayout", "LayoutEstimate", "LayoutPlan",
-           "can_channels_last", "conv_facts", "conv_gain_s", "conversion_time_s",
-           "cpu_class", "decide_layout", "known_slow_case", "should_channels_last"]
+__all__ = ["MARGIN", "ConvLayout", "LayoutEstimate", "LayoutPlan", "can_channels_last",
+           "conv_gain_s", "conversion_time_s", "cpu_class", "decide_layout", "known_slow_case",
+           "should_channels_last"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,87 +99,6 @@ _CPU_SMALL_MAP_LOSS = 0.15
 _TRANSPOSE_EFF = {"cpu": 0.3, "gpu": 1.0}
 _TC_DTYPES = ("fp16", "bf16")
 _ITEMSIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
-_CONVS = ("Conv", "ConvTranspose")
-
-
-class ConvShape(Protocol):
-    """What :func:`cpu_class` reads (a :class:`ConvFacts` or the torch pass's ConvInfo)."""
-
-    groups: int
-    kernel: tuple[int, ...]
-    out_spatial: int
-
-    @property
-    def channels_per_group(self) -> int: ...
-    @property
-    def depthwise(self) -> bool: ...
-    @property
-    def grouped(self) -> bool: ...
-
-
-def _ints(shape: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
-    """Dynamic dims count as 1 (as TensorInfo.numel does)."""
-    return None if shape is None else tuple(d if type(d) is int else 1 for d in shape)
-
-
-class ConvGroups:
-    """Channels per group, depthwise, grouped: read from ``c_in`` and ``groups`` by the plan's
-    conv facts and the torch backend's conv records alike."""
-
-    c_in: int
-    groups: int
-
-    @property
-    def channels_per_group(self) -> int:
-        return self.c_in // max(1, self.groups)
-
-    @property
-    def depthwise(self) -> bool:
-        return self.groups > 1 and self.channels_per_group == 1
-
-    @property
-    def grouped(self) -> bool:
-        """Grouped with more than one channel per group (depthwise is not "grouped" here)."""
-        return self.groups > 1 and self.channels_per_group > 1
-
-
-@dataclass(frozen=True)
-class ConvFacts(ConvGroups):
-    """What the layout rules need to know about one conv of the plan."""
-
-    name: str
-    rank: int
-    groups: int
-    c_in: int
-    c_out: int
-    kernel: tuple[int, ...]
-    in_shape: tuple[int, ...]
-    out_shape: tuple[int, ...]
-    est_time_s: float
-    transposed: bool = False
-    weight_constant: bool = True
-
-    @property
-    def out_spatial(self) -> int:
-        return math.prod(self.out_shape[2:])
-
-
-def conv_facts(node: NodePlan) -> ConvFacts | None:
-    """Conv facts from the plan's shapes; None when they are unknown or not 2-D/3-D."""
-    if node.op_type not in _CONVS or len(node.inputs) < 2 or not node.outputs:
-        return None
-    x, w, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    if any(t is None or t.shape is None or not all(isinstance(d, int) for d in t.shape[1:])
-           for t in (x, out)):
-        return None  # channel or spatial dims unknown (a batch dim may be symbolic)
-    xs, ws, os_ = (_ints(t.shape) if t is not None else None for t in (x, w, out))
-    if xs is None or ws is None or os_ is None or len(os_) not in (4, 5) or len(xs) != len(os_):
-        return None
-    return ConvFacts(name=node.name, rank=len(os_),
-                     groups=int(node.analysis.dims.get("groups", 1) or 1), c_in=xs[1],
-                     c_out=os_[1], kernel=ws[2:], in_shape=xs, out_shape=os_,
-                     est_time_s=node.cost.est_time_s, transposed=node.op_type == "ConvTranspose",
-                     weight_constant=w is not None and w.kind in ("param", "constant"))
 
 
 def conversion_time_s(shape: tuple[int, ...] | None, target: HardwareProfile,
@@ -322,10 +249,10 @@ class LayoutPlan:
     nhwc: bool
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "nhwc": self.nhwc, "reason": self.reason,
-                "regions": [{"id": r.id, "convs": list(r.convs), **e.to_dict()}
-                            for r, e in self.regions]}
+    def summary(self) -> LayoutSummary:
+        """The model-level decision and the regions, as the plan's ``rewrites.layout``."""
+        return LayoutSummary(self.mode, self.nhwc, self.reason, tuple(LayoutRegion(
+            r.id, tuple(r.convs), e.gain_s, e.cost_s, e.apply, e.reason) for r, e in self.regions))
 
 
 def _model_level(convs: dict[str, ConvLayout], times: dict[str, float],
@@ -355,7 +282,7 @@ def decide_layout(plan: Plan, target: HardwareProfile, compute_dtype: str, mode:
     ``onednn``: the CPU rule models oneDNN's reorders; the torch backend says if its torch has
     oneDNN (without it CPU convs gain nothing).
     """
-    nodes = [n for n in plan.nodes if n.op_type in _CONVS]
+    nodes = [n for n in plan.nodes if n.op_type in CONVS]
     times = {n.name: n.cost.est_time_s for n in nodes}
     if not nodes:  # nothing to decide: no region search over the whole graph
         return LayoutPlan(mode, {}, (), False, "no convolutions: layout does not matter")
@@ -378,7 +305,7 @@ def decide_layout(plan: Plan, target: HardwareProfile, compute_dtype: str, mode:
     regions: list[tuple[PlanRegion, LayoutEstimate]] = []
     for region in plan_regions(plan, out):
         est = should_channels_last([facts[c] for c in region.convs],
-                                   [_ints(t.shape) for t in (*region.entries, *region.exits)],
+                                   [static_dims(t.shape) for t in (*region.entries, *region.exits)],
                                    target, compute_dtype, mode, onednn=onednn)
         regions.append((region, est))
         net = est.gain_s - est.cost_s

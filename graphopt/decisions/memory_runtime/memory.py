@@ -37,17 +37,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from graphopt.analysis.kernel_class import GEMM_LIKE
-from graphopt.decisions.memory_runtime.batch_advice import BatchAdvice, advise_batch
+from graphopt.decisions.memory_runtime.batch_advice import advise_batch
 from graphopt.decisions.memory_runtime.footprint import PrecisionSpec, activation_peak, param_bytes
 from graphopt.decisions.quant_formats import FORMAT_DTYPE
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import DTYPE_BITS
 from graphopt.ir.plan import Decision, Plan
+from graphopt.ir.plan_memory import BreakdownRow, MemoryPlan
 
 __all__ = [
     "CPU_RESERVE",
@@ -108,104 +108,6 @@ def gemm_workspace_bytes(target: HardwareProfile) -> tuple[int, str]:
     if cc >= (9, 0):
         return 32 * MIB, "cuBLAS recommended workspace on Hopper and later: 32 MiB"
     return 4 * MIB, "cuBLAS recommended workspace before Hopper: 4 MiB"
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryPlan:
-    """Where the target's memory goes for one planned model; ``to_dict`` is the report section."""
-
-    target: str
-    total_bytes: int
-    reserve_bytes: int
-    usable_bytes: int
-    reserve_policy: str
-    param_count: int
-    param_bytes: int
-    constant_bytes: int
-    param_format: str
-    fp32_param_bytes: int
-    activation_peak_bytes: int
-    activation_total_bytes: int
-    peak_node: str | None
-    traced_batch: int
-    workspace_bytes: int
-    workspace_reason: str
-    max_batch_size: int
-    batch_note: str
-    fits: bool
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    #: case 7; None when not asked for (``memory_plan(..., advise=False)``)
-    advice: BatchAdvice | None = None
-
-    @property
-    def recommended_batch_size(self) -> int:
-        return self.max_batch_size if self.advice is None else self.advice.recommended
-
-    @property
-    def weights_bytes(self) -> int:
-        return self.param_bytes + self.constant_bytes
-
-    @property
-    def required_bytes(self) -> int:
-        return self.weights_bytes + self.activation_peak_bytes + self.workspace_bytes
-
-    @property
-    def free_bytes(self) -> int:
-        return self.usable_bytes - self.required_bytes
-
-    @property
-    def activation_peak_per_sample(self) -> float:
-        return self.activation_peak_bytes / max(1, self.traced_batch)
-
-    @property
-    def saved_bytes(self) -> int:
-        return self.fp32_param_bytes - self.param_bytes
-
-    @property
-    def compression_ratio(self) -> float:
-        return self.fp32_param_bytes / self.param_bytes if self.param_bytes else 1.0
-
-    def breakdown(self) -> list[tuple[str, int, float]]:
-        """(component, bytes, % of total): parameters, activations, workspace, reserve, free."""
-        rows = [("parameters", self.weights_bytes),
-                ("activations (peak)", self.activation_peak_bytes),
-                ("workspace", self.workspace_bytes),
-                ("reserve", self.reserve_bytes),
-                ("free", self.free_bytes)]
-        total = max(1, self.total_bytes)
-        return [(name, b, 100.0 * b / total) for name, b in rows]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "total_bytes": self.total_bytes,
-            "reserve_bytes": self.reserve_bytes,
-            "reserve_policy": self.reserve_policy,
-            "usable_bytes": self.usable_bytes,
-            "param_count": self.param_count,
-            "param_bytes": self.param_bytes,
-            "constant_bytes": self.constant_bytes,
-            "param_format": self.param_format,
-            "fp32_param_bytes": self.fp32_param_bytes,
-            "saved_bytes": self.saved_bytes,
-            "compression_ratio": round(self.compression_ratio, 4),
-            "activation_peak_bytes": self.activation_peak_bytes,
-            "activation_total_bytes": self.activation_total_bytes,
-            "activation_peak_per_sample_bytes": round(self.activation_peak_per_sample, 1),
-            "peak_node": self.peak_node,
-            "traced_batch": self.traced_batch,
-            "workspace_bytes": self.workspace_bytes,
-            "workspace_reason": self.workspace_reason,
-            "required_bytes": self.required_bytes,
-            "free_bytes": self.free_bytes,
-            "fits": self.fits,
-            "max_batch_size": self.max_batch_size,
-            "batch_note": self.batch_note,
-            **({} if self.advice is None else self.advice.to_dict()),
-            "breakdown": [{"component": n, "bytes": b, "percent": round(p, 2)}
-                          for n, b, p in self.breakdown()],
-            "notes": list(self.notes),
-        }
 
 
 def _traced_batch(plan: Plan, batch_dim: int) -> int:
@@ -284,14 +186,30 @@ def memory_plan(plan: Plan, precision: PrecisionSpec = None, *, activation_dtype
     fits = pbytes + cbytes + peak + ws <= usable
     logger.info("memory plan on %s: params %d B, activation peak %d B (at %s), fits=%s, "
                 "max batch %d", target.name, pbytes, peak, peak_node, fits, max_batch)
+    weights = pbytes + cbytes
+    required = weights + peak + ws
+    rows = (("parameters", weights), ("activations (peak)", peak), ("workspace", ws),
+            ("reserve", reserve), ("free", usable - required))
     return MemoryPlan(
-        target=target.name, total_bytes=total, reserve_bytes=reserve, usable_bytes=usable,
-        reserve_policy=policy.describe(), param_count=count, param_bytes=pbytes,
-        constant_bytes=cbytes, param_format=label, fp32_param_bytes=fp32_bytes,
-        activation_peak_bytes=peak, activation_total_bytes=act_total, peak_node=peak_node,
+        target=target.name, total_bytes=total, reserve_bytes=reserve,
+        reserve_policy=policy.describe(), usable_bytes=usable, param_count=count,
+        param_bytes=pbytes, constant_bytes=cbytes, param_format=label,
+        fp32_param_bytes=fp32_bytes, saved_bytes=fp32_bytes - pbytes,
+        compression_ratio=round(_ratio(fp32_bytes, pbytes), 4),
+        activation_peak_bytes=peak, activation_total_bytes=act_total,
+        activation_peak_per_sample_bytes=round(peak / max(1, batch), 1), peak_node=peak_node,
         traced_batch=batch, workspace_bytes=ws, workspace_reason=ws_reason,
-        max_batch_size=max_batch, batch_note=note, fits=fits, notes=tuple(notes),
-        advice=advice)
+        required_bytes=required, free_bytes=usable - required, fits=fits,
+        max_batch_size=max_batch, batch_note=note,
+        **({} if advice is None else advice.to_dict()),  # case 7, as the report rounds it
+        breakdown=tuple(BreakdownRow(name, b, round(100.0 * b / max(1, total), 2))
+                        for name, b in rows),
+        notes=tuple(notes))
+
+
+def _ratio(fp32_bytes: int, param_bytes: int) -> float:
+    """How many times smaller the weights are than in fp32 (1.0 without weights)."""
+    return fp32_bytes / param_bytes if param_bytes else 1.0
 
 
 def _cost_dtypes(precision: PrecisionSpec) -> dict[str, str] | None:
@@ -320,12 +238,14 @@ def render_breakdown(mp: MemoryPlan) -> str:
              "",
              "| component | bytes | size | % of total |",
              "|---|---:|---:|---:|"]
-    for name, b, pct in mp.breakdown():
-        lines.append(f"| {name} | {b} | {_human(b)} | {pct:.2f} |")
+    for row in mp.breakdown:
+        lines.append(f"| {row.component} | {row.bytes} | {_human(row.bytes)} | "
+                     f"{row.percent:.2f} |")
     lines.append(f"| **total** | {mp.total_bytes} | {_human(mp.total_bytes)} | 100.00 |")
+    advice = "" if mp.batch_advice is None else f" ({mp.batch_advice})"
     lines += ["", f"fits: {'yes' if mp.fits else 'no'}; max batch: {mp.max_batch_size} "
-              f"({mp.batch_note}); recommended batch: {mp.recommended_batch_size}"
-              + ("" if mp.advice is None else f" ({mp.advice.reason})")
-              + f"; parameters {mp.param_format}: {_human(mp.param_bytes)} vs "
-              f"{_human(mp.fp32_param_bytes)} in fp32 (x{mp.compression_ratio:.2f})"]
+              f"({mp.batch_note}); recommended batch: {mp.batch}{advice}"
+              f"; parameters {mp.param_format}: {_human(mp.param_bytes)} vs "
+              f"{_human(mp.fp32_param_bytes)} in fp32 "
+              f"(x{_ratio(mp.fp32_param_bytes, mp.param_bytes):.2f})"]
     return "\n".join(lines)

@@ -45,11 +45,11 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, fields
 from typing import Any
 
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import get_target
+from graphopt.ir.plan_memory import RuntimeSettings, Setting
 
 __all__ = ["ALLOC_CONF_ENV", "RuntimeSettings", "Setting", "apply_runtime_settings",
            "runtime_settings", "snapshot_torch_state", "tf32_allowed"]
@@ -63,45 +63,6 @@ _SMALL_GPU_ALLOC_CONF = "max_split_size_mb:128,garbage_collection_threshold:0.8"
 _LARGE_GPU_ALLOC_CONF = "expandable_segments:True"
 _FLASH_MAX_HEAD_DIM = 256  # [PT-SDPA] flash kernel limit
 _SIXTEEN_BIT = frozenset({"fp16", "bf16", "fp8", "int8", "int4", "fp4"})  # activations stay 16-bit
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """One runtime knob: its value (``None`` = leave PyTorch's current value alone) and why."""
-
-    value: Any
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        v = list(self.value) if isinstance(self.value, tuple) else self.value
-        return {"value": v, "reason": self.reason}
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeSettings:
-    """Everything :func:`apply_runtime_settings` sets, for one target and plan."""
-
-    target: str
-    device: str  # "cuda" | "cpu"
-    matmul_allow_tf32: Setting
-    cudnn_allow_tf32: Setting
-    float32_matmul_precision: Setting
-    cudnn_benchmark: Setting
-    cuda_alloc_conf: Setting
-    sdpa_backends: Setting
-    batch_size: Setting
-    num_threads: Setting
-    mkldnn_enabled: Setting
-    #: advice for ``torch.compile(mode=...)`` (``decisions.compile_mode``); nothing applies it
-    compile_mode: Setting = Setting("default", "no plan to choose from")
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"target": self.target, "device": self.device}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, Setting):
-                out[f.name] = v.to_dict()
-        return out
 
 
 def _sdpa(t: HardwareProfile, precision: str, head_dim: int | None) -> Setting:

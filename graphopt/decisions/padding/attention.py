@@ -18,6 +18,7 @@ from graphopt.decisions.padding.state import Decided, Outcome, SweepState, cut
 from graphopt.decisions.padding.steps import AttentionStep
 from graphopt.ir.decision_details import PaddingDetail, PaddingSkip
 from graphopt.ir.graph import Node
+from graphopt.ir.plan_sections import PerCallPad
 
 __all__ = ["plan_attention"]
 
@@ -100,8 +101,7 @@ def plan_attention(sw: SweepState, node: Node) -> Outcome:
         out += Outcome(
             steps=(AttentionStep(node, pads, tuple(sorted(ready)), scale,
                                  out_map if dvp != dv else None),),
-            pads=tuple({"node": node.name, "source": t, "from": r, "to": w}
-                       for t, r, w in pads),
+            pads=tuple(PerCallPad(node.name, t, r, w) for t, r, w in pads),
             maps=((node.outputs[0], out_map),) if dvp != dv else (), padded=(node.name,))
     detail = PaddingDetail(
         old={"head_dim": d, **({"head_dim_v": dv} if dv != d else {})},

@@ -21,6 +21,7 @@ from graphopt.decisions.padding.steps import CarryStep, GemmStep, InputPlan
 from graphopt.ir.decision_details import GroupsCarryDetail, PaddingDetail, PaddingSkip
 from graphopt.ir.graph import Node
 from graphopt.ir.legality import Legality
+from graphopt.ir.plan_sections import PerCallPad
 
 __all__ = ["decide_gemm", "should_pad"]
 
@@ -151,9 +152,8 @@ def _record_gemm(sw: SweepState, site: GemmSite, v: _Variant, reason: str, gain:
     applied = out.is_padded or inp.action == "pad"
     steps = (GemmStep(site, inp, out),) if (
         applied or inp.action != "none" or inp.reads.is_padded) else ()
-    pads = ({"node": node.name, "source": site.x,
-             "from": site.c_in if inp.src is None else inp.src.size, "to": inp.reads.size},) \
-        if inp.action == "pad" else ()
+    pads = (PerCallPad(node.name, site.x, site.c_in if inp.src is None else inp.src.size,
+                       inp.reads.size),) if inp.action == "pad" else ()
     old_f, new_f = site_flops(site, site.c_in, site.c_out), site_flops(site, inp.reads.size,
                                                                          out.size)
     detail = PaddingDetail(old=_dims(site, site.c_in, site.c_out),

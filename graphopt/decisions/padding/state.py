@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from typing import Any
 
 from graphopt.cost.roofline import peak_key, tc_alignment
 from graphopt.decisions.padding.channel_map import ChannelMap
@@ -21,6 +20,7 @@ from graphopt.decisions.padding.steps import PadBackend, Step
 from graphopt.ir.decision_details import Detail, PaddingSliceDetail
 from graphopt.ir.graph import Graph, Node
 from graphopt.ir.options import Options
+from graphopt.ir.plan_sections import PadSlice, PerCallPad
 
 __all__ = ["Decided", "Outcome", "SweepState", "cut"]
 
@@ -41,8 +41,8 @@ class Outcome:
 
     steps: tuple[Step, ...] = ()
     maps: tuple[tuple[str, ChannelMap], ...] = ()  # tensor -> its padded map from now on
-    slices: tuple[dict[str, Any], ...] = ()
-    pads: tuple[dict[str, Any], ...] = ()
+    slices: tuple[PadSlice, ...] = ()
+    pads: tuple[PerCallPad, ...] = ()
     padded: tuple[str, ...] = ()
     carried: int = 0
     decided: tuple[Decided, ...] = ()
@@ -93,8 +93,8 @@ def cut(state: SweepState, node: Node | None, reason: str,
     name = node.name if node is not None else "output"
     reads = tensors if tensors is not None else list(dict.fromkeys(
         t for t in (node.inputs if node is not None else []) if t in state.maps))
-    slices = tuple({"node": name, "source": t, "real": state.maps[t].real,
-                    "padded": state.maps[t].size, "reason": reason} for t in reads)
+    slices = tuple(PadSlice(name, t, state.maps[t].real, state.maps[t].size, reason)
+                   for t in reads)
     decided = () if node is None else (
         Decided(name, PaddingSliceDetail(), f"slice to real channels before {name}: {reason}"),)
     return Outcome(slices=slices, decided=decided)

@@ -20,6 +20,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.decision_details import Detail
 from graphopt.ir.graph import Node
 from graphopt.ir.legality import Legality
+from graphopt.ir.plan_sections import PaddingSummary, PadSlice, PerCallPad
 
 __all__ = ["AttentionStep", "CarryStep", "ContextBackend", "GemmStep", "InputPlan", "PadBackend",
            "PaddingPlan", "Step"]
@@ -82,13 +83,14 @@ class PaddingPlan:
     maps: Mapping[str, ChannelMap]
     padded: tuple[str, ...]  # GEMM and attention nodes padded (cases 1, 2 and 5)
     carried: int  # ops run on padded channels (cases 3 and 4)
-    slices: tuple[dict[str, Any], ...]  # where padded tensors are cut back (case 4)
-    pads: tuple[dict[str, Any], ...]  # per-call pads of an input (cases 1 and 5)
+    slices: tuple[PadSlice, ...]  # where padded tensors are cut back (case 4)
+    pads: tuple[PerCallPad, ...]  # per-call pads of an input (cases 1 and 5)
 
-    def notes(self, mode: str, compute_dtype: str) -> dict[str, Any]:
-        return {"mode": mode, "compute_dtype": compute_dtype, "padded_nodes": list(self.padded),
-                "carried": self.carried, "slices": list(self.slices),
-                "per_call_pads": list(self.pads)}
+    def notes(self, mode: str, compute_dtype: str) -> PaddingSummary:
+        """What the report says of this padding (the plan's ``rewrites.padding``, a backend's
+        ``notes["padding"]``)."""
+        return PaddingSummary(mode=mode, compute_dtype=compute_dtype, padded_nodes=self.padded,
+                              carried=self.carried, slices=self.slices, per_call_pads=self.pads)
 
 
 class PadBackend(Protocol):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from types import MappingProxyType
-from typing import Any
 
 from graphopt.decisions.padding.attention import plan_attention
 from graphopt.decisions.padding.carry import Carry, carry_rule
@@ -19,6 +18,7 @@ from graphopt.decisions.padding.steps import CarryStep, PadBackend, PaddingPlan,
 from graphopt.ir.decision_details import PaddingCarryDetail
 from graphopt.ir.graph import Graph, Node
 from graphopt.ir.options import Options
+from graphopt.ir.plan_sections import PadSlice, PerCallPad
 
 __all__ = ["plan_padding"]
 
@@ -62,8 +62,8 @@ def plan_padding(graph: Graph, value: Values, backend: PadBackend, options: Opti
     sw = SweepState(graph, value, backend, options, MappingProxyType(maps), done)
     steps: list[Step] = []
     padded: list[str] = []
-    slices: list[dict[str, Any]] = []
-    pads: list[dict[str, Any]] = []
+    slices: list[PadSlice] = []
+    pads: list[PerCallPad] = []
     carried = 0
     for node in graph.nodes:
         out = _case(sw, node)

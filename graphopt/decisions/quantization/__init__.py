@@ -8,6 +8,6 @@ shared with the precision and memory families, is :mod:`graphopt.decisions.quant
 from __future__ import annotations
 
 from graphopt.decisions.quantization.cpu_int8 import can_int8_on_cpu, int8_pays_on_cpu
-from graphopt.decisions.quantization.recommend import QuantRecommendation, recommend_quant
+from graphopt.decisions.quantization.recommend import QuantizationPlan, recommend_quant
 
-__all__ = ["QuantRecommendation", "can_int8_on_cpu", "int8_pays_on_cpu", "recommend_quant"]
+__all__ = ["QuantizationPlan", "can_int8_on_cpu", "int8_pays_on_cpu", "recommend_quant"]

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any
 
 from graphopt.decisions.memory_runtime.memory import (
     GIB,
@@ -42,8 +40,9 @@ from graphopt.decisions.memory_runtime.memory import (
 from graphopt.decisions.quant_formats import FORMATS, QuantFormat, get_format, runs_natively
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
+from graphopt.ir.plan_memory import QuantCandidate, QuantizationPlan
 
-__all__ = ["PREFERENCES", "QuantCandidate", "QuantRecommendation", "recommend_quant", "runnable"]
+__all__ = ["PREFERENCES", "QuantCandidate", "QuantizationPlan", "recommend_quant", "runnable"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,56 +53,6 @@ _LOW_BIT_PEAKS = frozenset({"fp8", "int8", "fp4"})
 
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
-
-
-@dataclass(frozen=True, slots=True)
-class QuantCandidate:
-    """One format considered for the model, with its size and why it was kept or not."""
-
-    format: str
-    bits_per_weight: float
-    weight_bytes: int
-    est_memory_bytes: int
-    fits: bool
-    eligible: bool
-    native: bool
-    note: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": self.format, "bits_per_weight": self.bits_per_weight,
-                "weight_bytes": self.weight_bytes, "est_memory_bytes": self.est_memory_bytes,
-                "fits": self.fits, "eligible": self.eligible, "native": self.native,
-                "note": self.note}
-
-
-@dataclass(frozen=True, slots=True)
-class QuantRecommendation:
-    """The model-level weight format for one target; ``to_dict`` is the report section."""
-
-    format: str
-    display: str
-    bits_per_weight: float
-    weight_bytes: int
-    est_memory_bytes: int
-    usable_bytes: int
-    fits: bool
-    preference: str
-    original_format: str
-    reason: str
-    alternatives: tuple[QuantCandidate, ...]
-
-    @property
-    def missing_bytes(self) -> int:
-        return max(0, self.est_memory_bytes - self.usable_bytes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": self.format, "display": self.display,
-                "bits_per_weight": self.bits_per_weight, "weight_bytes": self.weight_bytes,
-                "est_memory_bytes": self.est_memory_bytes, "usable_bytes": self.usable_bytes,
-                "fits": self.fits, "missing_bytes": self.missing_bytes,
-                "preference": self.preference, "original_format": self.original_format,
-                "reason": self.reason,
-                "alternatives": [c.to_dict() for c in self.alternatives]}
 
 
 def _accelerated(fmt: QuantFormat, target: HardwareProfile) -> bool:
@@ -167,7 +116,7 @@ def _pick(pref: str, fits: list[QuantFormat], target: HardwareProfile
 def recommend_quant(target: HardwareProfile, param_count: int, original_format: str = "bf16",
                     preference: str = "balanced", *, activation_bytes: int = 0,
                     requested: str | None = None,
-                    reserve_policy: ReservePolicy | None = None) -> QuantRecommendation:
+                    reserve_policy: ReservePolicy | None = None) -> QuantizationPlan:
     """The weight format for a model of ``param_count`` parameters on ``target`` (cases 1-4)."""
     pref = _check_preference(preference)
     orig = get_format(original_format)
@@ -229,10 +178,11 @@ def recommend_quant(target: HardwareProfile, param_count: int, original_format: 
 
 
 def _recommendation(f: QuantFormat, c: QuantCandidate, usable: int, pref: str, orig: QuantFormat,
-                    cands: list[QuantCandidate], reason: str) -> QuantRecommendation:
+                    cands: list[QuantCandidate], reason: str) -> QuantizationPlan:
     logger.info("quantization (%s): %s, fits=%s", pref, f.key, c.fits)
-    return QuantRecommendation(
+    return QuantizationPlan(
         format=f.key, display=f.display, bits_per_weight=f.bits_per_weight,
         weight_bytes=c.weight_bytes, est_memory_bytes=c.est_memory_bytes,
-        usable_bytes=usable, fits=c.fits, preference=pref, original_format=orig.key,
-        reason=reason, alternatives=tuple(cands))
+        usable_bytes=usable, fits=c.fits,
+        missing_bytes=max(0, c.est_memory_bytes - usable), preference=pref,
+        original_format=orig.key, reason=reason, alternatives=tuple(cands))
