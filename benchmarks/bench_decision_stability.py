@@ -73,7 +73,7 @@ def _models(folder: Path) -> dict[str, tuple[Any, Any]]:
 
 def _choice(model: Any, inputs: Any) -> str:
     opt = graphopt.optimize(model, inputs, target="cpu", measure=True)
-    passes = ",".join(opt.plan.optimization["passes_applied"]) or "none"
+    passes = ",".join(opt.plan.optimization.passes_applied) or "none"
     return f"passes={passes} deploy={opt.deploy.artifact}"
 
 

@@ -43,14 +43,14 @@ t = time.perf_counter()
 opt = graphopt.optimize(big, target="h100", measure=False)
 seconds = time.perf_counter() - t
 info = opt.info
-roles = info["notes"].get("precision", {{}}).get("roles", {{}})
-fp16 = roles.get("low", 0) if "precision" in info["passes_applied"] else 0
+roles = info.notes.get("precision", {{}}).get("roles", {{}})
+fp16 = roles.get("low", 0) if "precision" in info.passes_applied else 0
 print("RESULT " + json.dumps({{
     "seconds": seconds, "sessions": count["sessions"],
-    "within": all(n["within"] for n in info["numerics"]),
-    "max_abs": info["numerics"][0]["max_abs"], "limit": 0.01 * info["numerics"][0]["scale"],
-    "applied": info["passes_applied"], "fp16_nodes": fp16,
-    "moved_back": len(info["fallbacks"])}}))
+    "within": all(n.within for n in info.numerics),
+    "max_abs": info.numerics[0].max_abs, "limit": 0.01 * info.numerics[0].scale,
+    "applied": info.passes_applied, "fp16_nodes": fp16,
+    "moved_back": len(info.fallbacks)}}))
 """
 
 

@@ -280,27 +280,27 @@ def graphopt_option(model: nn.Module, inputs: tuple[torch.Tensor, ...],
         return Option("graphopt", None, f"failed: {first_line(e)}", peer=False), None
     # the artifact's own report: the ONNX model's (its passes, INT8 included) for a session,
     # the torch module's for torch and torch.compile
-    info = opt.info["onnx"] if run.session is not None else opt.info
-    section = 'info["onnx"]' if run.session is not None else "info"
-    tol = info.get("tolerance") or info["numerics"][0]["tolerance"]
+    info = opt.onnx_info if run.session is not None else opt.info
+    section = "onnx_info" if run.session is not None else "info"
+    tol = info.tolerance
     err = compare(ref, out)
     verdict = "within"
-    if not within(err, tol["rel_to_scale"], tol["min_cosine"]):
+    if not within(err, tol.rel_to_scale, tol.min_cosine):
         # graphopt's deploy check allows a compiler's or exporter's reordering on top
-        floor = (max(tol["rel_to_scale"], _REORDER_REL), min(tol["min_cosine"], 0.9999))
+        floor = (max(tol.rel_to_scale, _REORDER_REL), min(tol.min_cosine, 0.9999))
         verdict = (f"within only at the deploy check's reorder floor {floor[0]:g} / "
                    f"{floor[1]:g}" if within(err, *floor) else "OUT OF TOLERANCE")
     numerics = "; ".join(
-        f"output {n.get('output')}: max_abs {n.get('max_abs', math.nan):.3g}, scale "
-        f"{n.get('scale', math.nan):.3g}, cosine {n.get('cosine', math.nan):.6f}, within "
-        f"{n.get('within')}" for n in info.get("numerics", []))
+        f"output {n.output}: max_abs {float(n.max_abs):.3g}, scale "
+        f"{float(n.scale):.3g}, cosine {float(n.cosine):.6f}, within "
+        f"{n.within}" for n in info.numerics)
     rows = ", ".join(f"{r.artifact} {r.seconds * 1e3:.1f} ms" if r.seconds else
                      f"{r.artifact} {r.error or 'not timed'}" for r in opt.deploy.candidates)
-    passes = ", ".join(map(str, info.get("passes_applied") or [])) or "none"
+    passes = ", ".join(info.passes_applied) or "none"
     note = (f"artifact {run.artifact} (measured {opt.deploy.measured}: {rows}); optimize "
             f"{seconds:.1f} s; passes {passes}; {where}\n    vs eager: err {err[0]:.3g} cos "
-            f"{err[1]:.6f}, {verdict} (its tolerance {tol['rel_to_scale']:g} / "
-            f"{tol['min_cosine']:g}, opt.{section}); graphopt's numerics: {numerics}")
+            f"{err[1]:.6f}, {verdict} (its tolerance {tol.rel_to_scale:g} / "
+            f"{tol.min_cosine:g}, opt.{section}); graphopt's numerics: {numerics}")
     return Option("graphopt", fn, note, peer=False, context=context), run.artifact
 
 

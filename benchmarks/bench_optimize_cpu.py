@@ -75,7 +75,7 @@ def main() -> int:
             new += _time(opt.module, inputs, 1)
         ratio = statistics.median(orig) / statistics.median(new)
         ratios[name] = ratio
-        applied = ", ".join(opt.info["passes_applied"]) or "none"
+        applied = ", ".join(opt.info.passes_applied) or "none"
         print(f"{name:28s} original {statistics.median(orig) * 1e3:8.3f} ms  optimized "
               f"{statistics.median(new) * 1e3:8.3f} ms  ratio {ratio:5.2f}x  passes: {applied}")
     conv = [r for n, r in ratios.items() if n in CONV_NETS]

@@ -29,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from graphopt.api.llm import LLMPlan, plan_llm
 from graphopt.frontends.llm_steps import DecodeStep
+from graphopt.ir.plan_llm import LLMSection
 
 GIB = 2**30
 FORMATS = (("bf16", "none"), ("FP8", "fp8"), ("INT4", "int4"))  # (label, plan_llm's quantize)
@@ -43,47 +44,47 @@ def plan_7b() -> LLMPlan:
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     lp = plan_llm(model, "h100", batch=(1, 64), prompt_len=512, cache_len=2048)
     llm = lp.section
-    mem = llm["memory"]
-    print(f"7B Llama on h100 (bf16): KV cache {mem['kv_bytes_per_sequence'] / GIB:.2f} GiB per "
-          f"sequence of {llm['cache_len']} tokens, {mem['kv_bytes_at_max'] / GIB:.1f} GiB at "
-          f"batch {llm['batch']['max']}; {mem['required_bytes_at_max'] / GIB:.1f} GiB in all of "
-          f"{mem['usable_bytes'] / GIB:.1f} GiB usable ({'' if mem['fits_at_max'] else 'does not '}"
-          f"fit); largest batch that fits: {mem['max_batch_size']}; recommended decode batch "
-          f"{mem['recommended_batch_size']} (decided by {mem['batch_decided_by']})")
+    mem = llm.memory
+    print(f"7B Llama on h100 (bf16): KV cache {mem.kv_bytes_per_sequence / GIB:.2f} GiB per "
+          f"sequence of {llm.cache_len} tokens, {mem.kv_bytes_at_max / GIB:.1f} GiB at "
+          f"batch {llm.batch.max}; {mem.required_bytes_at_max / GIB:.1f} GiB in all of "
+          f"{mem.usable_bytes / GIB:.1f} GiB usable ({'' if mem.fits_at_max else 'does not '}"
+          f"fit); largest batch that fits: {mem.max_batch_size}; recommended decode batch "
+          f"{mem.recommended_batch_size} (decided by {mem.batch_decided_by})")
     print("decode  batch  tokens/s  static-cache  bound tokens/s")
-    for r in llm["decode"]:
-        print(f"        {r['batch']:5d}  {r['tokens_per_s']:8.0f}  "
-              f"{r['tokens_per_s_static_cache']:12.0f}  {r['bound_tokens_per_s']:14.0f}")
+    for r in llm.decode:
+        print(f"        {r.batch:5d}  {r.tokens_per_s:8.0f}  "
+              f"{r.tokens_per_s_static_cache:12.0f}  {r.bound_tokens_per_s:14.0f}")
     print("prefill batch  tokens/s  bound tokens/s  TTFT")
-    for r in llm["prefill"]:
-        print(f"        {r['batch']:5d}  {r['tokens_per_s']:8.0f}  "
-              f"{r['bound_tokens_per_s']:14.0f}  {r['step_s'] * 1e3:.1f} ms")
+    for r in llm.prefill:
+        print(f"        {r.batch:5d}  {r.tokens_per_s:8.0f}  "
+              f"{r.bound_tokens_per_s:14.0f}  {r.step_s * 1e3:.1f} ms")
     return lp
 
 
-def compare_formats(lp: LLMPlan) -> dict[str, dict]:
+def compare_formats(lp: LLMPlan) -> dict[str, LLMSection]:
     """Part 1, continued: the same trace re-costed per weight format; one row per format.
     Returns each format's ``llm`` section by label."""
     sections = {label: lp.requantize(q).section for label, q in FORMATS}
     first = next(iter(sections.values()))
     print(f"\n7B Llama decode on h100 per weight format, predicted (not measured): GEMMs = "
           f"weight GEMMs at the format (the first and last stay bf16); KV cache bf16, "
-          f"{first['cache_len']} tokens per sequence")
+          f"{first.cache_len} tokens per sequence")
     rates = "  ".join(f"{f'tok/s @{b}':>9}" for b in BATCHES)
     print(f"format  GEMMs    weights   KV/seq    max batch  {rates}  bound @1  "
           f"bound @{BATCHES[-1]}")
     for (label, q), s in zip(FORMATS, sections.values(), strict=True):
-        mem = s["memory"]
-        rows = {r["batch"]: r for r in s["decode"]}
-        gemms = s["weight_formats"]["decode"]["gemm_formats"]
-        at = gemms.get("bf16" if q == "none" else s["quantize"], 0)
-        cells = "  ".join(f"{rows[b]['tokens_per_s']:9.0f}" if rows[b]["fits"]
+        mem = s.memory
+        rows = {r.batch: r for r in s.decode}
+        gemms = s.weight_formats.decode.gemm_formats
+        at = gemms.get("bf16" if q == "none" else s.quantize, 0)
+        cells = "  ".join(f"{rows[b].tokens_per_s:9.0f}" if rows[b].fits
                           else f"{'no fit':>9}" for b in BATCHES)
-        kv = mem["kv_bytes_per_sequence"] / GIB
-        bounds = f"{rows[1]['bound_tokens_per_s']:8.0f}  " \
-            f"{rows[BATCHES[-1]]['bound_tokens_per_s']:9.0f}"
+        kv = mem.kv_bytes_per_sequence / GIB
+        bounds = f"{rows[1].bound_tokens_per_s:8.0f}  " \
+            f"{rows[BATCHES[-1]].bound_tokens_per_s:9.0f}"
         print(f"{label:6s}  {f'{at}/{sum(gemms.values())}':7s}  "
-              f"{mem['weight_bytes'] / GIB:4.1f} GiB  {kv:4.2f} GiB  {mem['max_batch_size']:9d}  "
+              f"{mem.weight_bytes / GIB:4.1f} GiB  {kv:4.2f} GiB  {mem.max_batch_size:9d}  "
               f"{cells}  {bounds}")
     return sections
 
@@ -110,7 +111,7 @@ def optimize_tiny() -> float:
     opt = graphopt.optimize(step, inputs(4), "cpu", quantize="int8", measure=False,
                             dynamic_shapes={"input_ids": {0: batch}, "keys": {1: batch},
                                             "values": {1: batch}})
-    tol = opt.info["tolerance"]
+    tol = opt.info.tolerance
     worst = 0.0
     with torch.no_grad():
         for b in (1, 4, 16):
@@ -118,13 +119,13 @@ def optimize_tiny() -> float:
                 err = float((out - ref).abs().max() / ref.abs().max())
                 cos = float(torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(),
                                                                   dim=0))
-                if err > tol["rel_to_scale"] or cos < tol["min_cosine"]:
+                if err > tol.rel_to_scale or cos < tol.min_cosine:
                     raise SystemExit(f"batch {b}: error {err:.3g} of scale, cosine {cos:.6f}, "
                                      f"outside the tolerance {tol}")
                 worst = max(worst, err)
-    print(f"tiny Llama decode optimized for cpu (passes: {', '.join(opt.info['passes_applied'])})"
+    print(f"tiny Llama decode optimized for cpu (passes: {', '.join(opt.info.passes_applied)})"
           f": matches the original at batch 1, 4, 16 (worst error {worst:.2%} of the output "
-          f"scale, tolerance {tol['rel_to_scale']:.0%})")
+          f"scale, tolerance {tol.rel_to_scale:.0%})")
     return worst
 
 

@@ -104,9 +104,9 @@ def _llm_decode() -> Run:
         sections = mod.compare_formats(mod.plan_7b())
     values = {}
     for label, s in sections.items():  # "11747 samples fit; rounded down ..."
-        fit = re.match(r"(\d+) samples fit", s["memory"]["batch_note"] or "")
-        values[f"{label}_fit"] = fit.group(1) if fit else str(s["memory"]["max_batch_size"])
-        values[f"{label}_max"] = str(s["memory"]["max_batch_size"])
+        fit = re.match(r"(\d+) samples fit", s.memory.batch_note or "")
+        values[f"{label}_fit"] = fit.group(1) if fit else str(s.memory.max_batch_size)
+        values[f"{label}_max"] = str(s.memory.max_batch_size)
     return Run(buf.getvalue().splitlines(), values)
 
 

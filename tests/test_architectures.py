@@ -98,7 +98,7 @@ def test_optimize_and_export_match_the_original(name: str, target: str, tmp_path
     # the stated tolerance, checked here on the same inputs, and it is a real one
     tol = opt.numerics[0]["tolerance"]
     assert tol["rel_to_scale"] <= WIDEST_RTOL
-    if opt.info["compute_dtype"] == "fp32" and "quantize" not in opt.info["passes_applied"]:
+    if opt.info.compute_dtype == "fp32" and "quantize" not in opt.info.passes_applied:
         assert tol["rel_to_scale"] <= 1e-5
     with torch.no_grad():
         out = opt.module(*inputs)
@@ -109,12 +109,12 @@ def test_optimize_and_export_match_the_original(name: str, target: str, tmp_path
     session = graphopt.ort_session(path)
     got = session.run(None, _feeds(model, inputs, session))
     assert len(got) == 1
-    onnx_info = opt.info["onnx"]
-    lossless = onnx_info["compute_dtype"] == "fp32" and not any(
-        p in onnx_info["passes_applied"] for p in ("quantize", "precision"))
-    rtol = ONNX_FP32_RTOL if lossless else onnx_info["tolerance"]["rel_to_scale"]
+    onnx_info = opt.onnx_info
+    lossless = onnx_info.compute_dtype == "fp32" and not any(
+        p in onnx_info.passes_applied for p in ("quantize", "precision"))
+    rtol = ONNX_FP32_RTOL if lossless else onnx_info.tolerance.rel_to_scale
     assert rtol <= WIDEST_RTOL
-    ok, why = _within(ref, got[0], rtol, 0.0 if lossless else onnx_info["tolerance"]["min_cosine"])
+    ok, why = _within(ref, got[0], rtol, 0.0 if lossless else onnx_info.tolerance.min_cosine)
     assert ok, f"{name} ONNX ({onnx_info['exporter']}) for {target}: {why}"
 
 
@@ -129,7 +129,7 @@ def test_measured_optimize_on_a_real_architecture() -> None:
     ok, why = _within(ref, out, tol["rel_to_scale"], tol["min_cosine"])
     assert ok, why
     # measuring reverts what is slower here, and says so: every revert has a reason
-    for reverted in opt.info["passes_reverted"]:
+    for reverted in opt.info.passes_reverted:
         assert reverted
 
 
@@ -174,10 +174,10 @@ def test_raw_transformers_models_need_no_wrapper(name: str, tmp_path: Path) -> N
         ok, why = _within(r, o, n["tolerance"]["rel_to_scale"], n["tolerance"]["min_cosine"])
         assert ok, why
     session = graphopt.ort_session(opt.export_onnx(tmp_path / f"{name}.onnx"))
-    assert opt.info["onnx"]["exporter"] == "legacy"  # the fast exporter takes them as they are
+    assert opt.onnx_info.exporter == "legacy"  # the fast exporter takes them as they are
     got = session.run(None, _feeds(raw, inputs, session))
     assert len(got) == len(refs)
-    rtol = max(ONNX_FP32_RTOL, opt.info["onnx"]["tolerance"]["rel_to_scale"])
+    rtol = max(ONNX_FP32_RTOL, opt.onnx_info.tolerance.rel_to_scale)
     for r, o in zip(refs, got, strict=True):
         ok, why = _within(r, o, rtol)
         assert ok, why

@@ -57,7 +57,7 @@ def test_optimize_matches_logits_with_config_untouched(build, tmp_path) -> None:
     assert model.config.use_cache is True
     assert _cache_warning(opt.plan.warnings), opt.plan.warnings
     # the checks compared like with like (a reference with the cache cannot match at all)
-    assert all(n["within"] for n in opt.info["numerics"]), opt.info["numerics"]
+    assert all(n.within for n in opt.info.numerics), opt.info.numerics
     with torch.no_grad():
         out = opt.module(ids)  # called as the user calls the model
     assert getattr(out, "past_key_values", None) is None  # the cache output is left out

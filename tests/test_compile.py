@@ -52,7 +52,7 @@ def test_compiled_module_equals_model() -> None:
     x = torch.randn(2, 3, 8, 8)
     # fp32: on a host with native bf16, target "cpu" picks bf16; compared here at 1e-5
     opt = graphopt.optimize(m, x, target="cpu", precision="fp32", measure=False)
-    assert "cleanup" in opt.info["passes_applied"]  # a rewritten graph, not the model itself
+    assert "cleanup" in opt.info.passes_applied  # a rewritten graph, not the model itself
     compiled = torch.compile(opt.module, backend=BACKEND)
     with torch.no_grad():
         _close(compiled(x), m(x))

@@ -124,7 +124,7 @@ def test_padded_channels_last_fp16_runs_on_fake_cuda(target: str) -> None:
     applied = set()
     for name, (model, inputs) in cases.items():
         opt = _forced(model, inputs, target)
-        applied |= set(opt.info["passes_applied"])
+        applied |= set(opt.info.passes_applied)
         assert _plain_tensor_attrs(opt.module) == [], name
         _assert_close(model, opt.module, inputs, 5e-2)
         _assert_runs_on_fake_cuda(opt.module, inputs)
@@ -147,7 +147,7 @@ def test_zoo_runs_on_fake_cuda(name: str, target: str) -> None:
     """Each zoo architecture, optimized with each GPU target's decisions, runs on CUDA."""
     model, inputs = _zoo(name)
     opt = graphopt.optimize(model, inputs, target=target)
-    assert opt.info["compute_dtype"] == _GPU_TARGETS[target]
+    assert opt.info.compute_dtype == _GPU_TARGETS[target]
     assert isinstance(opt.module, OptimizedModule)
     assert isinstance(opt.module.graph_module, fx.GraphModule)
     assert _plain_tensor_attrs(opt.module) == []

@@ -93,11 +93,11 @@ def test_optimize_for_cpu_matches_and_exports_to_onnx(name: str, tmp_path: Path)
     named = {params[i]: t.numpy() for i, t in enumerate(inputs)}
     got = session.run(None, {i.name: named[i.name] for i in session.get_inputs()})
     assert len(got) == 1
-    onnx_info = opt.info["onnx"]
-    lossless = onnx_info["compute_dtype"] == "fp32" and not any(
-        p in onnx_info["passes_applied"] for p in ("quantize", "precision"))
-    rtol = ONNX_FP32_RTOL if lossless else onnx_info["tolerance"]["rel_to_scale"]
-    ok, why = _within(ref, got[0], rtol, 0.0 if lossless else onnx_info["tolerance"]["min_cosine"])
+    onnx_info = opt.onnx_info
+    lossless = onnx_info.compute_dtype == "fp32" and not any(
+        p in onnx_info.passes_applied for p in ("quantize", "precision"))
+    rtol = ONNX_FP32_RTOL if lossless else onnx_info.tolerance.rel_to_scale
+    ok, why = _within(ref, got[0], rtol, 0.0 if lossless else onnx_info.tolerance.min_cosine)
     assert ok, f"{name} ONNX ({onnx_info['exporter']}): {why}"
 
 
@@ -105,7 +105,7 @@ def test_optimize_for_cpu_matches_and_exports_to_onnx(name: str, tmp_path: Path)
 def test_optimize_for_h100_matches_and_runs_on_fake_cuda(name: str) -> None:
     _, inputs, ref = _model(name)
     opt = _optimized(name, "h100")
-    assert opt.info["compute_dtype"] == "bf16"
+    assert opt.info.compute_dtype == "bf16"
     _assert_matches(name, opt, inputs, ref)
     assert isinstance(opt.module, OptimizedModule)
     out = run_fake_cuda(opt.module, inputs)

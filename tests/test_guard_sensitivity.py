@@ -194,17 +194,17 @@ def test_fp16_overflow_ranks_first_is_the_one_kept_and_ends_within_tolerance(cou
     done = optimize_onnx(model, "h100", Options(quantize="none", measure=False),
                          samples=[feed])
     sessions = counted["sessions"] - before
-    report = next(g for g in done.report["guard"] if g["pass"] == "precision")
-    assert not report["reverted"] and not report["initial"][0]["within"]
-    top = report["sensitivity"]["top"]
-    assert top[0]["node"] == "MatMul_1" and top[0]["local"] == "overflow"
-    assert top[0]["rank"] == 1 and top[0]["kept"]
-    assert [t["node"] for t in top if t["kept"]] == ["MatMul_1"]
-    assert report["fallbacks"][0]["node"] == "MatMul_1"
-    assert report["fallbacks"][0]["score"] == "overflow"
+    report = next(g for g in done.report.guard if g.name == "precision")
+    assert not report.reverted and not report.initial[0].within
+    top = report.sensitivity.top
+    assert top[0].node == "MatMul_1" and top[0].local == "overflow"
+    assert top[0].rank == 1 and top[0].kept
+    assert [t.node for t in top if t.kept] == ["MatMul_1"]
+    assert report.fallbacks[0].node == "MatMul_1"
+    assert report.fallbacks[0].score == "overflow"
     # every other lowered node was measured and stays fp16
-    others = [t for t in top if t["node"] != "MatMul_1"]
-    assert others and all(isinstance(t["local"], float) and t["local"] < 0.01 for t in others)
+    others = [t for t in top if t.node != "MatMul_1"]
+    assert others and all(isinstance(t.local, float) and t.local < 0.01 for t in others)
     decisions = {n.name: n.decisions["precision"] for n in done.plan.nodes
                  if "precision" in n.decisions}
     kept = decisions["MatMul_1"]
@@ -212,11 +212,11 @@ def test_fp16_overflow_ranks_first_is_the_one_kept_and_ends_within_tolerance(cou
     assert kept.detail.sensitivity.rank == 1 and kept.detail.sensitivity.kept
     for name in ("MatMul_0", "MatMul_2", "MatMul_3"):
         assert decisions[name].applied and decisions[name].detail.sensitivity is not None
-    assert done.report["numerics"][0]["within"]
+    assert done.report.numerics[0].within
     _within(reference, _run(done.model, feed), FP16_RTOL)
     # the original, the probe, one check of the re-run, the final check: sessions do not grow
     # with the bisection
-    assert report["sensitivity"]["sessions"] == 2
+    assert report.sensitivity.sessions == 2
     assert sessions == 4
 
 
@@ -227,19 +227,19 @@ def test_int8_wide_range_input_ranks_first_and_is_the_one_kept_in_float():
     references = [OrtModel(model).run(f) for f in feeds]
     done = optimize_onnx(model, "epyc-7763",
                          Options(quantize="int8_dynamic", measure=False), samples=feeds)
-    report = next(g for g in done.report["guard"] if g["pass"] == "quantize")
-    assert not report["reverted"], report["reason"]
-    top = report["sensitivity"]["top"]
-    assert top[0]["node"] == "MatMul_1" and top[0]["kept"]
-    assert top[0]["local"] > 10 * max(t["local"] for t in top[1:])
-    assert [t["node"] for t in top if t["kept"]] == ["MatMul_1"]
+    report = next(g for g in done.report.guard if g.name == "quantize")
+    assert not report.reverted, report.reason
+    top = report.sensitivity.top
+    assert top[0].node == "MatMul_1" and top[0].kept
+    assert top[0].local > 10 * max(t.local for t in top[1:])
+    assert [t.node for t in top if t.kept] == ["MatMul_1"]
     # the others stay INT8, MatMul_1 is float
     ops = {n.name: n.op_type for n in done.model.graph.node}
     assert ops.get("MatMul_1") == "MatMul"
     assert sum(n.op_type == "MatMulInteger" for n in done.model.graph.node) == 3
     decision = next(n for n in done.plan.nodes if n.name == "MatMul_1").decisions["quantize"]
     assert not decision.applied and decision.detail.sensitivity.kept
-    assert all(n["within"] for n in done.report["numerics"])
+    assert all(n.within for n in done.report.numerics)
     for feed, ref in zip(feeds, references, strict=True):
         _within(ref, OrtModel(done.model).run(feed), INT8_RTOL)
 
@@ -254,18 +254,18 @@ def test_sessions_stay_bounded_when_most_nodes_must_be_kept(counted):
     feed = sample_feeds(model)[0]
     done = optimize_onnx(model, "h100", Options(quantize="none", measure=False,
                                                 tolerance=1e-3), samples=[feed])
-    report = next(g for g in done.report["guard"] if g["pass"] == "precision")
-    sens = report["sensitivity"]
-    assert sens["nodes"] == 47  # 24 MatMuls and 23 Relus
-    assert report["reverted"] or sens["kept"] > 0
-    assert sens["sessions"] <= 1 + guard_module.MAX_CHECKS + 1  # probe, checks, a revert
-    n = sens["nodes"]
+    report = next(g for g in done.report.guard if g.name == "precision")
+    sens = report.sensitivity
+    assert sens.nodes == 47  # 24 MatMuls and 23 Relus
+    assert report.reverted or sens.kept > 0
+    assert sens.sessions <= 1 + guard_module.MAX_CHECKS + 1  # probe, checks, a revert
+    n = sens.nodes
     bound = 2 + GROUPS + math.ceil(math.log2(n)) + 2 + guard_module.MAX_TRIES
-    assert sens["runs"] <= bound
+    assert sens.runs <= bound
     # the pipeline's own sessions: the original and the final check
-    assert counted["sessions"] <= sens["sessions"] + 2
-    if not report["reverted"]:
-        assert report["final"][0]["within"]
+    assert counted["sessions"] <= sens.sessions + 2
+    if not report.reverted:
+        assert report.final[0].within
         _within(OrtModel(model).run(feed), _run(done.model, feed), 1e-3)
 
 
@@ -279,9 +279,9 @@ def test_report_shows_each_nodes_sensitivity():
     assert "Per-node sensitivity (accuracy guard)" in md
     assert "| 1 | `MatMul_1` |  | overflow |" in md  # no format column for the ONNX guard
     assert "kept in higher precision" in md
-    top = done.report["guard"][0]["sensitivity"]["top"]
-    other = next(t for t in top if t["node"] == "MatMul_0")
-    assert f"`MatMul_0` |  | {other['local']:.3g} |" in md
+    top = done.report.guard[0].sensitivity.top
+    other = next(t for t in top if t.node == "MatMul_0")
+    assert f"`MatMul_0` |  | {other.local:.3g} |" in md
     html = render_html(plan)
     assert "Per-node sensitivity (accuracy guard)" in html and "MatMul_1" in html
     assert 'class="sensitivity"' in html

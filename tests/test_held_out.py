@@ -52,19 +52,19 @@ def test_a_pass_within_budget_only_on_its_own_batches_is_not_kept() -> None:
     opt = graphopt.optimize(model, target="cpu", quantize="int8_static",
                             calibration=calibration, measure=False)
     info = opt.plan.optimization
-    assert info["held_out_batches"] == 1
-    budget = info["tolerance"]["rel_to_scale"]
+    assert info.held_out_batches == 1
+    budget = info.tolerance.rel_to_scale
     for seed, scale in ((11, 0.01), (12, 100.0)):  # fresh inputs like each batch
         assert _error(model, opt.onnx_model, _batch(seed, scale)) <= budget
-    reverted = {r["pass"]: r["reason"] for r in info["passes_reverted"]}
-    if "quantize" not in info["passes_applied"]:
+    reverted = {r.name: r.reason for r in info.passes_reverted}
+    if "quantize" not in info.passes_applied:
         assert "held-out" in reverted["quantize"]
 
 
 def test_one_calibration_batch_says_nothing_is_held_out() -> None:
     opt = graphopt.optimize(_mlp(), target="cpu", quantize="int8_static",
                             calibration=[_batch(1, 1.0)], measure=False)
-    assert opt.plan.optimization["held_out_batches"] == 0
+    assert opt.plan.optimization.held_out_batches == 0
     assert any("one calibration batch" in w for w in opt.plan.warnings)
 
 
@@ -74,5 +74,5 @@ def test_the_stated_error_is_the_held_out_batches(count: int) -> None:
     opt = graphopt.optimize(_mlp(), target="cpu", quantize="int8_static",
                             calibration=calibration, measure=False)
     info = opt.plan.optimization
-    assert info["held_out_batches"] == count - (count + 1) // 2
-    assert info["calibration_batches"] == (count + 1) // 2
+    assert info.held_out_batches == count - (count + 1) // 2
+    assert info.calibration_batches == (count + 1) // 2

@@ -223,7 +223,7 @@ def test_a_bf16_host_casts_around_the_int8_kernel() -> None:
     m, x = mlp(*WEIGHT_BOUND)
     with host_isa("xeon-8480"):
         opt = graphopt.optimize(m, x, target="cpu", measure=False)
-    assert opt.info["compute_dtype"] == "bf16"
+    assert opt.info.compute_dtype == "bf16"
     assert quantized(opt) == ["linear", "linear_1", "linear_2"]  # the ends too (rule 6)
     for name in quantized(opt):
         reason = next(n for n in opt.plan.nodes if n.name == name).decisions["quantize"].reason

@@ -148,8 +148,8 @@ def test_pipeline_keeps_outputs_within_fp32_tolerance() -> None:
         passes=[Pass("cleanup", fold_batchnorm_and_drop_dropout),
                 Pass("layout", channels_last, option="layout")])
     plan, info = done.plan, done.report
-    assert "layout" in info["passes_applied"] and not info["passes_reverted"]
-    assert info["notes"]["layout"]["conversions"] == 2
+    assert "layout" in info.passes_applied and not info.passes_reverted
+    assert info.notes["layout"]["conversions"] == 2
     by_name = {n.name: n for n in plan.nodes}
     assert by_name["conv2d"].decisions["layout"].detail.format == "channels_last"
 

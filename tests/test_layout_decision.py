@@ -66,8 +66,8 @@ def test_torch_and_onnx_get_the_same_layout_decision(groups: int, target: str,
     t, o = _convs(as_torch.plan), _convs(as_onnx.plan)
     assert len(t) == 3
     assert [{**d, "gain": pytest.approx(d["gain"])} for d in t] == o
-    t_model = as_torch.info["notes"]["layout"]["decision"]
-    o_model = as_onnx.info["notes"]["layout"]["decision"]
+    t_model = as_torch.info.notes["layout"]["decision"]
+    o_model = as_onnx.info.notes["layout"]["decision"]
     assert t_model == o_model
 
 
@@ -75,8 +75,8 @@ def test_h100_runs_the_plain_net_nhwc_on_both(tmp_path: Path) -> None:
     as_torch, as_onnx = _both(1, "h100", tmp_path)
     assert all(d["format"] == "channels_last" and "predicted to pay" in d["reason"]
                and d["gain"] > 0 for d in _convs(as_torch.plan))
-    assert as_torch.info["notes"]["layout"]["decision"]["nhwc"]
-    assert as_onnx.info["session"]["providers"][0][1]["prefer_nhwc"] == "1"
+    assert as_torch.info.notes["layout"]["decision"]["nhwc"]
+    assert as_onnx.info.session["providers"][0][1]["prefer_nhwc"] == "1"
     for n in as_onnx.plan.nodes:
         if n.op_type == "Conv":
             assert n.decisions["layout"].applied and n.decisions["layout"].detail.backend is None
@@ -90,14 +90,14 @@ def test_h100_keeps_the_grouped_conv_nchw_on_both(tmp_path: Path) -> None:
         assert "grouped conv with 8 channels per group" in grouped["reason"]
     # the other two convs are separate regions, each deciding on its own
     assert [d["region"] for d in _convs(as_torch.plan)] == [0, None, 1]
-    session = as_onnx.info["session"]
-    nhwc = as_onnx.info["notes"]["layout"]["decision"]["nhwc"]
+    session = as_onnx.info.session
+    nhwc = as_onnx.info.notes["layout"]["decision"]["nhwc"]
     assert ("prefer_nhwc" in session["providers"][0][1]) == nhwc
 
 
 def test_cpu_onnx_states_what_ort_does_instead(tmp_path: Path) -> None:
     _, as_onnx = _both(1, "cpu", tmp_path)
-    assert "NCHWc" in as_onnx.info["session"]["reasons"]["layout"]
+    assert "NCHWc" in as_onnx.info.session["reasons"]["layout"]
     for n in as_onnx.plan.nodes:
         if n.op_type == "Conv":
             d = n.decisions["layout"]
@@ -141,7 +141,7 @@ def test_onnx_says_where_the_session_option_overrides_a_conv(tmp_path: Path) -> 
     path = tmp_path / "up.onnx"
     path.write_bytes(export_torch(model, (x,)).model.SerializeToString())
     opt = graphopt.optimize(str(path), target="h100", measure=False)
-    assert opt.info["session"]["providers"][0][1]["prefer_nhwc"] == "1"
+    assert opt.info.session["providers"][0][1]["prefer_nhwc"] == "1"
     up = next(n for n in opt.plan.nodes if n.op_type == "ConvTranspose").decisions["layout"]
     assert not up.applied and "transposed conv" in up.reason
     assert "one option per session" in up.detail.backend

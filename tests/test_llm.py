@@ -66,11 +66,11 @@ def test_steps_match_the_model_token_by_token() -> None:
 
 
 def test_decode_gemms_are_gemvs_and_attention_reads_the_cache(tiny_plan) -> None:
-    rows = {r["batch"]: r for r in tiny_plan.section["decode"]}
+    rows = {r.batch: r for r in tiny_plan.section.decode}
     weight_gemms = 7 * LAYERS + 1  # q, k, v, o, gate, up, down per layer, and lm_head
-    assert rows[1]["weight_gemm_classes"] == {"gemv": weight_gemms}
-    assert rows[16]["weight_gemm_classes"] == {"gemm": weight_gemms}  # M = batch = 16
-    opt = tiny_plan.section["batch"]["opt"]
+    assert rows[1].weight_gemm_classes == {"gemv": weight_gemms}
+    assert rows[16].weight_gemm_classes == {"gemm": weight_gemms}  # M = batch = 16
+    opt = tiny_plan.section.batch.opt
     linears = [n for n in tiny_plan.decode.nodes if n.op_type == "Linear"]
     assert len(linears) == weight_gemms and all(n.analysis.dims["M"] == opt for n in linears)
     attention = [n for n in tiny_plan.decode.nodes
@@ -86,33 +86,33 @@ def test_decode_gemms_are_gemvs_and_attention_reads_the_cache(tiny_plan) -> None
 
 def test_kv_bytes_match_the_hand_computation(tiny_plan) -> None:
     section = tiny_plan.section
-    for r in section["decode"]:
-        assert r["kv_read_bytes"] == _kv_by_hand(r["batch"])
-    for r in section["prefill"]:
-        assert r["kv_write_bytes"] == _kv_by_hand(r["batch"], PROMPT)
-    mem = section["memory"]
-    assert mem["kv_bytes_per_sequence"] == _kv_by_hand(1)
-    assert mem["kv_bytes_per_token"] == _kv_by_hand(1, 1)
-    assert mem["kv_bytes_at_max"] == _kv_by_hand(16)
+    for r in section.decode:
+        assert r.kv_read_bytes == _kv_by_hand(r.batch)
+    for r in section.prefill:
+        assert r.kv_write_bytes == _kv_by_hand(r.batch, PROMPT)
+    mem = section.memory
+    assert mem.kv_bytes_per_sequence == _kv_by_hand(1)
+    assert mem.kv_bytes_per_token == _kv_by_hand(1, 1)
+    assert mem.kv_bytes_at_max == _kv_by_hand(16)
 
 
 def test_tokens_per_s_within_the_bandwidth_bound(tiny_plan) -> None:
     section, h100 = tiny_plan.section, get_target("h100")
     model = _tiny()  # the rotary inv_freq buffers are counted with the weights
-    assert section["model"]["param_bytes"] == \
+    assert section.model.param_bytes == \
         4 * sum(t.numel() for t in [*model.parameters(), *model.buffers()])
     # the bound counts the weights the nodes read: not the rotary copy no node reads
-    weights = section["memory"]["weight_bytes"]
-    assert weights == section["model"]["param_bytes"] \
+    weights = section.memory.weight_bytes
+    assert weights == section.model.param_bytes \
         - 4 * model.model.rotary_emb.original_inv_freq.numel()
-    for r in section["decode"]:
-        bound = r["batch"] * h100.bandwidth_bytes_per_s / (weights + _kv_by_hand(r["batch"]))
-        assert r["bound_tokens_per_s"] == pytest.approx(bound)
-        assert 0 < r["tokens_per_s"] <= r["tokens_per_s_static_cache"] <= bound
-        assert r["tokens_per_s"] == pytest.approx(r["batch"] / r["step_s"])
-    for r in section["prefill"]:
-        assert 0 < r["tokens_per_s"] <= r["bound_tokens_per_s"]
-        assert r["tokens_per_s"] == pytest.approx(r["batch"] * PROMPT / r["step_s"])
+    for r in section.decode:
+        bound = r.batch * h100.bandwidth_bytes_per_s / (weights + _kv_by_hand(r.batch))
+        assert r.bound_tokens_per_s == pytest.approx(bound)
+        assert 0 < r.tokens_per_s <= r.tokens_per_s_static_cache <= bound
+        assert r.tokens_per_s == pytest.approx(r.batch / r.step_s)
+    for r in section.prefill:
+        assert 0 < r.tokens_per_s <= r.bound_tokens_per_s
+        assert r.tokens_per_s == pytest.approx(r.batch * PROMPT / r.step_s)
 
 
 def test_memory_max_batch_follows_the_kv_cache_growth() -> None:
@@ -122,21 +122,21 @@ def test_memory_max_batch_follows_the_kv_cache_growth() -> None:
     maxes = {}
     for length in (1024, 4096):
         s = plan_llm(model, "h100", batch=(1, 8), prompt_len=8, cache_len=length).section
-        mem = s["memory"]
-        per_seq = mem["bytes_per_sequence"]
-        assert mem["kv_bytes_per_sequence"] == _kv_by_hand(1, length) <= per_seq
-        fixed = mem["required_bytes_at_max"] - round(per_seq * 8)
-        room = mem["usable_bytes"] - fixed
-        assert mem["max_batch_size"] * per_seq <= room < (mem["max_batch_size"] + 8) * per_seq
-        assert mem["fits_at_max"]
-        maxes[length] = mem["max_batch_size"]
+        mem = s.memory
+        per_seq = mem.bytes_per_sequence
+        assert mem.kv_bytes_per_sequence == _kv_by_hand(1, length) <= per_seq
+        fixed = mem.required_bytes_at_max - round(per_seq * 8)
+        room = mem.usable_bytes - fixed
+        assert mem.max_batch_size * per_seq <= room < (mem.max_batch_size + 8) * per_seq
+        assert mem.fits_at_max
+        maxes[length] = mem.max_batch_size
     assert 3.5 <= maxes[1024] / maxes[4096] <= 4.1
 
 
 def test_meta_device_plans_without_allocating() -> None:
     lp = plan_llm(_tiny("meta"), "a100", batch=4, prompt_len=8, cache_len=64)
-    assert [r["batch"] for r in lp.section["decode"]] == [1, 2, 4]
-    assert lp.section["decode"][0]["kv_read_bytes"] == _kv_by_hand(1, 64)
+    assert [r.batch for r in lp.section.decode] == [1, 2, 4]
+    assert lp.section.decode[0].kv_read_bytes == _kv_by_hand(1, 64)
 
 
 def test_report_sections_render(tiny_plan) -> None:
@@ -231,13 +231,13 @@ def test_llm_example_runs() -> None:
 
 
 def test_llm_section_recommends_within_the_range_and_memory(tiny_plan) -> None:
-    mem = tiny_plan.section["memory"]
-    assert mem["max_batch_size"] > 16  # the tiny model fits far more than the range's max
-    assert 1 <= mem["recommended_batch_size"] <= 16
-    assert mem["batch_decided_by"] in ("throughput", "range")
-    assert mem["weight_bytes"] == memory_plan(tiny_plan.decode).param_bytes  # as traced
-    assert tiny_plan.decode.memory.param_bytes == mem["weight_bytes"]
-    assert tiny_plan.section["quantize"] == "none" and mem["param_format"] == "as traced"
+    mem = tiny_plan.section.memory
+    assert mem.max_batch_size > 16  # the tiny model fits far more than the range's max
+    assert 1 <= mem.recommended_batch_size <= 16
+    assert mem.batch_decided_by in ("throughput", "range")
+    assert mem.weight_bytes == memory_plan(tiny_plan.decode).param_bytes  # as traced
+    assert tiny_plan.decode.memory.param_bytes == mem.weight_bytes
+    assert tiny_plan.section.quantize == "none" and mem.param_format == "as traced"
 
 
 def test_cli_llm_plans_both_phases(tmp_path):

@@ -26,6 +26,7 @@ from graphopt.decisions.quant_formats import get_format
 from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_llm import DecodeRow, GemmFormats, PrefillRow
 
 transformers = pytest.importorskip("transformers")
 
@@ -62,24 +63,24 @@ def _matrix_numel(node) -> int:
                if t is not None and t.kind == "param" and len(t.shape) >= 2)
 
 
-def _row(lp: LLMPlan, phase: str, batch: int) -> dict:
-    return next(r for r in lp.section[phase] if r["batch"] == batch)
+def _row(lp: LLMPlan, phase: str, batch: int) -> DecodeRow | PrefillRow:
+    return lp.section.row(phase, batch)
 
 
 def test_quantized_decode_is_faster_and_reads_fewer_bytes(plans) -> None:
-    base = _row(plans["none"], "decode", 1)["tokens_per_s"]
-    fp8 = _row(plans[FP8], "decode", 1)["tokens_per_s"]
-    int4 = _row(plans[INT4], "decode", 1)["tokens_per_s"]
+    base = _row(plans["none"], "decode", 1).tokens_per_s
+    fp8 = _row(plans[FP8], "decode", 1).tokens_per_s
+    int4 = _row(plans[INT4], "decode", 1).tokens_per_s
     assert base < fp8 < int4  # batch 1: the GEMVs stream their weights
     for fmt in (FP8, INT4):
         for b in (1, 16):
-            assert _row(plans[fmt], "decode", b)["bound_tokens_per_s"] > \
-                _row(plans["none"], "decode", b)["bound_tokens_per_s"]
+            assert _row(plans[fmt], "decode", b).bound_tokens_per_s > \
+                _row(plans["none"], "decode", b).bound_tokens_per_s
     # prefill: FP8 computes at its own peak, INT4 (weight-only) at bf16's
-    assert _row(plans[FP8], "prefill", 16)["tokens_per_s"] > \
-        _row(plans["none"], "prefill", 16)["tokens_per_s"]
-    assert _row(plans[INT4], "prefill", 16)["tokens_per_s"] >= \
-        _row(plans["none"], "prefill", 16)["tokens_per_s"]
+    assert _row(plans[FP8], "prefill", 16).tokens_per_s > \
+        _row(plans["none"], "prefill", 16).tokens_per_s
+    assert _row(plans[INT4], "prefill", 16).tokens_per_s >= \
+        _row(plans["none"], "prefill", 16).tokens_per_s
 
 
 def test_weight_bytes_at_each_format_by_hand(plans) -> None:
@@ -87,18 +88,18 @@ def test_weight_bytes_at_each_format_by_hand(plans) -> None:
     decode = plans["none"].decode
     gemms = _weight_gemms(decode)
     assert len(gemms) == GEMMS
-    bf16 = plans["none"].section["memory"]["weight_bytes"]
+    bf16 = plans["none"].section.memory.weight_bytes
     middle = gemms[1:-1]
     for fmt, ratio in ((FP8, 8 / 16), (INT4, 4.25 / 16)):
-        mem = plans[fmt].section["memory"]
+        mem = plans[fmt].section.memory
         quantized = sum(math.ceil(_matrix_numel(n) * get_format(fmt).bits_per_weight / 8)
                         for n in middle)
-        assert mem["weight_bytes"] == bf16 - sum(2 * _matrix_numel(n) for n in middle) + quantized
-        saved = bf16 - mem["weight_bytes"]  # the quantized GEMMs' weights at ratio x bf16
+        assert mem.weight_bytes == bf16 - sum(2 * _matrix_numel(n) for n in middle) + quantized
+        saved = bf16 - mem.weight_bytes  # the quantized GEMMs' weights at ratio x bf16
         assert saved == pytest.approx(2 * sum(_matrix_numel(n) for n in middle) * (1 - ratio),
                                       rel=1e-6)
-        assert mem["param_format"] == "per-node"
-        assert plans[fmt].section["weight_formats"]["decode"]["gemm_formats"] == \
+        assert mem.param_format == "per-node"
+        assert plans[fmt].section.weight_formats.decode.gemm_formats == \
             {"bf16": 2, fmt: GEMMS - 2}
 
 
@@ -107,26 +108,26 @@ def test_bound_and_max_batch_follow_the_weight_bytes(plans) -> None:
     maxes = {}
     for fmt, lp in plans.items():
         s = lp.section
-        mem = s["memory"]
-        for r in s["decode"]:
-            assert r["bound_tokens_per_s"] == pytest.approx(
-                r["batch"] * h100.bandwidth_bytes_per_s / (mem["weight_bytes"]
-                                                           + r["kv_read_bytes"]))
-            assert 0 < r["tokens_per_s"] <= r["bound_tokens_per_s"]
+        mem = s.memory
+        for r in s.decode:
+            assert r.bound_tokens_per_s == pytest.approx(
+                r.batch * h100.bandwidth_bytes_per_s / (mem.weight_bytes
+                                                           + r.kv_read_bytes))
+            assert 0 < r.tokens_per_s <= r.bound_tokens_per_s
         plan_mem = lp.decode.memory  # the decode plan's memory section: the same plan
-        assert plan_mem.param_bytes == mem["weight_bytes"]
-        assert plan_mem.max_batch_size == mem["max_batch_size"]
-        fixed = mem["weight_bytes"] + plan_mem.constant_bytes + plan_mem.workspace_bytes
-        assert mem["max_batch_size"] == max_batch_that_fits(
-            mem["usable_bytes"] - fixed, plan_mem.activation_peak_per_sample_bytes)[0]
-        maxes[fmt] = mem["max_batch_size"]
+        assert plan_mem.param_bytes == mem.weight_bytes
+        assert plan_mem.max_batch_size == mem.max_batch_size
+        fixed = mem.weight_bytes + plan_mem.constant_bytes + plan_mem.workspace_bytes
+        assert mem.max_batch_size == max_batch_that_fits(
+            mem.usable_bytes - fixed, plan_mem.activation_peak_per_sample_bytes)[0]
+        maxes[fmt] = mem.max_batch_size
     assert maxes["none"] < maxes[FP8] < maxes[INT4]
 
 
 def test_auto_is_the_plans_per_node_choice(plans) -> None:
     lp = plans["auto"]
     section = lp.section
-    assert section["quantize"] == "auto"
+    assert section.quantize == "auto"
     for phase in ("prefill", "decode"):
         plan = getattr(lp, phase)
         wf = weight_formats(plan, "auto")
@@ -135,17 +136,17 @@ def test_auto_is_the_plans_per_node_choice(plans) -> None:
         assert set(wf.kept) == {k for k, v in chosen.items() if v == "bf16"}
         assert wf.kept == {n.name: n.decisions["precision"].reason for n in _weight_gemms(plan)
                            if n.name in wf.kept}
-        assert section["weight_formats"][phase]["gemm_formats"] == dict(wf.counts)
+        assert getattr(section.weight_formats, phase).gemm_formats == dict(wf.counts)
         assert len(wf.applied) >= 2 * LAYERS and len(wf.kept) >= 2  # a real mix
         # the memory plan counts the plan's own decisions on those GEMMs
         decisions = {n.name: n.decisions["precision"] for n in _weight_gemms(plan)}
         assert plan.memory.param_bytes == memory_plan(plan, decisions).param_bytes
-    assert _row(lp, "decode", 1)["tokens_per_s"] > _row(plans["none"], "decode", 1)["tokens_per_s"]
+    assert _row(lp, "decode", 1).tokens_per_s > _row(plans["none"], "decode", 1).tokens_per_s
 
 
 def test_an_explicit_format_keeps_the_first_and_last_gemm(plans) -> None:
     for fmt in (FP8, INT4):
-        kept = plans[fmt].section["weight_formats"]["decode"]["kept"]
+        kept = plans[fmt].section.weight_formats.decode.kept
         gemms = _weight_gemms(plans[fmt].decode)
         assert list(kept) == [gemms[0].name, gemms[-1].name]
         assert kept[gemms[0].name].startswith("first weight GEMM")
@@ -157,11 +158,11 @@ def test_an_explicit_format_keeps_the_first_and_last_gemm(plans) -> None:
 
 def test_none_is_the_weights_own_dtype(plans) -> None:
     s = plans["none"].section
-    assert s["quantize"] == "none" and s["memory"]["param_format"] == "as traced"
-    assert s["weight_formats"]["decode"] == {"gemm_formats": {"bf16": GEMMS}, "kept": {}}
-    assert s["notes"][0].startswith("costed at the weights' dtype (bf16)")
+    assert s.quantize == "none" and s.memory.param_format == "as traced"
+    assert s.weight_formats.decode == GemmFormats({"bf16": GEMMS}, {})
+    assert s.notes[0].startswith("costed at the weights' dtype (bf16)")
     again = plans[FP8].requantize("none").section  # back and forth: the same numbers
-    assert again["decode"] == s["decode"] and again["memory"] == s["memory"]
+    assert again.decode == s.decode and again.memory == s.memory
 
 
 def test_requantize_equals_a_fresh_plan(plans) -> None:
@@ -169,7 +170,7 @@ def test_requantize_equals_a_fresh_plan(plans) -> None:
                      quantize="fp8").section
     again = plans[FP8].section
     for key in ("decode", "prefill", "memory", "weight_formats", "quantize"):
-        assert fresh[key] == again[key], key
+        assert getattr(fresh, key) == getattr(again, key), key
 
 
 def test_memory_plan_at_applied_formats(plans) -> None:
@@ -182,7 +183,7 @@ def test_memory_plan_at_applied_formats(plans) -> None:
         mp = memory_plan(decode, applied)
         assert mp.param_bytes == traced - sum(
             2 * _matrix_numel(n) - math.ceil(_matrix_numel(n) * bits / 8) for n in middle)
-        assert mp.param_bytes == plans[fmt].section["memory"]["weight_bytes"]
+        assert mp.param_bytes == plans[fmt].section.memory.weight_bytes
         assert mp == plans[fmt].decode.memory
 
 

@@ -58,7 +58,7 @@ def test_transformer_encoder_exports_over_its_range(tmp_path: Path):
     opt = graphopt.optimize(model, x, target="cpu", measure=False, quantize="none",
                             dynamic_shapes=({0: batch, 1: seq},))
     path = opt.export_onnx(tmp_path / "enc.onnx")
-    assert opt.info["onnx"]["exporter"] == "dynamo"
+    assert opt.onnx_info.exporter == "dynamo"
     assert _symbolic(path) == [["batch", "seq", 72]]
     for b, s in ((1, 2), (3, 17), (8, 64)):
         _ort_matches(path, model, {"src": torch.randn(b, s, 72)})

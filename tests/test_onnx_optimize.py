@@ -95,7 +95,7 @@ def test_cpu_round_trip_matches_torch(name, tmp_path):
     out = opt.export_onnx(tmp_path / "opt.onnx")
     _checked(str(out))
     assert config_path(out).is_file()
-    tol = opt.info["tolerance"]["rel_to_scale"]  # fp32, or int8's budget where quantized
+    tol = opt.info.tolerance.rel_to_scale  # fp32, or int8's budget where quantized
     _close(exp.outputs, graphopt.ort_session(out).run(None, exp.feeds), max(tol, FP32_RTOL))
     assert all(n["within"] and {"snr_db", "cosine", "max_rel"} <= set(n)
                for n in opt.numerics)
@@ -110,8 +110,8 @@ def test_fp16_islands_keep_io_types_and_tolerance(name, tmp_path):
     # 136 (its 67 input channels are padded per filter tap by the conv library itself;
     # benchmarks/RESULTS.md, issue 12's padding decisions)
     padded = ["padding"] if name == "tc_guide_cnn" else []
-    assert info["passes_applied"] == [*padded, "precision"]
-    assert info["compute_dtype"] == "fp16"
+    assert info.passes_applied == (*padded, "precision")
+    assert info.compute_dtype == "fp16"
     assert [i.type.tensor_type.elem_type for i in proto.graph.input] == [T.FLOAT]
     assert all(o.type.tensor_type.elem_type == T.FLOAT for o in proto.graph.output)
     path = tmp_path / "fp16.onnx"
@@ -149,7 +149,7 @@ def test_precision_does_not_fire_without_fp16(target, kw):
     _, _, exp = _exported("transformer_hd72")
     proto, _, info = _unpack(optimize_onnx(exp.model, target, Options(quantize="none", **kw),
                                    samples=[exp.feeds]))
-    assert "precision" not in info["passes_applied"]
+    assert "precision" not in info.passes_applied
     assert not any(n.op_type == "Cast" and n.name.startswith("graphopt_precision")
                    for n in proto.graph.node)
     _close(exp.outputs, _run(proto, exp.feeds), FP32_RTOL)
@@ -159,8 +159,8 @@ def test_bf16_request_becomes_fp16_on_onnx():
     _, _, exp = _exported("odd_mlp")
     _, _, info = _unpack(optimize_onnx(exp.model, "a100-80gb", Options(precision="bf16"),
                                samples=[exp.feeds]))
-    assert info["compute_dtype"] == "fp16"
-    assert "bf16 becomes fp16" in info["precision_choice"]["reason"]
+    assert info.compute_dtype == "fp16"
+    assert "bf16 becomes fp16" in info.precision_choice.reason
 
 
 # ------------------------------------------------------------------------- accuracy guard
@@ -186,17 +186,17 @@ def test_guard_moves_the_overflowing_gemm_back_and_ends_within_tolerance(tmp_pat
     exp = export_torch(model, (x,))
     proto, plan, info = _unpack(optimize_onnx(exp.model, "h100", Options(quantize="none"),
                                       samples=[exp.feeds]))
-    report = next(g for g in info["guard"] if g["pass"] == "precision")
-    assert report["rounds"] >= 2 and not report["reverted"]
-    assert not report["initial"][0]["within"] and report["initial"][0]["nonfinite"] > 0
-    assert report["final"][0]["within"]
-    assert {f["node"] for f in report["fallbacks"]} >= {"/up/Gemm"}
-    assert report["fallbacks"][0]["score"] == "overflow"
+    report = next(g for g in info.guard if g.name == "precision")
+    assert report.rounds >= 2 and not report.reverted
+    assert not report.initial[0].within and report.initial[0].nonfinite > 0
+    assert report.final[0].within
+    assert {f.node for f in report.fallbacks} >= {"/up/Gemm"}
+    assert report.fallbacks[0].score == "overflow"
     up = plan.node("/up/Gemm").decisions["precision"]
     assert not up.applied and "accuracy guard" in up.reason
     assert plan.node("/head/Gemm").decisions["precision"].applied  # the rest stays fp16
-    num = info["numerics"][0]
-    assert num["within"] and num["snr_db"] > 30 and num["cosine"] > 0.9995
+    num = info.numerics[0]
+    assert num.within and float(num.snr_db) > 30 and num.cosine > 0.9995
     _close(exp.outputs, _run(emulate_fp16(proto), exp.feeds), FP16_RTOL)
 
 
@@ -205,9 +205,9 @@ def test_guard_reverts_when_no_fp16_node_can_meet_the_budget():
     proto, _, info = _unpack(optimize_onnx(exp.model, "h100",
                                    Options(quantize="none", tolerance=1e-9),
                                    samples=[exp.feeds]))
-    assert "precision" not in info["passes_applied"]
-    assert info["passes_reverted"] and info["passes_reverted"][0]["pass"] == "precision"
-    assert info["compute_dtype"] == "fp32"
+    assert "precision" not in info.passes_applied
+    assert info.passes_reverted and info.passes_reverted[0].name == "precision"
+    assert info.compute_dtype == "fp32"
     _close(exp.outputs, _run(proto, exp.feeds), FP32_RTOL)
 
 
@@ -218,21 +218,21 @@ def test_session_config_nhwc_on_gpu_conv_nets_and_loads_on_cpu(tmp_path):
     src.write_bytes(exp.model.SerializeToString())
     opt = graphopt.optimize(str(src), target="h100")
     out = opt.export_onnx(tmp_path / "h100.onnx")
-    cfg = opt.info["session"]
+    cfg = opt.info.session
     assert cfg["providers"][0] == ["CUDAExecutionProvider",
                                    {"prefer_nhwc": "1", "use_tf32": "1",
                                     "cudnn_conv_algo_search": "EXHAUSTIVE"}]
     assert "tensor cores" in cfg["reasons"]["layout"]
     sess = graphopt.ort_session(out)  # no CUDA here: filtered to the CPU EP
     assert sess.get_providers() == ["CPUExecutionProvider"]
-    keep = graphopt.optimize(str(src), target="h100", layout="keep").info["session"]
+    keep = graphopt.optimize(str(src), target="h100", layout="keep").info.session
     assert "prefer_nhwc" not in keep["providers"][0][1]
-    mlp = optimize_onnx(_exported("odd_mlp")[2].model, "h100").report["session"]
+    mlp = optimize_onnx(_exported("odd_mlp")[2].model, "h100").report.session
     assert "prefer_nhwc" not in mlp["providers"][0][1]  # no convs: nothing to decide
 
 
 def test_session_config_on_cpu_leaves_threads_to_ort():
-    cfg = optimize_onnx(_exported("odd_mlp")[2].model, "cpu").report["session"]
+    cfg = optimize_onnx(_exported("odd_mlp")[2].model, "cpu").report.session
     assert cfg["providers"] == [["CPUExecutionProvider", {}]]
     assert cfg["intra_op_num_threads"] is None
     assert cfg["graph_optimization_level"] == "ORT_ENABLE_ALL"
@@ -248,13 +248,13 @@ def test_measured_guard_reverts_a_pass_that_is_slower_here(monkeypatch):
                                                                                    2.0))
     _, _, exp = _exported("transformer_hd72")
     proto, plan, info = _unpack(optimize_onnx(exp.model, "cpu", samples=[exp.feeds]))
-    if "quantize" in info["notes"].get("measured", {}):  # auto INT8 chose some MatMuls
-        assert "quantize" not in info["passes_applied"]
-        assert "measured slower" in info["passes_reverted"][-1]["reason"]
+    if "quantize" in info.notes.get("measured", {}):  # auto INT8 chose some MatMuls
+        assert "quantize" not in info.passes_applied
+        assert "measured slower" in info.passes_reverted[-1].reason
         assert not any(n.op_type == "MatMulInteger" for n in proto.graph.node)
     forced = optimize_onnx(exp.model, "cpu", Options(quantize="int8_dynamic"),
                            samples=[exp.feeds]).report
-    assert "quantize" in forced["passes_applied"]
+    assert "quantize" in forced.passes_applied
 
 
 # ------------------------------------------------------------------------------ torch path
@@ -263,7 +263,7 @@ def test_torch_optimized_export_onnx_applies_decisions_at_onnx_level(tmp_path):
     opt = graphopt.optimize(model, inputs, target="h100", precision="fp32")
     out = opt.export_onnx(tmp_path / "t.onnx")
     _checked(str(out))
-    assert opt.info["onnx"]["exporter"] == "legacy"
+    assert opt.onnx_info.exporter == "legacy"
     with torch.no_grad():
         ref = [model(*inputs).numpy()]
     _close(ref, _run(str(out), {"x": inputs[0].numpy()}), FP32_RTOL)
@@ -274,13 +274,15 @@ def test_export_onnx_keeps_the_onnx_artifacts_decisions_and_numerics_in_the_repo
     showed only the torch module's decisions for an ONNX file decided separately."""
     model, inputs = ZOO["transformer_hd72"]
     opt = graphopt.optimize(model, inputs, target="h100", measure=False)
-    torch_section = dict(opt.plan.optimization)
+    torch_section = opt.plan.optimization
     out = opt.export_onnx(tmp_path / "t.onnx")
     report = json.loads(opt.plan.to_json())
-    assert report["optimization"] == json.loads(json.dumps(torch_section))  # unchanged
+    assert opt.plan.optimization == torch_section  # unchanged
+    assert report["optimization"] == json.loads(json.dumps(torch_section.to_json()))
     onnx_section = report["onnx_optimization"]
-    assert onnx_section["exporter"] == opt.info["onnx"]["exporter"]
-    assert onnx_section["passes_applied"] == opt.info["onnx"]["passes_applied"]
+    assert opt.plan.onnx_optimization == opt.onnx_info
+    assert onnx_section["exporter"] == opt.onnx_info.exporter
+    assert onnx_section["passes_applied"] == list(opt.onnx_info.passes_applied)
     exported_names = set(onnx_section["decisions"])
     assert exported_names and not exported_names & {n.name for n in opt.plan.nodes}
     matmuls = [n for n, d in onnx_section["decisions"].items() if "padding" in d]
@@ -373,11 +375,11 @@ def test_calibration_npz_feeds_static_int8_and_the_guard(tmp_path):
     proto, _, info = _unpack(optimize_onnx(exp.model, "epyc-7763", Options(quantize="int8_static"),
                                    calibration=tmp_path / "calib.npz"))
     # half choose (the quantizer's ranges, the guard), half are held out to check
-    assert info["calibration_batches"] == 3 and info["samples"] == 3
-    assert info["held_out_batches"] == 3
-    reverted = {r["pass"]: r["reason"] for r in info["passes_reverted"]}
-    assert "quantize" in info["passes_applied"] or "held-out" in reverted["quantize"]
-    assert all(n["within"] for n in info["numerics"])  # on the held-out batches
+    assert info.calibration_batches == 3 and info.samples == 3
+    assert info.held_out_batches == 3
+    reverted = {r.name: r.reason for r in info.passes_reverted}
+    assert "quantize" in info.passes_applied or "held-out" in reverted["quantize"]
+    assert all(n.within for n in info.numerics)  # on the held-out batches
     path = tmp_path / "q.onnx"
     path.write_bytes(proto.SerializeToString())
     _checked(str(path))
@@ -408,7 +410,7 @@ def test_gpt2_and_bert_export_with_either_exporter(tmp_path, opset, exporter):
         _close(exp.outputs, _run(str(path), exp.feeds), FP32_RTOL)
         fp16, _, info16 = _unpack(optimize_onnx(exp.model, "h100", Options(quantize="none"),
                                         samples=[exp.feeds]))
-        assert all(n["within"] for n in info16["numerics"])
+        assert all(n.within for n in info16.numerics)
         _close(exp.outputs, _run(emulate_fp16(fp16), exp.feeds), FP16_RTOL)
 
 

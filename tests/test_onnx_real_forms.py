@@ -145,7 +145,7 @@ def _rate_model(path: Path) -> Path:
 
 def test_a_sample_rate_input_gets_a_rate(tmp_path: Path) -> None:
     opt = graphopt.optimize(_rate_model(tmp_path / "rate.onnx"), target="cpu")
-    assert opt.plan.optimization["sample_values"] == {"sr": 16000}
+    assert opt.plan.optimization.sample_values == {"sr": 16000}
     assert all(n["within"] for n in opt.numerics)
 
 
@@ -191,10 +191,10 @@ def test_a_pass_that_breaks_the_model_is_reverted_alone(tmp_path: Path) -> None:
               *default_passes()]
     done = optimize_onnx(path, "cpu", Options(quantize="int8"), passes=passes,
                          dynamic_shapes={"x_0": (1, 8, 64)})
-    reverted = {r["pass"]: r["reason"] for r in done.report["passes_reverted"]}
+    reverted = {r.name: r.reason for r in done.report.passes_reverted}
     assert "does not run or check" in reverted["unsorted"]
     assert "NoSuchOp" in reverted["unloadable"]
-    assert "quantize" in done.report["passes_applied"]
+    assert "quantize" in done.report.passes_applied
 
 
 def _ort_formats(tmp: Path) -> dict[str, Path]:

@@ -48,7 +48,7 @@ gpu = graphopt.optimize(model, target="h100", pad="always", measure=False)
 gpu.export_onnx(folder + "/h100.onnx")
 graphopt.ort_session(folder + "/api.onnx")
 codes.append(main(["optimize", model, "-o", folder + "/cli.onnx", "--target", "cpu"]))
-print(json.dumps({"codes": codes, "gpu_passes": gpu.info["passes_applied"],
+print(json.dumps({"codes": codes, "gpu_passes": gpu.info.passes_applied,
                   "torch": "torch" in sys.modules, "first": first[:1]}))
 """
 

@@ -50,9 +50,9 @@ def test_onnx_honours_measure(tmp_path):
     """Before: optimize("m.onnx", measure=...) was silently ignored: the host CPU target was
     always timed, a GPU target never."""
     path = _matmul_onnx(tmp_path / "m.onnx")
-    assert "measured" not in graphopt.optimize(path, target="cpu", measure=False).info["notes"]
+    assert "measured" not in graphopt.optimize(path, target="cpu", measure=False).info.notes
     timed = graphopt.optimize(path, target="h100", measure=True)
-    assert "precision" in timed.info["notes"]["measured"]  # fp16 for the GPU, timed here
+    assert "precision" in timed.info.notes["measured"]  # fp16 for the GPU, timed here
 
 
 def test_cli_no_measure_reaches_the_onnx_backend(tmp_path, capsys):
@@ -73,11 +73,11 @@ def test_torch_honours_tolerance():
     model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64)).eval()
     x = torch.randn(8, 64)
     loose = graphopt.optimize(model, (x,), target="h100")
-    assert "precision" in loose.info["passes_applied"]
+    assert "precision" in loose.info.passes_applied
     tight = graphopt.optimize(model, (x,), target="h100", tolerance=1e-9)
-    assert "precision" not in tight.info["passes_applied"]
-    assert any(r["pass"] == "precision" and "out of tolerance" in r["reason"]
-               for r in tight.info["passes_reverted"])
+    assert "precision" not in tight.info.passes_applied
+    assert any(r.name == "precision" and "out of tolerance" in r.reason
+               for r in tight.info.passes_reverted)
     ref = model(x)
     assert (tight.module(x) - ref).abs().max() <= 1e-5 * ref.abs().max()
 

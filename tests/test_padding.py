@@ -284,8 +284,8 @@ def test_pipeline_verifies_and_keeps_the_pass() -> None:
     model = NvidiaCNN().eval()
     info = optimize_torch(model, (seeded(2, 3, 16, 16),), "a100", Options(pad="always"),
                           passes=[Pass("padding", pad_channels, option="pad")]).report
-    assert info["passes_applied"] == ["padding"] and info["passes_reverted"] == []
-    assert info["notes"]["padding"]["padded_nodes"] == ["conv2d", "conv2d_1", "linear"]
+    assert info.passes_applied == ("padding",) and info.passes_reverted == ()
+    assert info.notes["padding"]["padded_nodes"] == ["conv2d", "conv2d_1", "linear"]
 
 
 # --- the index maps on their own ------------------------------------------------------------------

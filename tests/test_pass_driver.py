@@ -14,6 +14,7 @@ from graphopt.decisions.tolerance import Tolerance, tolerance_for
 from graphopt.ir.decision_details import DropDetail, QuantizeDetail
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision
+from graphopt.ir.plan_run import PassReverted
 
 REFERENCE = 2.0  # the original model's one output
 
@@ -97,7 +98,7 @@ def test_out_of_tolerance_is_reverted_with_its_reason() -> None:
     out = run_passes(backend, Model(REFERENCE), [_pass("fold", 1e-7), _pass("bad", 1e-3)],
                      measure=False)
     assert out.applied == ["fold"] and out.model == Model(REFERENCE * (1 + 1e-7))
-    assert out.reverted == [{"pass": "bad", "reason": "out of tolerance: 0.002 > 2e-05"}]
+    assert out.reverted == [PassReverted("bad", "out of tolerance: 0.002 > 2e-05")]
     d = backend.ctx.decisions["n"]["bad"]
     assert not d.applied and d.reason == "out of tolerance: 0.002 > 2e-05 (bad here)"
     assert backend.ctx.decisions["n"]["fold"].applied
@@ -109,8 +110,8 @@ def test_measured_slower_is_reverted_and_the_timing_noted() -> None:
               _pass("pad", 1e-7, +0.25, option="pad")]
     out = run_passes(backend, Model(REFERENCE), passes, measure=True)
     assert out.applied == ["layout"] and out.model.t == 0.5
-    assert out.reverted == [{"pass": "pad", "reason": "reverted, measured slower on this "
-                             "machine: 750 ms after vs 500 ms before (0.67x)"}]
+    assert out.reverted == [PassReverted("pad", "reverted, measured slower on this "
+                                         "machine: 750 ms after vs 500 ms before (0.67x)")]
     assert backend.ctx.notes["measured"] == {
         "layout": {"before_s": 1.0, "after_s": 0.5, "kept": True},
         "pad": {"before_s": 0.5, "after_s": 0.75, "kept": False}}
@@ -141,7 +142,7 @@ def test_a_lossy_pass_gets_its_budget_and_loosens_the_later_checks() -> None:
     assert out.tolerance == tolerance_for("bf16")
     tight = FakeBackend(Ctx(options=Options(tolerance=1e-3), compute_dtype="bf16"))
     out = run_passes(tight, Model(REFERENCE), passes[:1], measure=False)
-    assert out.applied == [] and out.reverted[0]["pass"] == "precision"
+    assert out.applied == [] and out.reverted[0].name == "precision"
     assert tight.tolerances["precision"] == dataclasses.replace(tolerance_for("bf16"),
                                                                 rel_to_scale=1e-3)
     assert tight.ctx.compute_dtype == "fp32"  # reverted: the model computes in fp32 again
@@ -165,7 +166,7 @@ def test_a_self_checking_pass_that_backs_out_keeps_its_own_decisions() -> None:
     backend = FakeBackend()
     out = run_passes(backend, Model(REFERENCE), [Pass("quantize", guarded, "int8")],
                      measure=True)
-    assert out.reverted == [{"pass": "quantize", "reason": "reverted: beyond tolerance"}]
+    assert out.reverted == [PassReverted("quantize", "reverted: beyond tolerance")]
     assert out.applied == [] and backend.tolerances == {} and backend.timed == []
     assert backend.ctx.decisions["n"]["quantize"].reason == "moved back by the guard"
 

@@ -103,7 +103,7 @@ def test_dynamic_batch_is_planned_at_a_stated_default(tmp_path):
     p = graphopt.plan(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)]),
                       target="h100", dynamic_shapes={"N": (1, 256, 1 << 20)})
     assert p.node("mm").analysis.dims["M"] == 256
-    assert p.node("mm").at_points["max"]["dims"]["M"] == 1 << 20
+    assert p.node("mm").at_points.max.dims["M"] == 1 << 20
     est = p.shape_range.est_latency_s
     assert est.min <= est.opt < est.max
 

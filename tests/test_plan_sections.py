@@ -23,6 +23,8 @@ from graphopt.ir.plan_sections import (
     FusionPlan,
     PaddingSummary,
     PerCallPad,
+    PointCost,
+    RangePoints,
     RewritesPlan,
     ShapeRangePlan,
 )
@@ -65,7 +67,16 @@ def test_a_plan_over_a_shape_range_reads_back_equal() -> None:
     assert rng.hints and rng.est_latency_s.min <= rng.est_latency_s.opt
     assert p.to_dict()["shape_range"]["est_latency_s"] == {
         "min": rng.est_latency_s.min, "opt": rng.est_latency_s.opt, "max": rng.est_latency_s.max}
-    _round_trip(p)
+    qkv = p.node("linear")  # each node at min, opt and max; the JSON's range holds min and max
+    pts = qkv.at_points
+    assert isinstance(pts, RangePoints) and isinstance(pts.min, PointCost)
+    assert (pts.min.dims["M"], pts.opt.dims["M"], pts.max.dims["M"]) == (1 * 4, 2 * 16, 64 * 512)
+    assert pts.opt == PointCost(dict(qkv.analysis.dims), qkv.cost.est_time_s,
+                                qkv.cost.bottleneck, qkv.analysis.flops,
+                                qkv.analysis.bytes_total)
+    assert pts.min.est_time_s <= pts.opt.est_time_s < pts.max.est_time_s
+    assert qkv.to_dict()["range"] == {"min": pts.min.to_json(), "max": pts.max.to_json()}
+    assert _round_trip(p).node("linear").at_points == pts
 
 
 @pytest.mark.parametrize("target", ["cpu", "h100"])

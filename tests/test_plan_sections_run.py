@@ -1,5 +1,6 @@
 """The plan sections that optimize, the deploy choice and partitioning fill are typed records
-(issue 32, part B): each reads back equal through ``Plan.from_json``, and is read by attribute.
+(issue 32, parts B and D): each reads back equal through ``Plan.from_json``, and is read by
+attribute; ``Optimized.info`` is the plan's ``optimization`` record.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from graphopt.api.planning import with_partition
 from graphopt.decisions.planner import build_plan
 from graphopt.errors import GraphoptError
 from graphopt.frontends import load_graph
+from graphopt.frontends.onnx_export import export_torch
 from graphopt.hardware import get_target
 from graphopt.ir.plan import Plan
 from graphopt.ir.plan_deploy import ARTIFACTS, Artifact, ArtifactTiming, DeployChoice
@@ -30,6 +32,17 @@ from graphopt.ir.plan_partition import (
     TensorNotes,
     TwoDNotes,
 )
+from graphopt.ir.plan_run import (
+    OnnxExport,
+    OnnxGuard,
+    OnnxOptimization,
+    OutputNumerics,
+    PassReverted,
+    PrecisionChoice,
+    ToleranceBudget,
+    TorchOptimization,
+)
+from graphopt.ir.shape_range import ShapeRange
 from graphopt.partition import parse_devices
 from graphopt.partition.tp_attach import attach_split
 from graphopt.partition.two_d import two_d
@@ -66,6 +79,53 @@ def test_an_optimized_plan_has_a_typed_deploy_choice() -> None:
     data = json.loads(opt.plan.to_json())["deploy"]
     assert data["artifact"] == back.deploy.artifact.value
     assert "rounds" not in data["candidates"][0]
+
+
+def test_an_optimized_and_exported_plan_has_typed_run_sections(tmp_path) -> None:
+    model, example = zoo.zoo()["odd_mlp"]
+    opt = graphopt.optimize(model, example, target="h100", measure=False)
+    assert isinstance(opt.info, TorchOptimization) and opt.plan.optimization is opt.info
+    assert opt.onnx_info is None and opt.plan.onnx_optimization is None
+    opt.export_onnx(tmp_path / "m.onnx")
+    back = _round_trip(opt.plan)
+    run, onnx_run = back.optimization, back.onnx_optimization
+    assert isinstance(run, TorchOptimization) and run == opt.info
+    assert isinstance(onnx_run, OnnxExport) and onnx_run == opt.onnx_info
+    assert isinstance(run.tolerance, ToleranceBudget) and run.compute_dtype == "bf16"
+    assert all(isinstance(n, OutputNumerics) and isinstance(n.output, int) and n.snr_db is None
+               for n in run.numerics)
+    assert onnx_run.exporter and onnx_run.opset and onnx_run.decisions
+    assert onnx_run.guard and all(isinstance(g, OnnxGuard) for g in onnx_run.guard)
+    assert {g.name for g in onnx_run.guard} <= {"precision", "quantize"}  # the lossy passes
+    data = json.loads(opt.plan.to_json())
+    assert "snr_db" not in data["optimization"]["numerics"][0]  # the torch rows have none
+    assert {"exporter", "opset", "decisions", "snr_db"} <= set(data["onnx_optimization"]) | set(
+        data["onnx_optimization"]["numerics"][0])
+    # a torch run's JSON is no ONNX run: each reads as its own record or not at all
+    with pytest.raises(GraphoptError, match="OnnxOptimization"):
+        OnnxOptimization.from_json(data["optimization"])
+
+
+def test_an_onnx_file_optimize_has_a_typed_run_section(tmp_path) -> None:
+    model, example = zoo.zoo()["odd_mlp"]
+    src = tmp_path / "m.onnx"
+    src.write_bytes(export_torch(model, example).model.SerializeToString())
+    opt = graphopt.optimize(str(src), target="cpu", measure=False, quantize="none")
+    back = _round_trip(opt.plan)
+    run = back.optimization
+    assert isinstance(run, OnnxOptimization) and not isinstance(run, OnnxExport)
+    assert run == opt.info and back.onnx_optimization is None
+    assert isinstance(run.precision_choice, PrecisionChoice) and run.source == "onnx"
+    assert run.numerics and all(n.finite is True and n.nonfinite == 0 for n in run.numerics)
+    # an output the passes left exact has an infinite SNR, which JSON holds as "inf"
+    assert all(isinstance(n.snr_db, float) or n.snr_db == "inf" for n in run.numerics)
+    assert opt.numerics == [n.to_json() for n in run.numerics]
+    assert all(isinstance(r, PassReverted) for r in run.passes_reverted)
+    assert run.shape_range is None or isinstance(run.shape_range, ShapeRange)
+    data = json.loads(opt.plan.to_json())
+    bad = {**data["optimization"], "passes_reverted": [{"pass": 1, "reason": "r"}]}
+    with pytest.raises(GraphoptError, match="optimization"):
+        Plan.from_json({**data, "optimization": bad})
 
 
 def test_the_deploy_speedups_are_computed_when_the_choice_is_made() -> None:

@@ -133,7 +133,7 @@ def test_reader_reads_every_pass(case: str, ranged: bool, tmp_path: Path,
     dyn = ({0: torch.export.Dim("batch", min=1, max=8)},) if ranged else None
     opt = graphopt.optimize(_convnet(), torch.randn(4, 3, 8, 8), measure=False,
                             dynamic_shapes=dyn, **options)
-    assert applied in opt.info["passes_applied"], opt.info["passes_reverted"]
+    assert applied in opt.info.passes_applied, opt.info.passes_reverted
     path = opt.save(tmp_path / f"{case}.pt2")
     assert pt2_reader.read(path, {}) is not None
     got = _load_by_reader(path, monkeypatch)

@@ -93,9 +93,8 @@ def _opt_feed(path: Path, opt: graphopt.Optimized) -> dict[str, np.ndarray]:
     import onnx
 
     info = opt.plan.optimization
-    dims = {d["name"]: d["opt"] for d in info.get("shape_range", {}).get("dims", [])}
-    return sample_feeds(onnx.load(path), 1, seed=7, dims=dims,
-                        values=info.get("sample_values"))[0]
+    dims = {d.name: d.opt for d in info.shape_range.dims} if info.shape_range else {}
+    return sample_feeds(onnx.load(path), 1, seed=7, dims=dims, values=info.sample_values)[0]
 
 
 def _run(model: object, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -111,7 +110,7 @@ def _plans_optimizes_and_matches(path: Path) -> graphopt.Optimized:
     opt = graphopt.optimize(path, target="cpu")
     assert all(n["within"] for n in opt.numerics), opt.numerics
     feed = _opt_feed(path, opt)
-    tol = opt.plan.optimization["tolerance"]["rel_to_scale"]
+    tol = opt.plan.optimization.tolerance.rel_to_scale
     for ref, out in zip(_run(path, feed), _run(opt.onnx_model, feed), strict=True):
         ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
         scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-30)
@@ -129,7 +128,7 @@ def test_the_recognizer_is_fed_text_lines_it_can_read(cache: Path) -> None:
     """The line height is free in the file, and the default (128) does not run: the search
     finds one that does, fixed from below, and the report says so."""
     opt = graphopt.optimize(_fetch(cache, "paddle_rec"), target="cpu")
-    dims = {d["name"]: d for d in opt.plan.optimization["shape_range"]["dims"]}
+    dims = {d.name: d for d in opt.plan.optimization.shape_range.dims}
     height = dims["x_2"]
     assert height["source"] == "fitted" and height["opt"] != 128
     assert height["min"] == height["opt"]
@@ -138,7 +137,7 @@ def test_the_recognizer_is_fed_text_lines_it_can_read(cache: Path) -> None:
 
 def test_the_vad_gets_a_sample_rate(cache: Path) -> None:
     opt = graphopt.optimize(_fetch(cache, "vad_if"), target="cpu")
-    assert opt.plan.optimization["sample_values"] == {"sr": 16000}
+    assert opt.plan.optimization.sample_values == {"sr": 16000}
 
 
 def test_a_pre_quantized_published_model(cache: Path) -> None:
@@ -163,6 +162,6 @@ def test_static_int8_inside_a_model_with_control_flow(cache: Path) -> None:
                 "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000)}]
     opt = graphopt.optimize(path, target="cpu", quantize="int8_static", calibration=batches)
     info = opt.plan.optimization
-    assert info["passes_applied"] == ["quantize"], info["passes_reverted"]
+    assert info.passes_applied == ("quantize",), info.passes_reverted
     assert all(n["within"] for n in opt.numerics)
     onnx.checker.check_model(opt.onnx_model, full_check=True)

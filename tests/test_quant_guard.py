@@ -37,16 +37,16 @@ X = torch.randn(8, 128, generator=torch.Generator().manual_seed(1))
 def test_the_dominant_layer_stays_float_and_the_rest_are_lowered() -> None:
     model = _mlp(outlier=True)
     opt = graphopt.optimize(model, X, target="h100", quantize="int4", measure=False)
-    sens = opt.info["guard"][0]["sensitivity"]
-    top = sens["top"][0]
-    assert top["node"] == "linear_1" and top["kept"] and top["rank"] == 1
-    assert top["share"] > 0.5 and 1 <= sens["kept"] < 4
+    sens = opt.info.guard[0].sensitivity
+    top = sens.top[0]
+    assert top.node == "linear_1" and top.kept and top.rank == 1
+    assert top.share > 0.5 and 1 <= sens.kept < 4
     # the layer before it is amplified by its outlier channel: measured, it may be kept too
-    assert _lowered(opt) == {r["node"] for r in sens["top"] if not r["kept"]}
-    assert math.isclose(sum(r["share"] for r in sens["top"]), 1.0, rel_tol=1e-6)
+    assert _lowered(opt) == {r.node for r in sens.top if not r.kept}
+    assert math.isclose(sum(r.share for r in sens.top), 1.0, rel_tol=1e-6)
     d = opt.plan.node("linear_1").decisions["quantize"]
     assert not d.applied and "among the most sensitive (rank 1 of 4)" in d.reason
-    budget = opt.info["tolerance"]["rel_to_scale"]
+    budget = opt.info.tolerance.rel_to_scale
     with torch.no_grad():
         ref, got = model(X), opt.module(X).float()
     assert (got - ref).abs().max() <= budget * ref.abs().max()
@@ -57,8 +57,8 @@ def test_no_set_within_the_budget_declines_the_pass() -> None:
     model = _mlp()
     opt = graphopt.optimize(model, X, target="h100", quantize="fp8", tolerance=2e-3,
                             measure=False)
-    assert not _lowered(opt) and "quantize" not in opt.info["passes_applied"]
-    reverted = [r["reason"] for r in opt.info["passes_reverted"] if r["pass"] == "quantize"]
+    assert not _lowered(opt) and "quantize" not in opt.info.passes_applied
+    reverted = [r.reason for r in opt.info.passes_reverted if r.name == "quantize"]
     assert reverted and reverted[0].startswith("declined: the outputs leave the 0.002 budget")
     for name in ("linear", "linear_1", "linear_2", "linear_3"):
         d = opt.plan.node(name).decisions["quantize"]

@@ -208,14 +208,14 @@ def test_an_explicit_precision_turns_auto_quantize_off_on_both_backends(caplog) 
                               quantize="auto", measure=False)
     o_opt = graphopt.optimize(onnx_mlp(), target="cpu", precision="fp32", quantize="auto",
                               measure=False)
-    assert t_opt.info["notes"]["quantize"] == {"applied": 0, "reason": reason}
-    assert o_opt.info["notes"]["quantize"]["reason"] == reason
-    assert o_opt.info["notes"]["quantize"]["nodes"] == {}
+    assert t_opt.info.notes["quantize"] == {"applied": 0, "reason": reason}
+    assert o_opt.info.notes["quantize"]["reason"] == reason
+    assert o_opt.info.notes["quantize"]["nodes"] == {}
     assert not any(applied for applied, _ in _quantize_decisions(t_opt).values())
     assert _quantize_decisions(o_opt) == {
         n: (False, f"not applied: {reason}") for n in ("conv", "mm0", "mm1", "mm2", "mm3")}
-    assert "quantize" not in t_opt.info["passes_applied"]
-    assert "quantize" not in o_opt.info["passes_applied"]
+    assert "quantize" not in t_opt.info.passes_applied
+    assert "quantize" not in o_opt.info.passes_applied
 
 
 def test_without_an_explicit_precision_or_by_name_onnx_still_quantizes(caplog) -> None:
@@ -223,7 +223,7 @@ def test_without_an_explicit_precision_or_by_name_onnx_still_quantizes(caplog) -
     INT8 requested by name beside an explicit precision."""
     caplog.set_level(logging.ERROR)
     auto = graphopt.optimize(onnx_mlp(), target=VNNI_CPU, quantize="auto", measure=False)
-    assert "reason" not in auto.info["notes"]["quantize"]
+    assert "reason" not in auto.info.notes["quantize"]
     assert any(applied for applied, _ in _quantize_decisions(auto).values())
     named = graphopt.optimize(onnx_mlp(), target=VNNI_CPU, precision="fp32", quantize="int8",
                               measure=False)

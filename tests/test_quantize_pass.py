@@ -32,8 +32,8 @@ def test_forced_int8_on_host_cpu_is_within_int8_tolerance():
     model, x = _mlp()
     opt = graphopt.optimize(model, x, target="cpu", precision="fp32", quantize="int8")
     assert len(_quantized(opt)) == 3
-    assert "quantize" in opt.info["passes_applied"]
-    assert opt.info["tolerance"]["rel_to_scale"] == 5e-2
+    assert "quantize" in opt.info.passes_applied
+    assert opt.info.tolerance.rel_to_scale == 5e-2
     with torch.no_grad():
         ref, out = model(*x), opt.module(*x)
     rel = float((ref - out).abs().max() / ref.abs().max())
@@ -110,7 +110,7 @@ def test_auto_applies_exactly_the_plans_int8_linears(isa):
     with torch.no_grad():
         ref, out = model(*x), opt.module(*x)
     rel = float((ref - out).abs().max() / ref.abs().max())
-    assert rel <= opt.info["tolerance"]["rel_to_scale"]
+    assert rel <= opt.info.tolerance.rel_to_scale
 
 
 def test_not_applied_off_the_host():
@@ -127,7 +127,7 @@ def test_not_applied_off_the_host():
 def test_none_disables_it():
     model, x = _mlp()
     opt = graphopt.optimize(model, x, target="cpu", quantize="none")
-    assert _quantized(opt) == [] and "quantize" not in opt.info["passes_applied"]
+    assert _quantized(opt) == [] and "quantize" not in opt.info.passes_applied
 
 
 def test_measured_guard_reverts_a_slower_pass(monkeypatch):
@@ -147,7 +147,7 @@ def test_measured_guard_reverts_a_slower_pass(monkeypatch):
                     "linear", "linear_1", "linear_2"]
         opt = graphopt.optimize(model, x, target="cpu", quantize="auto", measure=True)
     assert _quantized(opt) == []
-    assert any("measured slower" in r["reason"] for r in opt.info["passes_reverted"])
+    assert any("measured slower" in r.reason for r in opt.info.passes_reverted)
 
 
 def test_the_ends_are_retried_out_when_the_whole_int8_set_leaves_tolerance():
@@ -159,17 +159,17 @@ def test_the_ends_are_retried_out_when_the_whole_int8_set_leaves_tolerance():
     with host_isa("xeon-8380"):
         plan = graphopt.plan(model, x, target="cpu")
         whole = graphopt.optimize(model, x, target="cpu", measure=False, tolerance=0.5)
-        (n,) = whole.info["numerics"]
+        (n,) = whole.info.numerics
         retried = graphopt.optimize(model, x, target="cpu", measure=False,
-                                    tolerance=0.99 * n["max_abs"] / n["scale"])
+                                    tolerance=0.99 * n.max_abs / n.scale)
     edges = {n.name: n.decisions["precision"].detail.edge for n in plan.nodes
              if n.name in ("linear", "linear_1", "linear_2")}
     assert edges == {"linear": "first", "linear_1": None, "linear_2": "last"}
     assert _quantized(whole) == ["linear", "linear_1", "linear_2"]
     assert _quantized(retried) == ["linear_1"]
-    assert "quantize_without_ends" in retried.info["passes_applied"]
-    assert "quantize" in [r["pass"] for r in retried.info["passes_reverted"]]
-    assert all(c["within"] for c in retried.info["numerics"])
+    assert "quantize_without_ends" in retried.info.passes_applied
+    assert "quantize" in [r.name for r in retried.info.passes_reverted]
+    assert all(c.within for c in retried.info.numerics)
     for name in ("linear", "linear_2"):
         d = next(n for n in retried.plan.nodes if n.name == name).decisions["quantize"]
         assert not d.applied and "out of tolerance" in d.reason

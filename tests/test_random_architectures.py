@@ -116,5 +116,5 @@ def test_random_architecture_reduced_precision_within_tolerance(precision):
                       [37], True, "mean").eval()
     x = torch.randn(4, 3, 16, 16)
     opt = graphopt.optimize(model, (x,), target="h100", precision=precision)
-    assert opt.info["compute_dtype"] == precision
+    assert opt.info.compute_dtype == precision
     assert all(n["within"] for n in opt.numerics)

@@ -114,7 +114,7 @@ def _compare(name: str, target: str) -> list[str]:
     model, inputs, proto = _models(name)
     torch_plan = graphopt.optimize(model, inputs, target=target, measure=False).plan
     onnx_opt = graphopt.optimize(proto, target=target, measure=False)
-    onnx_fp16 = "bf16 becomes fp16" in onnx_opt.info["precision_choice"]["reason"]
+    onnx_fp16 = "bf16 becomes fp16" in onnx_opt.info.precision_choice.reason
     ts, os_ = _weight_nodes(torch_plan), _weight_nodes(onnx_opt.plan)
     pairs: list[tuple[NodePlan | None, NodePlan | None]] = []
     sm = difflib.SequenceMatcher(a=[_key(n) for n in ts], b=[_key(n) for n in os_],

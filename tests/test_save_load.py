@@ -92,7 +92,7 @@ def test_static_model_round_trip_in_fresh_process(tmp_path: Path) -> None:
     # fp32 pinned: target "cpu" picks bf16 on a host with native bf16, and this test is
     # about the round trip at fp32 tolerance, not the host's precision choice
     opt = graphopt.optimize(m, x, target="cpu", precision="fp32", measure=False)
-    assert "cleanup" in opt.info["passes_applied"]
+    assert "cleanup" in opt.info.passes_applied
     path = opt.save(tmp_path / "model.pt2")
     x2 = torch.randn(2, 3, 8, 8)
     outs, facts = _fresh(path, [(x,), (x2,), (torch.randn(3, 3, 8, 8),)], tmp_path)
@@ -143,13 +143,13 @@ def test_every_pass_saves_and_loads(case: str, ranged: bool, tmp_path: Path) -> 
     dyn = ({0: torch.export.Dim("batch", min=1, max=8)},) if ranged else None
     opt = graphopt.optimize(m, torch.randn(4, 3, 8, 8), measure=False, dynamic_shapes=dyn,
                             **options)
-    assert applied in opt.info["passes_applied"], opt.info["passes_reverted"]
+    assert applied in opt.info.passes_applied, opt.info.passes_reverted
     loaded = graphopt.load(opt.save(tmp_path / f"{case}.pt2"))
     for b in ((1, 4, 8) if ranged else (4,)):
         x = torch.randn(b, 3, 8, 8)
         with torch.no_grad():
             torch.testing.assert_close(loaded(x), opt.module(x), rtol=0, atol=0)  # same graph
-            tol = opt.info["tolerance"]["rel_to_scale"]
+            tol = opt.info.tolerance.rel_to_scale
             ref = m(x)
             assert (loaded(x).float() - ref).abs().max() <= tol * ref.abs().max()
     targets = {str(n.target) for n in loaded.graph_module.graph.nodes}
@@ -310,7 +310,7 @@ def test_loaded_gpu_module_runs_on_fake_cuda(ranged: bool, tmp_path: Path) -> No
     opt = graphopt.optimize(_convnet(), torch.randn(4, 3, 8, 8), target="h100", pad="always",
                             layout="channels_last", precision="bf16", measure=False,
                             dynamic_shapes=dyn)
-    assert {"padding", "layout", "precision"} <= set(opt.info["passes_applied"])
+    assert {"padding", "layout", "precision"} <= set(opt.info.passes_applied)
     loaded = graphopt.load(opt.save(tmp_path / "h100.pt2"))
     for b in ((1, 8) if ranged else (4,)):
         (out,) = run_fake_cuda(loaded, (torch.randn(b, 3, 8, 8),))

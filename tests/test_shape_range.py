@@ -58,8 +58,8 @@ def test_a_plan_over_a_range_costs_min_opt_and_max():
     assert est.min <= est.opt < est.max
     qkv = p.node("linear")
     assert qkv.analysis.dims["M"] == 2 * 16  # decided at opt
-    assert qkv.at_points["min"]["dims"]["M"] == 1 * 4
-    assert qkv.at_points["max"]["dims"]["M"] == 64 * 512
+    assert qkv.at_points.min.dims["M"] == 1 * 4
+    assert qkv.at_points.max.dims["M"] == 64 * 512
     assert qkv.to_dict()["range"]["max"]["flops"] == 64 * 512 * 864 * (2 * 288 + 1)  # + bias
     assert any("batch a multiple of 8" in h for h in rng.hints)
     # the same plan at one shape is the opt point: same decisions, same cost
@@ -100,10 +100,10 @@ def test_the_module_takes_every_shape_in_the_range_and_matches(case):
     model = make().eval()
     opt = graphopt.optimize(model, args, target=target, dynamic_shapes=(spec,), measure=False,
                             **options)
-    applied = opt.info["passes_applied"]
-    assert "padding" in applied, opt.info["notes"].get("padding")
-    assert all(c["within"] for c in opt.info["range_checks"])
-    tol = Tolerance(**opt.info["tolerance"])
+    applied = opt.info.passes_applied
+    assert "padding" in applied, opt.info.notes.get("padding")
+    assert all(c.within for c in opt.info.range_checks)
+    tol = Tolerance.of(opt.info.tolerance)
     for shape in shapes:
         x = torch.randn(*shape)
         with torch.no_grad():
@@ -144,7 +144,7 @@ def test_export_onnx_keeps_the_range_symbolic(tmp_path):
     dims = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
             for v in (*proto.graph.input, *proto.graph.output)]
     assert dims == [["batch", "seq", 288], ["batch", "seq", 288]]
-    assert opt.info["onnx"]["range_samples"] == 2  # the ONNX checks ran at min and max too
+    assert opt.onnx_info.range_samples == 2  # the ONNX checks ran at min and max too
     session = graphopt.ort_session(path)
     for shape in [(1, 2, 288), (3, 45, 288), (16, 128, 288)]:
         y = torch.randn(*shape)
@@ -168,10 +168,10 @@ def test_onnx_symbolic_dims_are_planned_and_checked_at_the_users_opt():
     opt = graphopt.optimize(_symbolic_matmul(), target="cpu", measure=False,
                             dynamic_shapes={"N": (1, 48, 256)})
     assert opt.plan.node("mm").analysis.dims["M"] == 48
-    shapes = [s["x"][0] for s in opt.info["sample_shapes"]]
+    shapes = [s["x"][0] for s in opt.info.sample_shapes]
     assert shapes[:2] == [48, 48] and sorted(shapes[2:]) == [1, 256]  # opt, then min and max
     default = graphopt.optimize(_symbolic_matmul(), target="cpu", measure=False)
-    assert {s["x"][0] for s in default.info["sample_shapes"]} == {1}  # the stated default
+    assert {s["x"][0] for s in default.info.sample_shapes} == {1}  # the stated default
     assert any("default sizes: N=1" in w for w in default.plan.warnings)
     with pytest.raises(GraphoptError, match="no input of the model has"):
         graphopt.plan(_symbolic_matmul(), target="cpu", dynamic_shapes={"batch": 4})
@@ -256,10 +256,10 @@ def test_an_onnx_file_with_symbolic_axes_optimizes_for_a_gpu(tmp_path):
                       dynamic_axes={"x": {0: "batch", 1: "seq"}, "y": {0: "batch", 1: "seq"}})
     opt = graphopt.optimize(str(path), target="h100", measure=False,
                             dynamic_shapes={"batch": (1, 2, 8), "seq": (1, 16, 64)})
-    assert opt.info["passes_applied"] and opt.info["compute_dtype"] == "fp16"
-    assert sorted({s["x"][1] for s in opt.info["sample_shapes"]}) == [1, 16, 64]
+    assert opt.info.passes_applied and opt.info.compute_dtype == "fp16"
+    assert sorted({s["x"][1] for s in opt.info.sample_shapes}) == [1, 16, 64]
     session = graphopt.ort_session(opt.export_onnx(tmp_path / "fast.onnx"))
-    tol = opt.info["tolerance"]["rel_to_scale"]
+    tol = opt.info.tolerance.rel_to_scale
     for shape in [(1, 1, 288), (3, 40, 288), (8, 64, 288)]:
         y = torch.randn(*shape)
         got = session.run(None, {"x": y.numpy()})[0]
@@ -301,11 +301,11 @@ def test_onnx_default_sizes_the_model_refuses_are_fitted_and_said():
     model = h.make_model(h.make_graph(nodes, "pos", [x], [y], [table, *consts]),
                          opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     bare = graphopt.optimize(model, target="cpu", measure=False)
-    seq = next(d for d in bare.plan.optimization["shape_range"]["dims"]
-               if d["name"] == "seq")
-    assert seq["source"] == "fitted" and seq["opt"] <= 64 and seq["min"] == seq["opt"]
+    seq = next(d for d in bare.plan.optimization.shape_range.dims
+               if d.name == "seq")
+    assert seq.source == "fitted" and seq.opt <= 64 and seq.min == seq.opt
     assert any("fitted" in w and "seq=" in w for w in bare.plan.warnings)
-    assert all(n["within"] for n in bare.info["numerics"])
+    assert all(n.within for n in bare.info.numerics)
     opt = graphopt.optimize(model, target="cpu", measure=False,
                             dynamic_shapes={"batch": (1, 2, 4), "seq": (1, 16, 64)})
-    assert all(n["within"] for n in opt.info["numerics"])
+    assert all(n.within for n in opt.info.numerics)

@@ -43,7 +43,7 @@ def test_zoo_module_matches_across_the_range(name):
     model, args, spec = _ranged(name)
     opt = graphopt.optimize(model, args, target="h100", measure=False, dynamic_shapes=spec)
     assert opt.plan.shape_range.dims[0].name == "batch"
-    tol = Tolerance(**opt.info["tolerance"])
+    tol = Tolerance.of(opt.info.tolerance)
     for batch, seq in ((1, 5), (3, 32)):
         x = _at(args, batch, seq)
         with torch.no_grad():

@@ -60,13 +60,13 @@ def test_the_guard_checks_the_real_batches_not_only_the_example() -> None:
     opt = _int8(model, calibration=[(_batch(1, True),), (_batch(2, True),)])
     info = opt.plan.optimization
     # dynamic INT8 chooses nothing from data: every given batch checks
-    assert info["held_out_batches"] == 2 and info["calibration_batches"] == 0
-    assert "all held out" in info["calibration_use"]
-    budget = info["tolerance"]["rel_to_scale"]
+    assert info.held_out_batches == 2 and info.calibration_batches == 0
+    assert "all held out" in info.calibration_use
+    budget = info.tolerance.rel_to_scale
     for seed in (11, 12):  # fresh inputs like the real batches
         assert _error(model, opt, _batch(seed, True)) <= budget
-    assert "quantize" not in info["passes_applied"]
-    reasons = " ".join(r["reason"] for r in info["passes_reverted"])
+    assert "quantize" not in info.passes_applied
+    reasons = " ".join(r.reason for r in info.passes_reverted)
     assert "held-out" in reasons
 
 
@@ -75,9 +75,9 @@ def test_without_the_real_batches_the_same_pass_is_kept() -> None:
     model = _Outlier().eval()
     opt = _int8(model)
     info = opt.plan.optimization
-    assert "quantize" in info["passes_applied"]
-    assert info["held_out_batches"] == 0
-    assert _error(model, opt, _batch(11, True)) > info["tolerance"]["rel_to_scale"]
+    assert "quantize" in info.passes_applied
+    assert info.held_out_batches == 0
+    assert _error(model, opt, _batch(11, True)) > info.tolerance.rel_to_scale
 
 
 def test_the_stated_error_is_the_given_batches() -> None:
@@ -85,13 +85,13 @@ def test_the_stated_error_is_the_given_batches() -> None:
     batches = [_batch(i, False) for i in range(1, 4)]
     opt = _int8(model, calibration=[{"x": b} for b in batches])
     info = opt.plan.optimization
-    assert info["held_out_batches"] == 3
+    assert info.held_out_batches == 3
     with torch.no_grad():
         ref = torch.cat([model(b) for b in batches])
         out = torch.cat([opt.module(b) for b in batches])
-    stated = info["numerics"][0]
-    assert stated["max_abs"] == pytest.approx(float((ref - out).abs().max()), rel=1e-6)
-    assert stated["scale"] == pytest.approx(float(ref.abs().max()), rel=1e-6)
+    stated = info.numerics[0]
+    assert stated.max_abs == pytest.approx(float((ref - out).abs().max()), rel=1e-6)
+    assert stated.scale == pytest.approx(float(ref.abs().max()), rel=1e-6)
 
 
 @pytest.mark.parametrize("bad, says", [
@@ -118,22 +118,22 @@ def test_a_metric_below_its_floor_reverts_the_lossy_pass_and_is_reported() -> No
     batches = [(_batch(i, False),) for i in range(1, 3)]
     kept = _int8(model, calibration=batches, metric=_top1, min_metric=0.5)
     refused = _int8(model, calibration=batches, metric=_top1, min_metric=1.01)
-    metric = kept.plan.optimization["metric"]
-    assert metric["min_metric"] == 0.5 and metric["on"] == "held-out calibration batches"
-    value = metric["passes"]["quantize"]["value"]
+    metric = kept.plan.optimization.metric
+    assert metric.min_metric == 0.5 and metric.on == "held-out calibration batches"
+    value = metric.passes["quantize"].value
     with torch.no_grad():  # the value is the mean of the metric over the held-out batches
         expect = np.mean([_top1(model(b), kept.module(b)) for (b,) in batches])
     assert value == pytest.approx(expect)
-    assert "quantize" in kept.plan.optimization["passes_applied"]
+    assert "quantize" in kept.plan.optimization.passes_applied
     info = refused.plan.optimization
-    assert "quantize" not in info["passes_applied"]
-    assert any("below min_metric" in r["reason"] for r in info["passes_reverted"])
-    assert info["metric"]["passes"]["quantize"]["kept"] is False
+    assert "quantize" not in info.passes_applied
+    assert any("below min_metric" in r.reason for r in info.passes_reverted)
+    assert info.metric.passes["quantize"].kept is False
 
 
 def test_a_metric_without_held_out_batches_warns() -> None:
     opt = _int8(_Outlier().eval(), metric=_top1, min_metric=0.0)
-    assert opt.plan.optimization["metric"]["on"] == "the example inputs"
+    assert opt.plan.optimization.metric.on == "the example inputs"
     assert any("not on held-out batches" in w for w in opt.plan.warnings)
 
 
@@ -186,6 +186,6 @@ def test_the_onnx_path_reports_and_enforces_the_metric() -> None:
                             calibration=feeds, measure=False, metric=agree, min_metric=1.01)
     info = opt.plan.optimization
     assert seen and all(t == (np.ndarray, np.ndarray) for t in seen)
-    assert info["metric"]["on"] == "held-out calibration batches"
-    assert info["metric"]["passes"]["quantize"]["kept"] is False
-    assert "quantize" not in info["passes_applied"]
+    assert info.metric.on == "held-out calibration batches"
+    assert info.metric.passes["quantize"].kept is False
+    assert "quantize" not in info.passes_applied

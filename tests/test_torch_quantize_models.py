@@ -110,7 +110,7 @@ def test_runs_here_within_its_budget(built: dict[str, Any], name: str, target: s
     """Case 1: torch's real kernels on this CPU, against the original model."""
     model, args = built["models"][name]
     opt = built["opts"][name, target, mode]
-    assert "quantize" in opt.info["passes_applied"], opt.info["passes_reverted"]
+    assert "quantize" in opt.info.passes_applied, opt.info.passes_reverted
     assert _lowered(opt, mode), f"no Linear lowered to {mode}"
     budget = tolerance_for(MODE_FORMAT[mode])
     with torch.no_grad():
@@ -199,8 +199,8 @@ def test_save_load_in_fresh_process(built: dict[str, Any], tmp_path: Path) -> No
 def test_fp8_without_fp8_tensor_cores_is_refused_with_its_reason() -> None:
     model, args = ConvNet().eval(), (torch.randn(2, 3, 16, 16),)
     opt = graphopt.optimize(model, args, target="a100", quantize="fp8", measure=False)
-    assert "quantize" not in opt.info["passes_applied"]
-    assert "FP8" in opt.info["notes"]["quantize"]["reason"]
+    assert "quantize" not in opt.info.passes_applied
+    assert "FP8" in opt.info.notes["quantize"]["reason"]
 
 
 class Odd(nn.Module):

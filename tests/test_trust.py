@@ -242,7 +242,7 @@ def test_optimize_leaves_the_users_model_and_inputs_bit_identical(target):
     # the optimized module starts where the model starts: same first output on the same input
     expected = model(x.clone())
     got = opt.module(x.clone())
-    budget = opt.info["tolerance"]["rel_to_scale"] * expected.abs().max()
+    budget = opt.info.tolerance.rel_to_scale * expected.abs().max()
     assert (got.float() - expected).abs().max() <= budget
 
 

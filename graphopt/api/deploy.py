@@ -35,6 +35,7 @@ from graphopt.decisions.deploy.artifact import (
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError, first_line
 from graphopt.hardware.registry import is_this_machine
+from graphopt.ir.plan_run import ToleranceBudget
 from graphopt.measure.deploy_runs import ROUNDS, interleaved_rounds
 
 __all__ = ["NO_DEPLOY_MEASURE_ENV", "Deployed", "choose_deploy", "deployed"]
@@ -105,9 +106,9 @@ def choose_deploy(opt: Any) -> DeployChoice:
     return _measure(opt)
 
 
-def _relaxed(tol: dict[str, Any]) -> Tolerance:
-    return Tolerance(max(float(tol["rel_to_scale"]), _REORDER_REL),
-                     min(float(tol["min_cosine"]), 0.9999))
+def _relaxed(tol: ToleranceBudget) -> Tolerance:
+    return Tolerance(max(float(tol.rel_to_scale), _REORDER_REL),
+                     min(float(tol.min_cosine), 0.9999))
 
 
 def _check(reference: Any, outputs: Any, tol: Tolerance) -> tuple[bool, str]:
@@ -141,7 +142,7 @@ def _measure(opt: Any) -> DeployChoice:
     calls: dict[str, Callable[[], Any]] = {"original": lambda: shadow(*args),
                                            "torch": lambda: opt.module(*args)}
     rows = {Artifact.TORCH: ArtifactTiming(
-        Artifact.TORCH, None, all(n["within"] for n in opt.info["numerics"]),
+        Artifact.TORCH, None, all(n.within for n in opt.info.numerics),
         note="the optimized module, under its runtime settings (checked by optimize)")}
     runners = {"torch": Deployed("torch", opt.module)}
     with opt.runtime():
@@ -205,7 +206,7 @@ def _compiled(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance
         compiled(*args)
     return (Deployed("torch.compile", compiled),
             f"mode {mode}, compiled in {time.perf_counter() - start:.1f} s",
-            _relaxed(opt.info["tolerance"]))
+            _relaxed(opt.info.tolerance))
 
 
 def _compile(opt: Any) -> tuple[Any, str]:
@@ -221,13 +222,13 @@ def _session(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]
     """An ORT session of the optimized ONNX export, in its session config."""
     start = time.perf_counter()
     runner = _ort_runner(opt)
-    onnx_info = opt.info["onnx"]
-    if not all(n["within"] for n in onnx_info["numerics"]):
+    onnx_info = opt.onnx_info
+    if not all(n.within for n in onnx_info.numerics):
         raise GraphoptError("the optimized ONNX model left its tolerance in the accuracy guard "
                             "(the report's ONNX optimization section says where)")
-    applied = ", ".join(onnx_info["passes_applied"]) or "none"
+    applied = ", ".join(onnx_info.passes_applied) or "none"
     return (runner, f"exported and optimized in {time.perf_counter() - start:.1f} s "
-                    f"(passes: {applied})", _relaxed(onnx_info["tolerance"]))
+                    f"(passes: {applied})", _relaxed(onnx_info.tolerance))
 
 
 def _ort_runner(opt: Any) -> Deployed:

@@ -6,7 +6,7 @@ phases (:mod:`graphopt.frontends.llm_steps`: the cache is an input, the batch a
 ``torch.export.Dim``), plans each once over the batch range, and answers per batch::
 
     lp = graphopt.plan_llm(model, "h100", batch=(1, 64), prompt_len=512, cache_len=2048)
-    lp.section["decode"]      # one row per batch: step time, tokens/s, the bound
+    lp.section.decode         # one row per batch: step time, tokens/s, the bound
     lp.save(md="llm.md")      # the decode plan's report, with the ``llm`` section
 
 The model may sit on the meta device (nothing allocated): a 7B plan needs no 13 GiB.
@@ -50,6 +50,7 @@ from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
 from graphopt.analysis.kernel_class import GEMM_LIKE
+from graphopt.analysis.record import NodeAnalysis
 from graphopt.api.llm_formats import (
     WeightFormats,
     cost_dtype,
@@ -73,6 +74,15 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import DEFAULT_TARGET, resolve_targets
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_llm import (
+    BatchRange,
+    DecodeRow,
+    LLMMemory,
+    LLMModel,
+    LLMSection,
+    PhaseFormats,
+    PrefillRow,
+)
 from graphopt.ir.shape_range import bind
 
 __all__ = ["LLMPlan", "WeightFormats", "batch_points", "plan_llm", "weight_formats"]
@@ -93,8 +103,9 @@ class LLMPlan:
     graphs: Mapping[str, Graph] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def section(self) -> dict[str, Any]:
-        return dict(self.decode.llm)
+    def section(self) -> LLMSection:
+        """The ``llm`` section (both phase plans hold the same record)."""
+        return self.decode.llm
 
     def requantize(self, quantize: str) -> LLMPlan:
         """The same traced phases costed at another ``quantize`` (case 5), without a new trace:
@@ -103,10 +114,11 @@ class LLMPlan:
             raise GraphoptError("this LLMPlan does not hold its traced phases",
                                 "plan it with graphopt.plan_llm(..., quantize=...)")
         s = self.section
-        b = s["batch"]
-        shape = {k: s["model"][k] for k in ("layers", "kv_heads", "head_dim", "heads", "dtype")}
+        shape = {k: getattr(s.model, k) for k in ("layers", "kv_heads", "head_dim", "heads",
+                                                  "dtype")}
         return _costed({"prefill": self.prefill, "decode": self.decode}, self.graphs, quantize,
-                       (b["min"], b["opt"], b["max"]), s["prompt_len"], s["cache_len"], shape)
+                       (s.batch.min, s.batch.opt, s.batch.max), s.prompt_len, s.cache_len,
+                       shape)
 
     def to_dict(self) -> dict[str, Any]:
         return self.decode.to_dict()
@@ -234,7 +246,7 @@ def _costed(plans: Mapping[str, Plan], graphs: Mapping[str, Graph], quantize: st
     return LLMPlan(out["prefill"], out["decode"], MappingProxyType(dict(graphs)))
 
 
-def _sized(graph: Graph, b: int) -> tuple[Graph, dict[str, Any]]:
+def _sized(graph: Graph, b: int) -> tuple[Graph, dict[str, NodeAnalysis]]:
     rng = graph.shape_range
     values = dict(rng.values("opt")) if rng else {}
     for d in rng.dims if rng else ():
@@ -256,8 +268,10 @@ def _cache_views(graph: Graph) -> set[str]:
     return seen
 
 
-def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weights: int,
-               prompt_len: int, formats: Mapping[str, str], carrier: str) -> dict[str, Any]:
+def _step(graph: Graph, b: int, target: HardwareProfile, formats: Mapping[str, str],
+          carrier: str) -> tuple[Graph, dict[str, NodeAnalysis], dict[str, NodeCost],
+                                 dict[str, Any]]:
+    """One phase sized at batch ``b`` and costed (case 1), and the fields both rows share."""
     sized, analyses = _sized(graph, b)
     costs: dict[str, NodeCost] = {}
     for n in sized.nodes:
@@ -265,8 +279,6 @@ def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weight
         costs[n.name] = estimate(a, target) if fmt is None else \
             format_cost(a, weight_tensors(sized.input_infos(n)), get_format(fmt), carrier,
                         target)
-    step = sum(c.est_time_s for c in costs.values())
-    bw = target.bandwidth_bytes_per_s
     weight_gemms = Counter(
         analyses[n.name].kernel_class.value for n in sized.nodes
         if analyses[n.name].kernel_class in GEMM_LIKE
@@ -274,46 +286,63 @@ def _phase_row(phase: str, graph: Graph, b: int, target: HardwareProfile, weight
         and any(t is not None and t.kind == "param" for t in sized.input_infos(n)))
     bounds = Counter(costs[n.name].bottleneck for n in sized.nodes
                      if analyses[n.name].kernel_class in GEMM_LIKE)
-    row: dict[str, Any] = {"batch": b, "step_s": step, "weight_gemm_classes": dict(weight_gemms),
-                           "gemm_bottlenecks": dict(bounds),
-                           "launch_s": sum(c.overhead_s for c in costs.values())}
-    if phase == "decode":
-        kv = sum(sized.tensors[t].nbytes for t in _CACHE if t in sized.tensors)
-        views = _cache_views(sized)
-        append = sum(costs[n.name].est_time_s for n in sized.nodes
-                     if n.op_type == "Concat" and any(i in views for i in n.inputs))
-        bound = b * bw / (weights + kv)
-        row.update(tokens_per_s=b / step if step else 0.0, kv_read_bytes=kv,
-                   bound_tokens_per_s=bound, cache_append_s=append,
-                   tokens_per_s_static_cache=b / (step - append) if step > append else 0.0)
-    else:
-        out = [sized.tensors[t] for t in sized.outputs[1:] if t in sized.tensors]
-        kv = sum(t.nbytes for t in out)
-        flops = sum(a.flops for a in analyses.values())
-        dtype = next((a.dtype for a in analyses.values()
-                      if a.kernel_class in GEMM_LIKE and a.dtype), None)
+    common = dict(batch=b, step_s=sum(c.est_time_s for c in costs.values()),
+                  weight_gemm_classes=dict(weight_gemms), gemm_bottlenecks=dict(bounds),
+                  launch_s=sum(c.overhead_s for c in costs.values()))
+    return sized, analyses, costs, common
 
-        def peak(d: str | None) -> float:
-            return target.peak_flops.get(peak_key(d)) or target.peak_flops.get("fp32", 1.0)
 
-        compute = sum(a.flops / peak(cost_dtype(get_format(formats[name]), carrier)
-                                     if name in formats else dtype)
-                      for name, a in analyses.items() if a.flops)
-        floor = max(compute, (weights + kv) / bw)
-        tokens = b * prompt_len
-        row.update(tokens_per_s=tokens / step if step else 0.0, kv_write_bytes=kv, flops=flops,
-                   bound_tokens_per_s=tokens / floor if floor else 0.0,
-                   bound_by="compute" if compute >= (weights + kv) / bw else "bandwidth")
-    row["share_of_bound"] = (row["tokens_per_s"] / row["bound_tokens_per_s"]
-                             if row["bound_tokens_per_s"] else 0.0)
-    return row
+def _decode_row(graph: Graph, b: int, target: HardwareProfile, weights: int,
+                formats: Mapping[str, str], carrier: str, max_fit: int) -> DecodeRow:
+    """Case 2 at batch ``b``; ``max_fit``: the memory plan's largest batch."""
+    sized, _, costs, common = _step(graph, b, target, formats, carrier)
+    step = common["step_s"]
+    kv = sum(sized.tensors[t].nbytes for t in _CACHE if t in sized.tensors)
+    views = _cache_views(sized)
+    append = sum(costs[n.name].est_time_s for n in sized.nodes
+                 if n.op_type == "Concat" and any(i in views for i in n.inputs))
+    rate, bound = b / step if step else 0.0, b * target.bandwidth_bytes_per_s / (weights + kv)
+    return DecodeRow(**common, tokens_per_s=rate, kv_read_bytes=kv, bound_tokens_per_s=bound,
+                     cache_append_s=append,
+                     tokens_per_s_static_cache=b / (step - append) if step > append else 0.0,
+                     share_of_bound=_share(rate, bound), fits=b <= max_fit)
+
+
+def _prefill_row(graph: Graph, b: int, target: HardwareProfile, weights: int, prompt_len: int,
+                 formats: Mapping[str, str], carrier: str) -> PrefillRow:
+    """Case 3 at batch ``b``."""
+    sized, analyses, _, common = _step(graph, b, target, formats, carrier)
+    step, bw = common["step_s"], target.bandwidth_bytes_per_s
+    out = [sized.tensors[t] for t in sized.outputs[1:] if t in sized.tensors]
+    kv = sum(t.nbytes for t in out)
+    flops = sum(a.flops for a in analyses.values())
+    dtype = next((a.dtype for a in analyses.values()
+                  if a.kernel_class in GEMM_LIKE and a.dtype), None)
+
+    def peak(d: str | None) -> float:
+        return target.peak_flops.get(peak_key(d)) or target.peak_flops.get("fp32", 1.0)
+
+    compute = sum(a.flops / peak(cost_dtype(get_format(formats[name]), carrier)
+                                 if name in formats else dtype)
+                  for name, a in analyses.items() if a.flops)
+    floor = max(compute, (weights + kv) / bw)
+    tokens = b * prompt_len
+    rate, bound = tokens / step if step else 0.0, tokens / floor if floor else 0.0
+    return PrefillRow(**common, tokens_per_s=rate, kv_write_bytes=kv, flops=flops,
+                      bound_tokens_per_s=bound,
+                      bound_by="compute" if compute >= (weights + kv) / bw else "bandwidth",
+                      share_of_bound=_share(rate, bound))
+
+
+def _share(tokens_per_s: float, bound: float) -> float:
+    return tokens_per_s / bound if bound else 0.0
 
 
 def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph: Graph,
                 target: HardwareProfile, batch: tuple[int, int, int], prompt_len: int,
                 cache_len: int, shape: dict[str, Any], *,
                 formats: Mapping[str, WeightFormats] | None = None,
-                memory: MemoryPlan | None = None) -> dict[str, Any]:
+                memory: MemoryPlan | None = None) -> LLMSection:
     """The report's ``llm`` section (module docstring, numbers 1-5); ``formats`` per phase
     (default: the weights' dtype) and ``memory``, the decode plan's memory plan at them."""
     low, opt, high = batch
@@ -322,30 +351,26 @@ def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph:
     weights = mem.param_bytes  # at the applied formats
     own = model_format(decode)
     carrier = carrier_format(target, own)[0]
-    points = batch_points(low, high)
-    rows = {phase: [_phase_row(phase, g, b, target, weights, prompt_len,
-                               formats[phase].applied, carrier) for b in points]
-            for phase, g in (("prefill", prefill_graph), ("decode", decode_graph))}
-    kv_per_seq = rows["decode"][0]["kv_read_bytes"] // points[0]
+    points, max_fit = batch_points(low, high), mem.max_batch_size
+    prefill_rows = tuple(_prefill_row(prefill_graph, b, target, weights, prompt_len,
+                                      formats["prefill"].applied, carrier) for b in points)
+    decode_rows = tuple(_decode_row(decode_graph, b, target, weights, formats["decode"].applied,
+                                    carrier, max_fit) for b in points)
+    kv_per_seq = decode_rows[0].kv_read_bytes // points[0]
     per_seq = mem.activation_peak_per_sample  # the cache inputs are in it
-    fixed = weights + mem.constant_bytes + mem.workspace_bytes
-    usable = mem.usable_bytes
-    at_max = fixed + round(per_seq * high)
-    max_fit, fit_note = mem.max_batch_size, mem.batch_note
-    for r in rows["decode"]:
-        r["fits"] = r["batch"] <= max_fit
+    at_max = weights + mem.constant_bytes + mem.workspace_bytes + round(per_seq * high)
     advice = advise_batch(decode, min(high, max_fit), opt,
                           limit_by="range" if high < max_fit else "memory")
-    first, append = rows["decode"][0], rows["decode"][-1]
+    first, append = decode_rows[0], decode_rows[-1]
     notes = [
         f"{format_note(formats, own, carrier)}; the bound is the datasheet "
         f"bandwidth {target.bandwidth_bytes_per_s / 1e12:g} TB/s",
         f"decode appends each new entry with torch.cat (a copy of the cache per layer): "
-        f"{append['cache_append_s'] / append['step_s']:.0%} of the step at batch {high}; a "
+        f"{append.cache_append_s / append.step_s:.0%} of the step at batch {high}; a "
         "static or paged cache writes only the new entry (tokens_per_s_static_cache leaves "
         "the copy out)",
         f"every node is costed as one kernel, as eager PyTorch runs it: launches are "
-        f"{first['launch_s'] / first['step_s']:.0%} of the decode step at batch {low} "
+        f"{first.launch_s / first.step_s:.0%} of the decode step at batch {low} "
         "(CUDA graphs and fusion remove part of that)",
         "the weight bytes of the bound include the embedding table, of which a step reads "
         "only one row per token",
@@ -355,31 +380,21 @@ def llm_section(prefill: Plan, prefill_graph: Graph, decode: Plan, decode_graph:
         "memory; 'range' means samples/s still rises at the range's max",
     ]
     logger.info("llm plan on %s (%s): decode %.0f tokens/s at batch %d", target.name,
-                formats["decode"].quantize, append["tokens_per_s"], high)
-    return {
-        "model": {**shape, "param_bytes": decode.model.param_bytes,
-                  "param_count": decode.model.param_count},
-        "target": target.name, "bandwidth_bytes_per_s": target.bandwidth_bytes_per_s,
-        "prompt_len": prompt_len, "cache_len": cache_len,
-        "batch": {"min": low, "opt": opt, "max": high},
-        "quantize": formats["decode"].quantize, "carrier": carrier,
-        "weight_formats": {p: formats[p].to_dict() for p in _PHASES},
-        "decode": rows["decode"], "prefill": rows["prefill"],
-        "memory": {
-            "kv_bytes_per_sequence": kv_per_seq,
-            "kv_bytes_per_token": kv_per_seq // cache_len,
-            "kv_bytes_at_max": kv_per_seq * high,
-            "bytes_per_sequence": round(per_seq),
-            "weight_bytes": weights,
-            "param_format": mem.param_format,
-            "required_bytes_at_max": at_max,
-            "usable_bytes": usable,
-            "fits_at_max": at_max <= usable,
-            "max_batch_size": max_fit,
-            "batch_note": fit_note,
-            "recommended_batch_size": advice.recommended,
-            "batch_decided_by": advice.decided_by,
-            "batch_advice": advice.reason,
-        },
-        "notes": notes,
-    }
+                formats["decode"].quantize, append.tokens_per_s, high)
+    return LLMSection(
+        model=LLMModel(**shape, param_bytes=decode.model.param_bytes,
+                       param_count=decode.model.param_count),
+        target=target.name, bandwidth_bytes_per_s=target.bandwidth_bytes_per_s,
+        prompt_len=prompt_len, cache_len=cache_len, batch=BatchRange(low, opt, high),
+        quantize=formats["decode"].quantize, carrier=carrier,
+        weight_formats=PhaseFormats(formats["prefill"].record(), formats["decode"].record()),
+        decode=decode_rows, prefill=prefill_rows,
+        memory=LLMMemory(
+            kv_bytes_per_sequence=kv_per_seq, kv_bytes_per_token=kv_per_seq // cache_len,
+            kv_bytes_at_max=kv_per_seq * high, bytes_per_sequence=round(per_seq),
+            weight_bytes=weights, param_format=mem.param_format,
+            required_bytes_at_max=at_max, usable_bytes=mem.usable_bytes,
+            fits_at_max=at_max <= mem.usable_bytes, max_batch_size=max_fit,
+            batch_note=mem.batch_note, recommended_batch_size=advice.recommended,
+            batch_decided_by=advice.decided_by, batch_advice=advice.reason),
+        notes=tuple(notes))

@@ -33,6 +33,7 @@ from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import DTYPE_BITS, TensorInfo
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_llm import GemmFormats
 
 __all__ = ["WeightFormats", "cost_dtype", "format_cost", "format_note", "quantize_key",
            "weight_formats"]
@@ -62,8 +63,9 @@ class WeightFormats:
         :func:`~graphopt.decisions.memory_runtime.memory.memory_plan`."""
         return dict(self.applied) or None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"gemm_formats": dict(self.counts), "kept": dict(self.kept)}
+    def record(self) -> GemmFormats:
+        """The ``llm`` section's record of this phase's formats."""
+        return GemmFormats(dict(self.counts), dict(self.kept))
 
 
 def quantize_key(quantize: Any, target: HardwareProfile) -> str:

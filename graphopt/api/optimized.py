@@ -34,6 +34,7 @@ from graphopt.ir.kinds import REWRITE_KINDS
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan
 from graphopt.ir.plan_deploy import DeployChoice
+from graphopt.ir.plan_run import OnnxExport, OnnxOptimization, TorchOptimization
 from graphopt.measure.host_cache import host_target
 
 if TYPE_CHECKING:  # torch is imported only where a torch model is optimized
@@ -59,13 +60,18 @@ class Optimized:
     """The result of :func:`optimize`: ``.module``, ``.plan`` and the emitters."""
 
     def __init__(self, module: torch.nn.Module | None, plan: Plan,
-                 example_inputs: tuple[Any, ...], info: dict[str, Any], *,
+                 example_inputs: tuple[Any, ...], info: TorchOptimization | OnnxOptimization, *,
                  onnx_model: Any = None, torch_source: TorchSource | None = None,
                  onnx_path: str | os.PathLike[str] | None = None, session: Any = None) -> None:
         self.module = module
         self.plan = plan
         self.example_inputs = example_inputs
+        #: the backend's run report, the plan's ``optimization`` record (passes applied and
+        #: reverted, tolerance, numerics per output, notes)
         self.info = info
+        #: the ONNX artifact's run report (:meth:`ensure_onnx`: the plan's ``onnx_optimization``)
+        #: for a torch model once exported; None before, and for an ONNX input (see :attr:`info`)
+        self.onnx_info: OnnxExport | None = None
         #: the optimized ``onnx.ModelProto`` (ONNX input, or after :meth:`export_onnx`) and its
         #: ONNX Runtime session settings (``decisions.ort_session.SessionConfig``)
         self.onnx_model, self.onnx_session = onnx_model, session
@@ -109,7 +115,7 @@ class Optimized:
     @property
     def runtime_settings(self) -> Any:
         """The torch runtime settings for running this module on its target (issue 4 rules)."""
-        return plan_runtime_settings(self.plan, self.info.get("compute_dtype", "fp32"),
+        return plan_runtime_settings(self.plan, self.info.compute_dtype,
                                      self.plan.memory)
 
     def runtime(self) -> contextlib.AbstractContextManager[dict[str, str]]:
@@ -119,8 +125,9 @@ class Optimized:
 
     @property
     def numerics(self) -> list[dict[str, Any]]:
-        """Measured error of each output against the original model (and its tolerance)."""
-        return list(self.info["numerics"])
+        """Measured error of each output against the original model (and its tolerance), as
+        the report writes it."""
+        return [n.to_json() for n in self.info.numerics]
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the optimized module to one ``.pt2`` file (torch.export's archive, with the plan,
@@ -166,7 +173,7 @@ class Optimized:
                                     f"opset={opset} was asked for",
                                     "convert the input model first (onnx.version_converter), "
                                     "or leave opset out")
-        elif self.onnx_model is None or opset not in (None, self.info["onnx"]["opset"]):
+        elif self.onnx_info is None or opset not in (None, self.onnx_info.opset):
             from graphopt.backends.torch.isolation import clone_inputs
             from graphopt.frontends.onnx_export import export_torch
 
@@ -182,16 +189,14 @@ class Optimized:
             done = optimize_onnx(exported.model, self.plan.target, opts,
                                  samples=[exported.feeds], dynamic_shapes=exported.dim_sizes)
             self.onnx_model, self.onnx_session, onnx_plan = done.model, done.session, done.plan
-            export = {"exporter": exported.exporter, "export_s": exported.seconds,
-                      "opset": _opset_of(self.onnx_model)}
-            self.info["onnx"] = {**done.report, **export}
             # the report keeps each artifact's own decisions and numerics: the torch module's
             # under "optimization", the ONNX file's here (its nodes are the ONNX graph's)
             # its kernels are ONNX Runtime's, fused for the target's EP (cost/ort_fusion.py)
-            self.plan = replace(self.plan, onnx_optimization={
-                **onnx_plan.optimization, **export,
-                "decisions": _rewrite_decisions(onnx_plan),
-                **({"fusion": onnx_plan.fusion.to_json()} if onnx_plan.fusion is not None else {})})
+            self.onnx_info = OnnxExport.of(
+                done.report, exporter=exported.exporter, export_s=exported.seconds,
+                opset=_opset_of(self.onnx_model), decisions=_rewrite_decisions(onnx_plan),
+                fusion=onnx_plan.fusion)
+            self.plan = replace(self.plan, onnx_optimization=self.onnx_info)
         return self.onnx_model
 
     @property
@@ -334,7 +339,7 @@ def _optimize_torch_module(model: Any, example_inputs: Any, target: str | Hardwa
     module = (OptimizedModule(done.module, shapes, done.runtime_flags,
                               shape_range=done.shape_range, input_names=names)
               if isinstance(done.module, fx.GraphModule) else done.module)
-    result = Optimized(module, done.plan, args, dict(done.report),
+    result = Optimized(module, done.plan, args, done.report,
                        torch_source=TorchSource(model, example_inputs, options,
                                                 dynamic_shapes))
     result.shape_range, result.input_names = done.shape_range, names

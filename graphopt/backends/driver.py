@@ -36,6 +36,7 @@ from graphopt.hardware import is_this_machine
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Decision, mark_reverted
+from graphopt.ir.plan_run import PassReverted
 
 __all__ = ["Backend", "DriverResult", "Pass", "PassContext", "PassResult", "ToleranceKind",
            "measure_here", "run_passes"]
@@ -130,7 +131,7 @@ class DriverResult(Generic[M]):
 
     model: M
     applied: list[str] = field(default_factory=list)
-    reverted: list[dict[str, str]] = field(default_factory=list)
+    reverted: list[PassReverted] = field(default_factory=list)
     #: the loosest tolerance of the passes that applied: the final model's budget
     tolerance: Tolerance = field(default_factory=lambda: tolerance_for("fp32"))
     #: wall time of each pass (apply, check, measure)
@@ -177,7 +178,7 @@ def _step(p: Pass, backend: Backend[M], model: M, measure: bool, out: DriverResu
     tol = _tolerance(p, ctx, out.tolerance)
     result = backend.apply(p, model, tol)
     if result.declined is not None:  # it checked itself and backed out, decisions restored
-        out.reverted.append({"pass": p.name, "reason": result.declined})
+        out.reverted.append(PassReverted(p.name, result.declined))
         return before
     if not result.modified:
         logger.debug("pass %s changed nothing", p.name)
@@ -188,7 +189,7 @@ def _step(p: Pass, backend: Backend[M], model: M, measure: bool, out: DriverResu
         reason = _slower(p, backend, before, result.model)
     if reason is not None:
         logger.info("pass %s reverted: %s", p.name, reason)
-        out.reverted.append({"pass": p.name, "reason": reason})
+        out.reverted.append(PassReverted(p.name, reason))
         ctx.decisions = mark_reverted(saved, ctx.decisions, reason)
         if p.tolerance is ToleranceKind.COMPUTE:  # the model computes in fp32 again
             ctx.compute_dtype = "fp32"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphopt.errors import GraphoptError
+from graphopt.ir.plan_run import MetricPass, MetricReport
 
 __all__ = ["NOT_HELD_OUT", "MetricGoal", "metric_goal"]
 
@@ -34,8 +35,8 @@ class MetricGoal:
 
     fn: Callable[[Any, Any], Any]
     min_metric: float
-    #: pass name -> {"value", "kept", "batches"}, in the order the passes were checked
-    passes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: pass name -> its value, in the order the passes were checked
+    passes: dict[str, MetricPass] = field(default_factory=dict)
     #: which batches the metric ran on ("held-out calibration batches", "the example inputs")
     on: str = ""
 
@@ -66,15 +67,15 @@ class MetricGoal:
         """Record ``pass_name``'s value; why to revert it (below the floor), else None."""
         value = self.value(pairs)
         kept = value >= self.min_metric
-        self.passes[pass_name] = {"value": value, "kept": kept, "batches": len(pairs)}
+        self.passes[pass_name] = MetricPass(value, kept, len(pairs))
         if kept:
             return None
         return (f"reverted: metric {self.name} is {value:.6g} on {self.on or 'the check batches'}"
                 f" ({len(pairs)} batch(es)), below min_metric {self.min_metric:g}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "min_metric": self.min_metric, "on": self.on,
-                "passes": {k: dict(v) for k, v in self.passes.items()}}
+    def record(self) -> MetricReport:
+        """The report's record (the plan's ``optimization.metric``)."""
+        return MetricReport(self.name, self.min_metric, self.on, dict(self.passes))
 
 
 _FIX = ("give metric=f(reference_outputs, outputs) -> float that returns a finite number for "

@@ -36,21 +36,21 @@ def _cmd_llm(args: argparse.Namespace) -> int:
     lp.decode.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     llm = lp.section
-    mem = llm["memory"]
+    mem = llm.memory
     print(f"{lp.decode.model.name} on {lp.decode.target.display_name}: KV cache "
-          f"{fmt_bytes(mem['kv_bytes_per_sequence'])} per sequence of {args.cache} "
-          f"tokens; largest batch that fits: {mem['max_batch_size']}; recommended decode "
-          f"batch {mem['recommended_batch_size']} ({mem['batch_decided_by']})")
-    if llm["quantize"] != "none":
-        gemms = llm["weight_formats"]["decode"]["gemm_formats"]
-        print(f"  quantize {llm['quantize']}: decode weight GEMMs "
+          f"{fmt_bytes(mem.kv_bytes_per_sequence)} per sequence of {args.cache} "
+          f"tokens; largest batch that fits: {mem.max_batch_size}; recommended decode "
+          f"batch {mem.recommended_batch_size} ({mem.batch_decided_by})")
+    if llm.quantize != "none":
+        gemms = llm.weight_formats.decode.gemm_formats
+        print(f"  quantize {llm.quantize}: decode weight GEMMs "
               + ", ".join(f"{k} x{v}" for k, v in sorted(gemms.items()))
-              + f"; weights {fmt_bytes(mem['weight_bytes'])}")
+              + f"; weights {fmt_bytes(mem.weight_bytes)}")
     print("  decode  batch  tokens/s  bound tokens/s | prefill tokens/s  TTFT")
-    for d, p in zip(llm["decode"], llm["prefill"], strict=False):
-        print(f"          {d['batch']:5d}  {d['tokens_per_s']:8.0f}  "
-              f"{d['bound_tokens_per_s']:14.0f} | {p['tokens_per_s']:16.0f}  "
-              f"{fmt_seconds(p['step_s'])}")
+    for d, p in zip(llm.decode, llm.prefill, strict=False):
+        print(f"          {d.batch:5d}  {d.tokens_per_s:8.0f}  "
+              f"{d.bound_tokens_per_s:14.0f} | {p.tokens_per_s:16.0f}  "
+              f"{fmt_seconds(p.step_s)}")
     for path in written:
         print(f"wrote {path}")
     return 0

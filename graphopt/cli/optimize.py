@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from graphopt.api.deploy_folder import (
     ARTIFACT_SUFFIXES,
@@ -30,6 +30,7 @@ from graphopt.files.outputs import OutputSet
 from graphopt.frontends.python_spec import is_python_spec, load_python_spec
 from graphopt.hardware.registry import DEFAULT_TARGET
 from graphopt.ir.options import CHOICES, Options
+from graphopt.ir.plan_run import OnnxOptimization
 from graphopt.report.deploy import deploy_summary
 
 __all__ = ["add_parser"]
@@ -88,8 +89,8 @@ def _optimize_onnx(args: argparse.Namespace, target: Any, options: Options,
     else:  # the API's own call, so the report is graphopt.optimize's (its deploy choice too)
         opt = optimize(model, None, target, calibration=args.calibration,
                        dynamic_shapes=dynamic, **_optimize_kwargs(options))
-        done = OnnxResult(opt.onnx_model, opt.plan, opt.info, opt.onnx_session,
-                          tuple(opt.info.get("warnings", ())))
+        run = cast(OnnxOptimization, opt.info)  # an ONNX input: the ONNX backend's run
+        done = OnnxResult(opt.onnx_model, opt.plan, run, opt.onnx_session, run.warnings)
     info = done.report
     plan = with_partition(done.plan, args.devices, args.strategy)
     stage_onnx(outputs, done.model, args.output, done.session)
@@ -97,23 +98,23 @@ def _optimize_onnx(args: argparse.Namespace, target: Any, options: Options,
     written = outputs.commit()
     for warning in done.warnings:
         print(terminal_safe(f"graphopt: warning: {warning}"), file=sys.stderr)
-    applied = ", ".join(info["passes_applied"]) or "none"
+    applied = ", ".join(info.passes_applied) or "none"
     print(f"{plan.model.name} on {plan.target.display_name}: passes applied: {applied}")
-    print(f"  precision: {info['precision_choice']['reason']}")
-    for r in info["passes_reverted"]:
-        print(f"  reverted {r['pass']}: {r['reason']}")
-    for g in info["guard"]:
-        if g["rounds"]:
-            print(f"  guard {g['pass']}: {g['reason']} ({g['rounds']} round(s))")
-        for f in g["fallbacks"]:
-            print(f"    kept {f['node']} in higher precision: {f['reason'][:160]}")
-    tol = info["tolerance"]
-    print(f"  numerics vs the original in ONNX Runtime on {info['samples']} batch(es) "
-          f"(tolerance {tol['rel_to_scale']:g} of scale, cosine >= {tol['min_cosine']}):")
-    for n in info["numerics"]:
-        print(f"    {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
-              f"cosine {n['cosine']:.6f}, {snr_text(n['snr_db'])}, "
-              f"{'within' if n['within'] else 'OUT OF'} tolerance")
+    print(f"  precision: {info.precision_choice.reason}")
+    for r in info.passes_reverted:
+        print(f"  reverted {r.name}: {r.reason}")
+    for g in info.guard:
+        if g.rounds:
+            print(f"  guard {g.name}: {g.reason} ({g.rounds} round(s))")
+        for f in g.fallbacks:
+            print(f"    kept {f.node} in higher precision: {f.reason[:160]}")
+    tol = info.tolerance
+    print(f"  numerics vs the original in ONNX Runtime on {info.samples} batch(es) "
+          f"(tolerance {tol.rel_to_scale:g} of scale, cosine >= {tol.min_cosine}):")
+    for n in info.numerics:  # the report writes a non-finite number as "inf"
+        print(f"    {n.output}: max abs {float(n.max_abs):.3g}, max rel {float(n.max_rel):.3g}, "
+              f"cosine {float(n.cosine):.6f}, {snr_text(float(n.snr_db or 0))}, "
+              f"{'within' if n.within else 'OUT OF'} tolerance")
     layout = done.session.reasons.get("layout")
     if layout:
         print(f"  layout: {layout}")
@@ -153,18 +154,19 @@ def _optimize_pt2(args: argparse.Namespace, target: Any, options: Options,
     written = outputs.commit()
     info = opt.info
     print(f"{plan.model.name} on {plan.target.display_name}: passes applied: "
-          f"{', '.join(info['passes_applied']) or 'none'}")
-    for r in info["passes_reverted"]:
-        print(f"  reverted {r['pass']}: {r['reason']}")
+          f"{', '.join(info.passes_applied) or 'none'}")
+    for r in info.passes_reverted:
+        print(f"  reverted {r.name}: {r.reason}")
     if opt.shape_range:
         print(f"  shape range: {opt.shape_range.describe()}")
-    for n in info["numerics"]:
-        print(f"  output {n['output']}: max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, "
-              f"cosine {n['cosine']:.6f}, {'within' if n['within'] else 'OUT OF'} tolerance")
+    for n in info.numerics:
+        print(f"  output {n.output}: max abs {float(n.max_abs):.3g}, "
+              f"max rel {float(n.max_rel):.3g}, cosine {float(n.cosine):.6f}, "
+              f"{'within' if n.within else 'OUT OF'} tolerance")
     _print_deploy(opt.deploy)
     for path_written in written:
         print(f"wrote {path_written}")
-    return 0 if all(n["within"] for n in info["numerics"]) else 1
+    return 0 if all(n.within for n in info.numerics) else 1
 
 
 def _optimize_kwargs(options: Options) -> dict[str, Any]:
@@ -209,7 +211,7 @@ def _optimize_folder(args: argparse.Namespace, target: Any, options: Options,
     plan.stage_reports(outputs, json=args.json, md=args.md, html=args.html)
     written = outputs.commit()
     print(f"{plan.model.name} on {plan.target.display_name}: passes applied: "
-          f"{', '.join(opt.info['passes_applied']) or 'none'}")
+          f"{', '.join(opt.info.passes_applied) or 'none'}")
     _print_deploy(opt.deploy, folder=True)
     for path_written in written:
         print(f"wrote {path_written}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
 
 from graphopt.analysis import KernelClass, annotate
 from graphopt.analysis.record import NodeAnalysis
@@ -21,7 +20,7 @@ from graphopt.decisions.padding import required_multiple
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.graph import Graph
 from graphopt.ir.plan import Plan
-from graphopt.ir.plan_sections import PointTimes, ShapeRangePlan
+from graphopt.ir.plan_sections import PointCost, PointTimes, RangePoints, ShapeRangePlan
 from graphopt.ir.shape_range import POINTS, ShapeRange, bind
 
 __all__ = ["alignment_hints", "at_opt", "with_hints", "with_range"]
@@ -44,7 +43,7 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
     if not rng:
         return plan
     opt_values = rng.values("opt")
-    points: dict[str, dict[str, dict[str, Any]]] = {}
+    points: dict[str, dict[str, PointCost]] = {}
     totals = {"opt": plan.est_latency_s}
     for point in ("min", "max"):
         values = rng.values(point)
@@ -55,7 +54,7 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
         analyses = annotate(sized)
         costs = estimate_all(analyses, target)
         total = 0.0
-        records: dict[int, dict[str, Any]] = {}
+        records: dict[int, PointCost] = {}
         for n in sized.nodes:
             a, c = analyses[n.name], costs[n.name]
             total += c.est_time_s
@@ -65,7 +64,7 @@ def with_range(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
     nodes = []
     for n in plan.nodes:  # a point equal to opt (or skipped) is the node's own record
         own, at = _record(records, n.analysis, n.cost), points.get(n.name, {})
-        nodes.append(replace(n, at_points={p: at.get(p, own) for p in POINTS}))
+        nodes.append(replace(n, at_points=RangePoints(**{p: at.get(p, own) for p in POINTS})))
     section = ShapeRangePlan(rng.dims, {k: tuple(v) for k, v in rng.inputs.items()},
                              PointTimes(**totals))
     unbounded = [d.name for d in rng.dims if d.max is None]
@@ -88,15 +87,13 @@ def with_hints(plan: Plan, graph: Graph, target: HardwareProfile) -> Plan:
     return replace(plan, shape_range=replace(section, hints=tuple(hints)))
 
 
-def _record(records: dict[int, dict[str, Any]], a: NodeAnalysis, c: NodeCost
-            ) -> dict[str, Any]:
+def _record(records: dict[int, PointCost], a: NodeAnalysis, c: NodeCost) -> PointCost:
     """A node's dims and cost at one point. Nodes that share a cost object (``estimate_all``:
     the same work) share the record: a repeated layer is described once per point."""
     rec = records.get(id(c))
     if rec is None:
-        rec = records[id(c)] = {"dims": dict(a.dims), "est_time_s": c.est_time_s,
-                                "bottleneck": c.bottleneck, "flops": a.flops,
-                                "bytes": a.bytes_total}
+        rec = records[id(c)] = PointCost(dict(a.dims), c.est_time_s, c.bottleneck, a.flops,
+                                         a.bytes_total)
     return rec
 
 

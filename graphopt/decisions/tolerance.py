@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from graphopt.ir.plan_run import ToleranceBudget
+
 __all__ = ["Tolerance", "loosest", "same_nonfinite", "tolerance_for"]
 
 
@@ -23,6 +25,15 @@ class Tolerance:
 
     def to_dict(self) -> dict[str, float]:
         return {"rel_to_scale": self.rel_to_scale, "min_cosine": self.min_cosine}
+
+    def budget(self) -> ToleranceBudget:
+        """The report's record of it (the plan's ``optimization.tolerance``)."""
+        return ToleranceBudget(self.rel_to_scale, self.min_cosine)
+
+    @classmethod
+    def of(cls, budget: ToleranceBudget) -> Tolerance:
+        """The tolerance a report's record holds."""
+        return cls(budget.rel_to_scale, budget.min_cosine)
 
 
 # fp32 rewrites (folding, padding, layout) reorder float sums at most: 1e-5 of scale.

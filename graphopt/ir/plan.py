@@ -22,10 +22,12 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.decision_details import Detail, read_detail
 from graphopt.ir.graph import TensorInfo
 from graphopt.ir.plan_deploy import DeployChoice
+from graphopt.ir.plan_llm import LLMSection
 from graphopt.ir.plan_memory import MemoryPlan, QuantizationPlan, RuntimeSettings
 from graphopt.ir.plan_parallel import TensorParallelPlan, TwoDParallelPlan
 from graphopt.ir.plan_partition import PartitionPlan, StrategyChoice
-from graphopt.ir.plan_sections import FusionPlan, RewritesPlan, ShapeRangePlan
+from graphopt.ir.plan_run import OnnxExport, OnnxOptimization, TorchOptimization
+from graphopt.ir.plan_sections import FusionPlan, RangePoints, RewritesPlan, ShapeRangePlan
 from graphopt.ir.plan_summary import ModelInfo, Summary
 from graphopt.ir.records import read_json, write_json
 from graphopt.report.emitters import ReportEmitters
@@ -38,8 +40,9 @@ __all__ = ["SCHEMA_VERSION", "SECTIONS", "Decision", "NodePlan", "Plan", "PlanSe
 #: a control-flow node its bodies' analyses, so that the JSON holds the whole plan
 SCHEMA_VERSION = 2
 
-#: a report section whose typed record has not landed yet: its JSON object as it is
-Section = Any
+#: a node's fields that are its cost at its shape range's opt point (a
+#: :class:`~graphopt.ir.plan_sections.PointCost`)
+_POINT_KEYS = ("dims", "est_time_s", "bottleneck", "flops", "bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +99,10 @@ class NodePlan:
     inputs: tuple[TensorInfo | None, ...]
     outputs: tuple[TensorInfo | None, ...]
     decisions: Mapping[str, Decision] = field(default_factory=lambda: MappingProxyType({}))
-    #: for a plan over a shape range: {"min"|"opt"|"max": {dims, est_time_s, bottleneck,
-    #: flops, bytes}} (``graphopt.decisions.range_plan``); None for a plan at one shape. The JSON
-    #: report's per-node ``range`` holds min and max (opt is the node's own fields)
-    at_points: Mapping[str, Mapping[str, Any]] | None = None
+    #: for a plan over a shape range: its dims and cost at min, opt and max
+    #: (``graphopt.decisions.range_plan``); None for a plan at one shape. The JSON report's
+    #: per-node ``range`` holds min and max (opt is the node's own fields)
+    at_points: RangePoints | None = None
     #: this node's measured time on the target (``graphopt.profile``: the median over the
     #: profiled runs); None when not measured, and then absent from the JSON
     measured_s: float | None = None
@@ -142,7 +145,8 @@ class NodePlan:
             "decisions": {k: d.to_dict() for k, d in sorted(self.decisions.items())},
             # opt is the node's own fields above: the JSON gives min and max only
             **({} if self.at_points is None else
-               {"range": {p: dict(v) for p, v in self.at_points.items() if p != "opt"}}),
+               {"range": {"min": self.at_points.min.to_json(),
+                          "max": self.at_points.max.to_json()}}),
         }
 
 
@@ -152,10 +156,8 @@ class NodePlan:
         analysis = NodeAnalysis.from_json({**d, "op_type": d["op_type"]})
         cost = d["cost"]
         points = d.get("range")
-        if points is not None:  # the opt point is the node's own fields
-            opt = {"dims": d["dims"], "est_time_s": d["est_time_s"],
-                   "bottleneck": d["bottleneck"], "flops": d["flops"], "bytes": d["bytes"]}
-            points = {**points, "opt": opt}
+        at_points = None if points is None else read_json(  # opt is the node's own fields
+            RangePoints, {**points, "opt": {k: d[k] for k in _POINT_KEYS}}, f"{d['name']}.range")
         return cls(
             name=d["name"], op=d["op"], op_type=d["op_type"], analysis=analysis,
             cost=NodeCost(est_time_s=d["est_time_s"], compute_time_s=d["compute_time_s"],
@@ -169,7 +171,7 @@ class NodePlan:
             outputs=tuple(_tensor(t) for t in d["outputs"]),
             decisions={k: Decision.from_json(k, v, f"nodes[{d['name']}].decisions.{k}")
                        for k, v in d["decisions"].items()},
-            at_points=points, measured_s=d.get("measured_s"))
+            at_points=at_points, measured_s=d.get("measured_s"))
 
 
 def _tensor_dict(t: TensorInfo | None) -> dict[str, Any] | None:
@@ -203,13 +205,13 @@ class Plan(ReportEmitters):
     runtime_settings: RuntimeSettings | None = None
     rewrites: RewritesPlan | None = None
     shape_range: ShapeRangePlan | None = None
-    optimization: Section = None
-    onnx_optimization: Section = None
+    optimization: TorchOptimization | OnnxOptimization | None = None
+    onnx_optimization: OnnxExport | None = None
     deploy: DeployChoice | None = None
     partition: PartitionPlan | None = None
     tensor_parallel: TensorParallelPlan | TwoDParallelPlan | None = None
     strategy: StrategyChoice | None = None
-    llm: Section = None
+    llm: LLMSection | None = None
     #: the files the model was read from (not in the report): :meth:`save` never writes them
     inputs: tuple[str, ...] = field(default=(), compare=False)
 

@@ -18,8 +18,8 @@ from graphopt.ir.records import Record, keyed, optional
 from graphopt.ir.shape_range import DimRange, ShapeRange
 
 __all__ = ["FusionKind", "FusionPlan", "FusionRuntime", "KernelGroup", "LayoutRegion",
-           "LayoutSummary", "PadSlice", "PaddingSummary", "PerCallPad", "PointTimes",
-           "RewritesPlan", "ShapeRangePlan"]
+           "LayoutSummary", "PadSlice", "PaddingSummary", "PerCallPad", "PointCost",
+           "PointTimes", "RangePoints", "RewritesPlan", "ShapeRangePlan"]
 
 
 class FusionKind(StrEnum):
@@ -152,6 +152,27 @@ class PointTimes(Record):
     min: float
     opt: float
     max: float
+
+
+@dataclass(frozen=True, slots=True)
+class PointCost(Record):
+    """A node's dims and cost at one point of the plan's shape range."""
+
+    dims: Mapping[str, int]
+    est_time_s: float
+    bottleneck: str  # "compute" | "memory" | "latency"
+    flops: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RangePoints(Record):
+    """A node at each point of its plan's shape range (:mod:`graphopt.decisions.range_plan`).
+    The report's per-node ``range`` holds min and max: opt is the node's own fields."""
+
+    min: PointCost
+    opt: PointCost
+    max: PointCost
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,7 @@ class DimRange(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class ShapeRange:
+class ShapeRange(Record):
     """The dynamic dimensions of a model and where they sit in its inputs.
 
     ``inputs`` maps each graph input to its shape, a dynamic dimension spelled by its name.

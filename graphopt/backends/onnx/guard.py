@@ -41,13 +41,19 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import onnx
 
 from graphopt.backends.onnx.context import OnnxContext
-from graphopt.backends.onnx.numerics import OutputError, compare, run_samples, snr_text, within
+from graphopt.backends.onnx.numerics import (
+    OutputError,
+    compare,
+    report_number,
+    run_samples,
+    snr_text,
+    within,
+)
 from graphopt.backends.onnx.ort_runner import OrtModel, emulate_fp16
 from graphopt.backends.onnx.precision import FOLLOW_OPS
 from graphopt.backends.onnx.probe import HI, LO, Probe, build_probe
@@ -64,6 +70,7 @@ from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
 from graphopt.ir.decision_details import Sensitivity
 from graphopt.ir.plan import Decision
+from graphopt.ir.plan_run import Fallback, OnnxGuard, OnnxSensitivity, OnnxSensitivityRow
 
 __all__ = ["MAX_CHECKS", "MAX_TRIES", "GuardReport", "LossyPass", "OutputError", "compare", "guard",
            "run_samples", "snr_text"]
@@ -89,7 +96,7 @@ class GuardReport:
     tolerance: Tolerance
     initial: list[OutputError] = field(default_factory=list)
     final: list[OutputError] = field(default_factory=list)
-    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
     rounds: int = 0
     reverted: bool = False
     reason: str = ""
@@ -104,17 +111,16 @@ class GuardReport:
     def within(self) -> bool:
         return within(self.final)
 
-    def to_dict(self) -> dict[str, Any]:
-        kept = [s for s in self.sensitivity if s.kept]
-        return {"pass": self.pass_name, "tolerance": self.tolerance.to_dict(),
-                "rounds": self.rounds, "reverted": self.reverted, "reason": self.reason,
-                "initial": [e.to_dict() for e in self.initial],
-                "final": [e.to_dict() for e in self.final], "fallbacks": list(self.fallbacks),
-                "sensitivity": {
-                    "nodes": len(self.sensitivity), "kept": len(kept),
-                    "sessions": self.sessions, "runs": self.runs,
-                    "samples": self.samples_measured, "not_measured": len(self.not_measured),
-                    "top": [s.to_dict() for s in self.sensitivity[:REPORT_TOP]]}}
+    def record(self) -> OnnxGuard:
+        """The report's record (the plan's ``optimization.guard`` entry)."""
+        top = tuple(OnnxSensitivityRow(**{k: report_number(v) for k, v in s.to_dict().items()})
+                    for s in self.sensitivity[:REPORT_TOP])
+        sens = OnnxSensitivity(len(self.sensitivity), sum(s.kept for s in self.sensitivity),
+                               self.sessions, self.runs, self.samples_measured,
+                               len(self.not_measured), top)
+        return OnnxGuard(self.pass_name, self.tolerance.budget(), self.rounds, self.reverted,
+                         self.reason, tuple(e.record() for e in self.initial),
+                         tuple(e.record() for e in self.final), tuple(self.fallbacks), sens)
 
 
 def _lowered(ctx: OnnxContext, kind: str, order: dict[str, int]) -> list[str]:
@@ -361,9 +367,8 @@ def _kept(report: GuardReport, keep: list[str], worst: str) -> None:
         why = ("overflow (inf/NaN) starts here" if s.overflow else
                f"adds relative error {s.local:.3g} by itself, estimated {s.contribution or 0:.3g}"
                " of the output's scale at the output")
-        report.fallbacks.append({"node": s.node, "round": report.rounds, "how": "sensitivity",
-                                 "score": score, "rank": s.rank,
-                                 "reason": f"{why} ({worst})"})
+        report.fallbacks.append(Fallback(s.node, report.rounds, "sensitivity",
+                                         report_number(score), s.rank, f"{why} ({worst})"))
 
 
 def _annotate(ctx: OnnxContext, kind: str, sens: list[NodeSensitivity]) -> None:

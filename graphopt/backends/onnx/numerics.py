@@ -21,8 +21,17 @@ from tqdm import tqdm
 
 from graphopt.backends.onnx.ort_runner import OrtModel, emulate_fp16
 from graphopt.decisions.tolerance import Tolerance, same_nonfinite
+from graphopt.ir.plan_run import OutputNumerics
 
-__all__ = ["OutputError", "compare", "run_samples", "snr_text", "within"]
+__all__ = ["OutputError", "compare", "report_number", "run_samples", "snr_text", "within"]
+
+
+def report_number(v: Any) -> Any:
+    """A number as the ONNX report writes it: a numpy scalar as Python's, a non-finite float
+    as "inf", "-inf" or "nan" (an exact output's SNR is infinite; JSON holds no inf)."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    return str(v) if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def snr_text(snr_db: float) -> str:
@@ -63,6 +72,15 @@ class OutputError:
                 "cosine": self.cosine, "snr_db": self.snr_db, "scale": self.scale,
                 "finite": self.finite, "nonfinite": self.nonfinite, "within": self.within,
                 "tolerance": self.tolerance.to_dict()}
+
+    def record(self) -> OutputNumerics:
+        """The report's row (the plan's ``optimization.numerics``), numbers as
+        :func:`report_number` writes them."""
+        n = report_number
+        return OutputNumerics(self.name, n(self.max_abs), n(self.max_rel), n(self.cosine),
+                              n(self.scale), n(self.within), self.tolerance.budget(),
+                              snr_db=n(self.snr_db), finite=n(self.finite),
+                              nonfinite=n(self.nonfinite))
 
 
 def _bar(total: int, desc: str) -> tqdm:

@@ -55,6 +55,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import resolve_targets
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, mark_reverted
+from graphopt.ir.plan_run import OnnxGuard, OnnxOptimization, PrecisionChoice
 
 __all__ = ["default_passes", "optimize_onnx", "save_onnx"]
 
@@ -133,7 +134,7 @@ class _OnnxBackend:
     original: onnx.ModelProto
     reference: list[list[np.ndarray]]
     held: HeldOut = field(default_factory=HeldOut)
-    guard_reports: list[dict[str, Any]] = field(default_factory=list)
+    guard_reports: list[OnnxGuard] = field(default_factory=list)
 
     def snapshot(self, model: onnx.ModelProto) -> onnx.ModelProto:
         return model  # an ONNX pass returns a new model and never changes its input
@@ -161,7 +162,7 @@ class _OnnxBackend:
         cand, report = guard(p.name, p.run, model, self.ctx, kind=p.name, tolerance=tol,
                              original=self.original, reference=self.reference,
                              samples=self.ctx.samples)
-        self.guard_reports.append(report.to_dict())
+        self.guard_reports.append(report.record())
         if cand is not None:
             return PassResult(cand, True)
         return PassResult(model, False, report.reason if report.reverted else None)
@@ -341,7 +342,7 @@ def _metric_batches(setup: _Setup, goal: MetricGoal | None) -> None:
     setup.warnings.append(NOT_HELD_OUT.format(what=goal.on))
 
 
-def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, Any]],
+def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[OnnxGuard],
             start: float) -> OnnxResult:
     """The session settings, the checked model, its numbers against the original's and the
     run report."""
@@ -359,26 +360,25 @@ def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[dict[str, 
     warnings = [*setup.warnings, *_declined_requests(opts, applied, ctx)]
     for w in warnings:
         logger.info("%s", w)  # the CLI prints them; the report lists them
-    rng, calib, runs = setup.rng, setup.calib, setup.runs
-    info: dict[str, Any] = {
-        "source": "onnx", "target": ctx.target.name, "passes_applied": applied,
-        "warnings": warnings,
-        "passes_reverted": done.reverted, "compute_dtype": ctx.compute_dtype
-        if "precision" in applied else "fp32", "precision_choice": ctx.notes["precision_choice"],
-        "tolerance": done.tolerance.to_dict(), "numerics": [e.to_dict() for e in final],
-        "guard": reports, "fallbacks": [f for r in reports for f in r["fallbacks"]],
-        "session": session.to_dict(), "samples": len(runs),
-        "sample_shapes": [{k: list(np.shape(v)) for k, v in r.items()} for r in runs],
-        "sample_values": setup.values,
-        **({"shape_range": rng.to_dict(), "range_samples": len(setup.at_ends)} if rng else {}),
-        "calibration_batches": len(calib) if calib else 0,
-        "held_out_batches": len(setup.held.samples),
-        **({"metric": setup.held.goal.to_dict()} if setup.held.goal is not None else {}),
-        "notes": _plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
-        "timings": timings}
+    rng, calib, runs, goal = setup.rng, setup.calib, setup.runs, setup.held.goal
+    info = OnnxOptimization(
+        source="onnx", target=ctx.target.name, passes_applied=tuple(applied),
+        warnings=tuple(warnings), passes_reverted=tuple(done.reverted),
+        compute_dtype=ctx.compute_dtype if "precision" in applied else "fp32",
+        precision_choice=PrecisionChoice(**ctx.notes["precision_choice"]),
+        tolerance=done.tolerance.budget(), numerics=tuple(e.record() for e in final),
+        guard=tuple(reports), fallbacks=tuple(f for r in reports for f in r.fallbacks),
+        session=_plain(session.to_dict()), samples=len(runs),
+        sample_shapes=tuple({k: tuple(np.shape(v)) for k, v in r.items()} for r in runs),
+        sample_values={k: int(v) for k, v in setup.values.items()},
+        shape_range=rng or None, range_samples=len(setup.at_ends) if rng else None,
+        calibration_batches=len(calib) if calib else 0,
+        held_out_batches=len(setup.held.samples),
+        metric=goal.record() if goal is not None else None,
+        notes=_plain({k: v for k, v in ctx.notes.items() if k != "precision_choice"}),
+        timings=dict(timings))
     plan = replace(setup.plan.with_decisions(ctx.decisions),
-                   warnings=(*setup.plan.warnings, *warnings),
-                   optimization=_plain(info))
+                   warnings=(*setup.plan.warnings, *warnings), optimization=info)
     logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
-                len(info["fallbacks"]), timings["total_s"])
+                len(info.fallbacks), timings["total_s"])
     return OnnxResult(current, plan, info, session, tuple(warnings))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import onnx
 
 from graphopt.decisions.memory_runtime.ort_session import SessionConfig
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_run import OnnxOptimization
 
 __all__ = ["OnnxResult"]
 
@@ -22,7 +22,8 @@ class OnnxResult:
         plan: the plan with every decision the passes applied or declined; its
             ``optimization`` section is ``report``.
         report: the run report (passes, guard rounds and fallbacks, numerics per output, the
-            session settings, timings): JSON-ready, what ``Optimized.info`` holds.
+            session settings, timings): the plan's ``optimization`` record, what
+            ``Optimized.info`` holds.
         session: the ONNX Runtime session settings written beside the model.
         warnings: what the user asked for and did not get (an explicit quantize that
             quantized nothing), also in the plan's warnings.
@@ -30,11 +31,11 @@ class OnnxResult:
 
     model: onnx.ModelProto
     plan: Plan
-    report: dict[str, Any]
+    report: OnnxOptimization
     session: SessionConfig
     warnings: tuple[str, ...] = ()
 
     @property
     def within_tolerance(self) -> bool:
         """Every output of the optimized model within the stated tolerance of the original's."""
-        return all(n["within"] for n in self.report["numerics"])
+        return all(n.within for n in self.report.numerics)

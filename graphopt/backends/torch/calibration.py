@@ -205,7 +205,7 @@ def held_out(traced: torch.nn.Module, ctx: RewriteContext, calibration: Any,
 
 
 def held_out_report(held: HeldOut, ctx: RewriteContext) -> dict[str, Any]:
-    """The report's fields (the ONNX path's names): batches that chose, batches held out,
+    """``TorchOptimization``'s fields (the ONNX path's names): batches that chose, held out,
     and how they were used; the metric's value per lossy pass when one was given."""
     given = held.chosen + len(held.batches)
     use = ("none given: the passes are checked on the example inputs" if not given else
@@ -217,4 +217,4 @@ def held_out_report(held: HeldOut, ctx: RewriteContext) -> dict[str, Any]:
            "checks the lossy passes")
     return {"calibration_batches": held.chosen, "held_out_batches": len(held.batches),
             "calibration_use": use,
-            **({"metric": held.goal.to_dict()} if held.goal is not None else {})}
+            **({"metric": held.goal.record()} if held.goal is not None else {})}

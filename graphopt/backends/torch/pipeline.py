@@ -59,6 +59,7 @@ from graphopt.ir.decision_details import WeightQuantDetail
 from graphopt.ir.options import Options
 from graphopt.ir.plan import Plan, mark_reverted
 from graphopt.ir.plan_memory import MemoryPlan
+from graphopt.ir.plan_run import PassReverted, RangeCheck, TorchGuard, TorchOptimization
 
 __all__ = ["decide_run", "default_passes", "optimize_torch", "prepare", "strip_unused"]
 
@@ -241,19 +242,17 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     fallback = _slower_than_original(model, gm, ctx) if measure and not forced else None
     if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
         module = private_copy(model)
-        reverted.append({"pass": "all", "reason": fallback})
+        reverted.append(PassReverted("all", fallback))
         ctx.decisions = mark_reverted({}, ctx.decisions, fallback)
         applied, final_tol = [], tolerance_for("fp32")
     final = compare_batches(held.reference, [_run(module, a) for a in held.batches],
                             final_tol) if held.batches else \
         compare_outputs(reference, _run(module, ctx.example_inputs), final_tol)
-    guard = _guard_notes(ctx.notes.pop("guard", None), applied, reverted)
-    info = {"passes_applied": applied, "passes_reverted": reverted,
-            **({"guard": guard} if guard else {}),
-            **_range_checks(module, ctx, references[1:], final_tol),
-            "compute_dtype": ctx.compute_dtype, "notes": dict(ctx.notes),
-            "tolerance": final_tol.to_dict(),
-            "numerics": [c.to_dict() for c in final], **held_out_report(held, ctx)}
+    guard = _guard_notes(ctx.notes.pop("guard", []), applied, reverted)
+    info = TorchOptimization(
+        tuple(applied), tuple(reverted), ctx.compute_dtype, dict(ctx.notes), final_tol.budget(),
+        tuple(c.record() for c in final), guard=guard,
+        **_range_checks(module, ctx, references[1:], final_tol), **held_out_report(held, ctx))
     plan = ctx.plan.with_decisions(ctx.decisions)
     memory = (_artifact_memory(plan, ctx.compute_dtype) if fallback is None
               else memory_plan(plan))  # the model itself: its own dtypes
@@ -264,20 +263,20 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
                        tuple(ctx.input_names), dict(flags))
 
 
-def _guard_notes(guard: list[dict[str, Any]] | None, applied: list[str],
-                 reverted: list[dict[str, str]]) -> list[dict[str, Any]] | None:
+def _guard_notes(guard: list[TorchGuard], applied: list[str],
+                 reverted: list[PassReverted]) -> tuple[TorchGuard, ...]:
     """The guard's section as the module is: a pass the driver reverted after its guard kept
     some layers lowered (a timing, a later check) lowered none of them."""
-    for entry in guard or []:
-        if entry.get("pass") in applied or entry.get("declined"):
-            continue
-        why = next((r["reason"] for r in reverted if r.get("pass") == entry.get("pass")),
-                   "reverted")
-        sens = entry["sensitivity"]
-        entry["declined"] = f"the pass was reverted after the guard: {why}"
-        sens["kept"] = sens["nodes"]
-        sens["top"] = [{**row, "kept": True} for row in sens["top"]]
-    return guard
+    return tuple(_reverted_guard(g, reverted) if g.name not in applied and not g.declined
+                 else g for g in guard)
+
+
+def _reverted_guard(entry: TorchGuard, reverted: list[PassReverted]) -> TorchGuard:
+    why = next((r.reason for r in reverted if r.name == entry.name), "reverted")
+    sens = entry.sensitivity
+    return replace(entry, declined=f"the pass was reverted after the guard: {why}",
+                   sensitivity=replace(sens, kept=sens.nodes,
+                                       top=tuple(replace(r, kept=True) for r in sens.top)))
 
 
 def _artifact_memory(plan: Plan, compute_dtype: str) -> MemoryPlan:
@@ -306,7 +305,8 @@ def _shapes(args: tuple[Any, ...]) -> str:
 def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
                   references: list[tuple[tuple[Any, ...], Any]], tol: Tolerance
                   ) -> dict[str, Any]:
-    """The final module's numbers at the range's min and max, for the report."""
+    """The final module's numbers at the range's min and max: ``TorchOptimization``'s
+    ``shape_range`` and ``range_checks``, none without a range."""
     if not ctx.shape_range:
         return {}
     checks = []
@@ -315,11 +315,10 @@ def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
         result = compare_outputs(reference, _run(module, args), tol)
         dims = {d.name: values[d.name] for d in ctx.shape_range.dims}
         own = {d.name: d.at(point) for d in ctx.shape_range.dims}
-        checks.append({"point": point, "dims": dims, "scaled_down": dims != own,
-                       "input_shapes": _shapes(args),
-                       "within": all(c.within for c in result),
-                       "numerics": [c.to_dict() for c in result]})
-    return {"shape_range": ctx.shape_range.to_dict(), "range_checks": checks}
+        checks.append(RangeCheck(point, dims, dims != own, _shapes(args),
+                                 all(c.within for c in result),
+                                 tuple(c.record() for c in result)))
+    return {"shape_range": ctx.shape_range, "range_checks": tuple(checks)}
 
 
 def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,

@@ -48,6 +48,7 @@ from graphopt.decisions.tolerance import Tolerance, loosest, tolerance_for
 from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
 from graphopt.ir.decision_details import WeightQuantDetail
+from graphopt.ir.plan_run import TorchGuard, TorchSensitivity, TorchSensitivityRow
 
 __all__ = ["GROUPS", "guard"]
 
@@ -259,11 +260,10 @@ def _record(ctx: RewriteContext, lowered: dict[str, tuple[Any, dict[str, Any]]],
                      "local": numbers["local"], "contribution": numbers["contribution"],
                      "share": numbers["share"], "kept": name not in on})
     rows.sort(key=lambda r: r["rank"] or 0)
-    ctx.notes.setdefault("guard", []).append({
-        "pass": "quantize", **({"declined": declined} if declined else {}), "sensitivity": {
-            "nodes": len(local), "runs": runs, "samples": 1 if local else 0,
-            "kept": sum(r["kept"] for r in rows), "runner": "torch",
-            "top": [_plain(r) for r in rows[:REPORT_TOP]]}})
+    top = tuple(TorchSensitivityRow(**_plain(r)) for r in rows[:REPORT_TOP])
+    ctx.notes.setdefault("guard", []).append(TorchGuard("quantize", TorchSensitivity(
+        len(local), runs, 1 if local else 0, sum(r["kept"] for r in rows), "torch", top),
+        declined or None))
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from graphopt.ir.plan import Plan
+from graphopt.ir.plan_run import TorchOptimization
 from graphopt.ir.shape_range import ShapeRange
 
 __all__ = ["TorchResult"]
@@ -23,7 +24,7 @@ class TorchResult:
         plan: the plan with every decision the passes applied or declined; its
             ``optimization`` section is ``report``.
         report: the run report (passes applied and reverted, tolerance, numerics per output,
-            notes): JSON-ready, what ``Optimized.info`` holds.
+            notes): the plan's ``optimization`` record, what ``Optimized.info`` holds.
         example_inputs: the positional inputs the passes checked with (clones of the user's).
         shape_range: the range the module accepts, or None for the example's shapes.
         input_names: forward's name for each positional input (None where the example passed a
@@ -34,7 +35,7 @@ class TorchResult:
 
     module: torch.nn.Module
     plan: Plan
-    report: dict[str, Any]
+    report: TorchOptimization
     example_inputs: tuple[Any, ...]
     shape_range: ShapeRange | None
     input_names: tuple[str | None, ...]

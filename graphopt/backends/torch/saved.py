@@ -159,7 +159,7 @@ def _exported(opt: Any) -> tuple[torch.export.ExportedProgram, Any]:
         _flatten_attrs(gm)
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in opt.example_inputs)
     names = _input_names(opt)
-    passes = ", ".join(opt.info.get("passes_applied") or []) or "none"
+    passes = ", ".join(opt.info.passes_applied) or "none"
     shapes = _dynamic_shapes(opt.shape_range, names, args)
     try:
         ep = torch.export.export(gm, args, dynamic_shapes=shapes)

@@ -16,6 +16,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from graphopt.decisions.tolerance import Tolerance, same_nonfinite
+from graphopt.ir.plan_run import OutputNumerics
 
 __all__ = ["Comparison", "compare_batches", "compare_outputs"]
 
@@ -50,6 +51,11 @@ class Comparison:
         return {"output": self.index, "max_abs": self.max_abs, "max_rel": self.max_rel,
                 "cosine": self.cosine, "scale": self.scale, "within": self.within,
                 "tolerance": self.tolerance.to_dict()}
+
+    def record(self) -> OutputNumerics:
+        """The report's row (the plan's ``optimization.numerics``)."""
+        return OutputNumerics(self.index, self.max_abs, self.max_rel, self.cosine, self.scale,
+                              self.within, self.tolerance.budget())
 
 
 def compare_outputs(reference: Any, candidate: Any, tol: Tolerance) -> list[Comparison]:
