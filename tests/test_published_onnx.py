@@ -130,8 +130,8 @@ def test_the_recognizer_is_fed_text_lines_it_can_read(cache: Path) -> None:
     opt = graphopt.optimize(_fetch(cache, "paddle_rec"), target="cpu")
     dims = {d.name: d for d in opt.plan.optimization.shape_range.dims}
     height = dims["x_2"]
-    assert height["source"] == "fitted" and height["opt"] != 128
-    assert height["min"] == height["opt"]
+    assert height.source == "fitted" and height.opt != 128
+    assert height.min == height.opt
     assert any("fitted" in w for w in opt.plan.warnings)
 
 
