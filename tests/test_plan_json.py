@@ -8,7 +8,7 @@ an unknown key or a value of the wrong type is refused with a GraphoptError that
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import pytest
 
@@ -25,38 +25,21 @@ from graphopt.ir.plan import SCHEMA_VERSION, Plan
 from graphopt.ir.plan_summary import ModelInfo, Summary, TensorSpec
 from graphopt.ir.records import Record, optional
 from tests import arch_zoo, zoo
+from tests.plan_round_trip import round_trip
 
 _ZOO = ["odd_residual_cnn", "transformer_hd72", "rmsnorm_swiglu", "convnet_grouped_depthwise"]
-
-
-def _differences(a: Plan, b: Plan) -> list[str]:
-    """The plan fields (and for nodes, the first node's fields) that differ: a readable failure."""
-    out = [f.name for f in fields(Plan) if f.compare and getattr(a, f.name) != getattr(b, f.name)]
-    for x, y in zip(a.nodes, b.nodes, strict=True):
-        if x != y:
-            out += [f"{x.name}.{f.name}" for f in fields(x)
-                    if getattr(x, f.name) != getattr(y, f.name)]
-            break
-    return out
-
-
-def _round_trip(p: Plan) -> None:
-    text = p.to_json()
-    back = Plan.from_json(text)
-    assert back == p, _differences(p, back)
-    assert back.to_json() == text
 
 
 @pytest.mark.parametrize("target", ["h100", "cpu"])
 @pytest.mark.parametrize("name", _ZOO)
 def test_a_zoo_plan_reads_back_equal(name: str, target: str) -> None:
     model, example = zoo.zoo()[name]
-    _round_trip(graphopt.plan(model, example, target=target))
+    round_trip(graphopt.plan(model, example, target=target))
 
 
 def test_a_transformers_plan_reads_back_equal() -> None:
     model, example = arch_zoo.build("llama")
-    _round_trip(graphopt.plan(model, example, target="h100"))
+    round_trip(graphopt.plan(model, example, target="h100"))
 
 
 def test_an_optimized_plan_with_every_section_reads_back_equal() -> None:
@@ -64,7 +47,7 @@ def test_an_optimized_plan_with_every_section_reads_back_equal() -> None:
     plan = graphopt.optimize(model, example, target="h100", measure=False).plan
     assert {"fusion", "memory", "quantization", "runtime_settings", "optimization",
             "deploy"} <= set(plan.sections())
-    _round_trip(plan)
+    round_trip(plan)
 
 
 def test_the_summary_and_model_are_records_read_by_attribute() -> None:

@@ -16,7 +16,6 @@ from torch import nn
 from torch.export import Dim
 
 import graphopt
-from graphopt.ir.plan import Plan
 from graphopt.ir.plan_memory import MemoryPlan, QuantizationPlan, RuntimeSettings, Setting
 from graphopt.ir.plan_sections import (
     FusionKind,
@@ -30,17 +29,10 @@ from graphopt.ir.plan_sections import (
 )
 from graphopt.ir.shape_range import DimRange
 from tests import ort_fusion_models as om
+from tests.plan_round_trip import round_trip
 from tests.zoo import Attention, zoo
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
-
-
-def _round_trip(p: Plan) -> Plan:
-    text = p.to_json()
-    back = Plan.from_json(text)
-    assert back == p
-    assert back.to_json() == text
-    return back
 
 
 def test_each_section_is_its_record_read_by_attribute() -> None:
@@ -54,7 +46,7 @@ def test_each_section_is_its_record_read_by_attribute() -> None:
     assert {g.kind for g in p.fusion.groups} <= set(FusionKind)
     assert sum(r.bytes for r in p.memory.breakdown) == p.memory.total_bytes
     assert p.quantization.format in {c.format for c in p.quantization.alternatives}
-    _round_trip(p)
+    round_trip(p)
 
 
 def test_a_plan_over_a_shape_range_reads_back_equal() -> None:
@@ -76,7 +68,7 @@ def test_a_plan_over_a_shape_range_reads_back_equal() -> None:
                                 qkv.analysis.bytes_total)
     assert pts.min.est_time_s <= pts.opt.est_time_s < pts.max.est_time_s
     assert qkv.to_dict()["range"] == {"min": pts.min.to_json(), "max": pts.max.to_json()}
-    assert _round_trip(p).node("linear").at_points == pts
+    assert round_trip(p).node("linear").at_points == pts
 
 
 @pytest.mark.parametrize("target", ["cpu", "h100"])
@@ -85,7 +77,7 @@ def test_an_onnx_plan_with_ort_groups_reads_back_equal(target: str) -> None:
     (g,) = p.fusion.groups
     assert g.kind is FusionKind.ORT and g.rules and p.fusion.runtime.name == "onnxruntime"
     assert p.to_dict()["fusion"]["groups"][0]["rules"] == list(g.rules)
-    assert _round_trip(p).fusion.groups[0].rules == g.rules
+    assert round_trip(p).fusion.groups[0].rules == g.rules
 
 
 def test_a_model_without_parameters_has_nothing_to_quantize() -> None:
@@ -98,7 +90,7 @@ def test_a_model_without_parameters_has_nothing_to_quantize() -> None:
         "the model has no parameters to quantize")
     assert p.to_dict()["quantization"] == {"format": None, "fits": True,
                                            "reason": "the model has no parameters to quantize"}
-    _round_trip(p)
+    round_trip(p)
 
 
 def test_json_keys_that_are_no_python_names_and_left_out_defaults() -> None:

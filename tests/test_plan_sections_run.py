@@ -48,17 +48,10 @@ from graphopt.partition.tp_attach import attach_split
 from graphopt.partition.two_d import two_d
 from tests import zoo
 from tests.arch_zoo import build
+from tests.plan_round_trip import round_trip
 from tests.test_two_d_run import NODES, _ids, tiny
 
 TWO = "cuda:0=h100,cuda:1=h100"
-
-
-def _round_trip(p: Plan) -> Plan:
-    text = p.to_json()
-    back = Plan.from_json(text)
-    assert back == p
-    assert back.to_json() == text
-    return back
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +64,7 @@ def llama() -> tuple[Plan, object]:
 def test_an_optimized_plan_has_a_typed_deploy_choice() -> None:
     model, example = zoo.zoo()["odd_residual_cnn"]
     opt = graphopt.optimize(model, example, target="h100", measure=False)
-    back = _round_trip(opt.plan)
+    back = round_trip(opt.plan)
     assert isinstance(back.deploy, DeployChoice) and back.deploy == opt.deploy
     assert back.deploy.artifact in ARTIFACTS and not back.deploy.measured
     assert [c.artifact for c in back.deploy.candidates] == list(ARTIFACTS)
@@ -87,7 +80,7 @@ def test_an_optimized_and_exported_plan_has_typed_run_sections(tmp_path) -> None
     assert isinstance(opt.info, TorchOptimization) and opt.plan.optimization is opt.info
     assert opt.onnx_info is None and opt.plan.onnx_optimization is None
     opt.export_onnx(tmp_path / "m.onnx")
-    back = _round_trip(opt.plan)
+    back = round_trip(opt.plan)
     run, onnx_run = back.optimization, back.onnx_optimization
     assert isinstance(run, TorchOptimization) and run == opt.info
     assert isinstance(onnx_run, OnnxExport) and onnx_run == opt.onnx_info
@@ -111,7 +104,7 @@ def test_an_onnx_file_optimize_has_a_typed_run_section(tmp_path) -> None:
     src = tmp_path / "m.onnx"
     src.write_bytes(export_torch(model, example).model.SerializeToString())
     opt = graphopt.optimize(str(src), target="cpu", measure=False, quantize="none")
-    back = _round_trip(opt.plan)
+    back = round_trip(opt.plan)
     run = back.optimization
     assert isinstance(run, OnnxOptimization) and not isinstance(run, OnnxExport)
     assert run == opt.info and back.onnx_optimization is None
@@ -144,7 +137,7 @@ def test_the_deploy_speedups_are_computed_when_the_choice_is_made() -> None:
 
 def test_a_tensor_parallel_plan_reads_back_as_records(llama) -> None:
     plan, graph = llama
-    out = _round_trip(with_partition(plan, TWO, "tensor", source=graph))
+    out = round_trip(with_partition(plan, TWO, "tensor", source=graph))
     assert isinstance(out.partition, PartitionPlan)
     assert isinstance(out.partition.notes, TensorNotes)
     assert isinstance(out.tensor_parallel, TensorParallelPlan)
@@ -155,7 +148,7 @@ def test_a_tensor_parallel_plan_reads_back_as_records(llama) -> None:
 
 def test_auto_over_two_machines_reads_back_as_records(llama) -> None:
     plan, graph = llama
-    out = _round_trip(with_partition(plan, NODES, "auto", source=graph))
+    out = round_trip(with_partition(plan, NODES, "auto", source=graph))
     assert {c.strategy for c in out.strategy.candidates} == {
         Strategy.HEFT, Strategy.PIPELINE, Strategy.TENSOR, Strategy.TWO_D}
     assert out.strategy.requested is Strategy.AUTO
@@ -166,7 +159,7 @@ def test_auto_over_two_machines_reads_back_as_records(llama) -> None:
                                                   ("pipeline", PipelineNotes)])
 def test_a_split_reads_back_with_its_strategy_notes(llama, strategy, notes) -> None:
     plan, graph = llama
-    out = _round_trip(with_partition(plan, TWO, strategy, source=graph))
+    out = round_trip(with_partition(plan, TWO, strategy, source=graph))
     assert isinstance(out.partition.notes, notes) and out.partition.strategy == strategy
     assert out.partition.collectives is None and "collectives" not in json.loads(
         out.to_json())["partition"]
@@ -177,7 +170,7 @@ def test_a_two_d_split_reads_back_as_records() -> None:
     plan = graphopt.plan(model, (_ids(),), target="h100-sxm")
     res = two_d(plan, parse_devices(NODES), source=model)
     choice = StrategyChoice(Strategy.TWO_D, Strategy.TWO_D, False, "request", "asked", (), ())
-    out = _round_trip(attach_split(plan, res, choice, source=model, module=model))
+    out = round_trip(attach_split(plan, res, choice, source=model, module=model))
     assert isinstance(out.tensor_parallel, TwoDParallelPlan)
     assert isinstance(out.partition.notes, TwoDNotes)
     assert out.partition.notes.makespan_is == out.partition.notes.latency_is

@@ -104,12 +104,18 @@ class TPNotes(Record):
 
 
 @dataclass(frozen=True)
-class AttentionBlockRow(Record):
-    """An attention block in the ``parallelize_module`` plan, with its heads per device."""
+class BlockRow(Record):
+    """A block (an MLP) in the ``parallelize_module`` plan: its column- and row-split Linears."""
 
     kind: str
     column: tuple[str, ...]
     row: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AttentionBlockRow(BlockRow):
+    """An attention block in the ``parallelize_module`` plan, with its heads per device."""
+
     module: str
     heads: int | None
     kv_heads: int | None
@@ -118,22 +124,10 @@ class AttentionBlockRow(Record):
 
 
 @dataclass(frozen=True)
-class LMHeadBlockRow(Record):
+class LMHeadBlockRow(BlockRow):
     """A vocabulary-split LM head, gathered after."""
 
-    kind: str
-    column: tuple[str, ...]
-    row: tuple[str, ...]
     gather: str
-
-
-@dataclass(frozen=True)
-class BlockRow(Record):
-    """Another block (an MLP) in the ``parallelize_module`` plan."""
-
-    kind: str
-    column: tuple[str, ...]
-    row: tuple[str, ...]
 
 
 @dataclass(frozen=True)
