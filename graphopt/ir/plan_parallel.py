@@ -47,18 +47,9 @@ class TPDeviceRow(Record):
 
 
 @dataclass(frozen=True)
-class TwoDDeviceRow(Record):
+class TwoDDeviceRow(TPDeviceRow):
     """A device of a 2-D split, with its stage (None: no stage uses it)."""
 
-    name: str
-    target: str
-    memory_bytes: int
-    memory_used_bytes: int
-    param_bytes: int
-    activation_bytes: int
-    busy_s: float
-    collective_s: float
-    group: int
     stage: int | None
 
 

@@ -24,20 +24,11 @@ from graphopt.backends.onnx.guard import compare, run_samples
 from graphopt.backends.onnx.numerics import OutputError
 from graphopt.decisions.tolerance import Tolerance
 
-__all__ = ["HeldOut", "ONE_BATCH", "split"]
+__all__ = ["HeldOut", "ONE_BATCH"]
 
 ONE_BATCH = ("one calibration batch: the accuracy guard checks on the data it chose with, so "
              "its error is not measured on unseen inputs; give two or more batches (half are "
              "held out for the check)")
-
-
-def split(batches: list[dict[str, np.ndarray]], most: int
-          ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
-    """(the batches that choose, at most ``most`` held out to check): the first half chooses."""
-    if len(batches) < 2:
-        return batches, []
-    cut = (len(batches) + 1) // 2
-    return batches[:cut], batches[cut:cut + most]
 
 
 @dataclass

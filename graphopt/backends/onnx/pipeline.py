@@ -28,13 +28,14 @@ import onnx.checker
 import onnx.shape_inference
 
 from graphopt.backends.driver import Pass, PassResult, ToleranceKind, measure_here, run_passes
+from graphopt.backends.held_out import split
 from graphopt.backends.metric import NOT_HELD_OUT, MetricGoal
 from graphopt.backends.onnx import measure as onnx_measure
 from graphopt.backends.onnx.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.fitting import Fit, fit_for, fit_from_feed
 from graphopt.backends.onnx.guard import compare, guard, run_samples
-from graphopt.backends.onnx.holdout import ONE_BATCH, HeldOut, split
+from graphopt.backends.onnx.holdout import ONE_BATCH, HeldOut
 from graphopt.backends.onnx.model_check import checker_problem, finalize
 from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options, sample_feeds
 from graphopt.backends.onnx.padding import pad_channels

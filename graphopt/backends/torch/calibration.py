@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphopt.backends.held_out import split
 from graphopt.backends.metric import NOT_HELD_OUT, MetricGoal
 from graphopt.backends.torch.context import RewriteContext
 from graphopt.backends.torch.isolation import run_isolated
@@ -122,10 +123,7 @@ def split_batches(batches: list[tuple[Any, ...]], chooses: bool
     a pass chooses from data, else none does and all are held out."""
     if not chooses:
         return [], batches[:HELD_MAX]
-    if len(batches) < 2:
-        return batches, []
-    cut = (len(batches) + 1) // 2
-    return batches[:cut], batches[cut:cut + HELD_MAX]
+    return split(batches, HELD_MAX)
 
 
 @dataclass
