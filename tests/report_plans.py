@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from graphopt.hardware import get_target
+from graphopt.ir.plan import Plan, PlanSet
 from graphopt.report._html_data import decode
 
 EVIL_NODE = "<script>alert(1)</script>"
@@ -28,6 +30,7 @@ TARGETS: dict[str, dict[str, Any]] = {
                                 "bf16": 312e12, "fp16": 312e12},
                  "bandwidth_bytes_per_s": 2.039e12, "memory_bytes": 80 * 2**30},
 }
+TARGETS = {name: {**get_target(name).to_dict(), **hand} for name, hand in TARGETS.items()}
 LAUNCH_S = 2e-6
 
 
@@ -47,6 +50,9 @@ def _node(name: str, op: str, kc: str, flops: int, nbytes: int, target: dict[str
             "arithmetic_intensity": round(flops / nbytes, 6) if nbytes else 0.0, "params": 0,
             "bottleneck": bottleneck, "est_time_s": max(ct, mt) + LAUNCH_S,
             "compute_time_s": ct, "memory_time_s": mt, "peak_flops_used": peak,
+            "cost": {"unit": "tensor_core", "precision": "bf16", "alignment_efficiency": 1.0,
+                     "utilization": 0.8, "note": "", "overhead_s": LAUNCH_S,
+                     "bandwidth_used": target["bandwidth_bytes_per_s"]},
             "pattern": None, "flags": [], "inputs": [_t(f"{name}.in", [4, 128])],
             "outputs": [_t(f"{name}.out", [4, 128])], "decisions": {}}
     node.update(extra)
@@ -77,7 +83,8 @@ def make_plan(target: str = "h100-sxm", extra_nodes: int = 0) -> dict[str, Any]:
         _node(EVIL_NODE, "mul", "elementwise", 512 * 4096, 3 * 512 * 4096 * 2, tgt,
               inputs=[_t(EVIL_TENSOR, [512, "seq"]), _t("ok", None, "fp32")],
               flags=["dynamic_shape"],
-              decisions={"layout": {"choice": "<b>nhwc</b>", "applied": True,
+              decisions={"layout": {"format": "channels_last", "region": 0,
+                                    "predicted_gain_s": 1e-6, "applied": True,
                                     "reason": "</script><script>alert(2)</script> reason"}}),
         _node("layers.0.norm", "rms_norm", "rmsnorm", 5 * 512 * 4096, 2 * 512 * 4096 * 2, tgt,
               pattern="rmsnorm:0"),
@@ -92,9 +99,10 @@ def make_plan(target: str = "h100-sxm", extra_nodes: int = 0) -> dict[str, Any]:
     ]
     nodes += [_node(f"pad.{i}", "add", "elementwise", 4096 * (i + 1), 3 * 4096 * (i + 1) * 2, tgt)
               for i in range(extra_nodes)]
-    return {"schema_version": 1, "graphopt_version": "0.1.0",
+    return {"schema_version": 2, "graphopt_version": "0.1.0",
             "model": {"name": "tiny-llama <test>", "source": "torch", "num_nodes": len(nodes),
                       "param_count": 4096 * 4096 + 4096 * 32000,
+                      "param_bytes": 2 * (4096 * 4096 + 4096 * 32000),
                       "inputs": [_t("input_ids", [1, 512], "int64")],
                       "outputs": [_t("logits", [1, 512, 32000])]},
             "target": tgt, "summary": summarize(nodes),
@@ -115,6 +123,8 @@ def deployment(name: str) -> dict[str, Any]:
     return {
         "memory": {"total_bytes": 85899345920, "usable_bytes": 79027398247, "fits": True,
                    "required_bytes": 35168312, "param_bytes": 1478840, "param_format": "per-node",
+                   "param_count": 369710, "constant_bytes": 0, "saved_bytes": 1474232,
+                   "activation_total_bytes": 270080, "free_bytes": 78992229935,
                    "fp32_param_bytes": 2953072, "compression_ratio": 1.9969, "traced_batch": 2,
                    "activation_peak_bytes": 135040, "activation_peak_per_sample_bytes": 67520.0,
                    "peak_node": "gelu", "workspace_bytes": 33554432, "max_batch_size": 1169904,
@@ -130,14 +140,19 @@ def deployment(name: str) -> dict[str, Any]:
                          "reason": f"balanced: the best format <= 8.5 bpw that fits on {name}",
                          "alternatives": [{"format": f, "bits_per_weight": b, "fits": ok,
                                            "native": nat, "eligible": el, "note": note,
-                                           "est_memory_bytes": 34427740}
+                                           "est_memory_bytes": 34427740,
+                                           "weight_bytes": int(369710 * b / 8)}
                                           for f, b, ok, nat, el, note in alt]},
         "runtime_settings": {"target": "h100-sxm", "device": "cuda", "matmul_allow_tf32": rule1,
                              "cudnn_allow_tf32": rule1, "num_threads": {"value": None,
                                                                         "reason": "rule 6"},
                              "sdpa_backends": {"value": ["flash", "efficient", "math"],
                                                "reason": "rule 4: head_dim 72 fits flash"},
-                             "batch_size": {"value": 1169904, "reason": "rule 5"}},
+                             "batch_size": {"value": 1169904, "reason": "rule 5"},
+                             "float32_matmul_precision": {"value": "high", "reason": "rule 1"},
+                             "cudnn_benchmark": {"value": True, "reason": "rule 2: static shapes"},
+                             "cuda_alloc_conf": {"value": None, "reason": "rule 3"},
+                             "mkldnn_enabled": {"value": None, "reason": "rule 7: a GPU"}},
     }
 
 
@@ -148,6 +163,8 @@ def make_optimized() -> dict[str, Any]:
         "passes_applied": ["precision", "padding"], "compute_dtype": "bf16",
         "passes_reverted": [{"pass": "layout", "reason": "reverted: output <0> cosine 0.98"}],
         "tolerance": {"rel_to_scale": 0.04, "min_cosine": 0.999},
+        "calibration_batches": 0, "held_out_batches": 0,
+        "calibration_use": "no calibration batches: checked on the example inputs",
         "numerics": [{"output": 0, "max_abs": 0.003986328840255737, "within": True,
                       "max_rel": 0.42490918188764704, "cosine": 0.999999512698278,
                       "scale": 4.066221237182617,
@@ -167,7 +184,8 @@ def summarize(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     tb = {b: sum(n["est_time_s"] for n in nodes if n["bottleneck"] == b) for b in mix}
     classes = sorted({n["kernel_class"] for n in nodes})
     costly = sorted(kernels, key=lambda n: (-n["est_time_s"], n["name"]))[:5]
-    return {"est_latency_s": total, "total_flops": sum(n["flops"] for n in nodes),
+    return {"est_latency_s": total, "node_count": len(nodes), "kernel_count": len(kernels),
+            "total_flops": sum(n["flops"] for n in nodes),
             "total_bytes": sum(n["bytes"] for n in nodes), "bottleneck_mix": mix,
             "time_by_bottleneck_s": tb,
             "kernel_class_counts": {c: sum(n["kernel_class"] == c for n in nodes) for c in classes},
@@ -181,7 +199,7 @@ def summarize(nodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def make_multi() -> dict[str, Any]:
-    return {"schema_version": 1, "plans": [make_plan("h100-sxm"), make_plan("a100-sxm")]}
+    return {"schema_version": 2, "plans": [make_plan("h100-sxm"), make_plan("a100-sxm")]}
 
 
 def embedded_data(page: str) -> dict[str, Any]:
@@ -200,16 +218,19 @@ def _reversed_dicts(value: Any) -> Any:
 
 
 def _hostile_everywhere() -> tuple[dict[str, Any], list[str]]:
-    """A plan with markup in every string a model or a caller can put in it."""
+    """A plan with markup in every string a model or a caller can put in it (a kernel class
+    and a decision kind are enums, so bad[1] goes where the plan holds free text: the
+    summary's class keys and a costliest node's class)."""
     plan = make_optimized()
     bad = ["<img src=x onerror=alert(3)>", "<svg onload=alert(4)>", "<u>pat</u>", "<i>flag</i>",
            "<marquee>op</marquee>", "<em>dtype</em>", "<s>kind</s>", "<q>src</q>"]
     plan["target"] = {**plan["target"], "display_name": bad[0], "generation": bad[0]}
     plan["model"] = {**plan["model"], "name": bad[0], "source": bad[7]}
     node = plan["nodes"][0]
-    node.update(kernel_class=bad[1], pattern=bad[2], flags=[bad[3]], op=bad[4], op_type=bad[4],
-                dtype=bad[5], dims={bad[6]: 1}, cost={bad[6]: bad[6]})
-    node["decisions"] = {bad[6]: {bad[6]: bad[6], "applied": True, "reason": bad[6]}}
+    node.update(pattern=bad[2], flags=[bad[3]], op=bad[4], op_type=bad[4], dtype=bad[5],
+                dims={bad[6]: 1})
+    node["cost"] = {**node["cost"], "note": bad[6]}
+    node["decisions"] = {"precision": {"format": bad[6], "applied": True, "reason": bad[6]}}
     s = plan["summary"]
     s["unsupported_ops"] = {bad[4]: 1}
     s["flagged_nodes"] = {bad[3]: 1}
@@ -220,7 +241,12 @@ def _hostile_everywhere() -> tuple[dict[str, Any], list[str]]:
     plan["memory"]["breakdown"][0]["component"] = bad[3]
     plan["quantization"].update(display=bad[4], reason=bad[5])
     plan["quantization"]["alternatives"][0].update(format=bad[6], note=bad[7])
-    plan["runtime_settings"][bad[1]] = {"value": bad[0], "reason": bad[2]}
+    plan["runtime_settings"]["sdpa_backends"] = {"value": bad[0], "reason": bad[2]}
     plan["optimization"]["passes_reverted"] = [{"pass": bad[3], "reason": bad[4]}]
     plan["optimization"]["notes"][bad[5]] = {bad[6]: bad[7], "n": [bad[0]]}
     return plan, bad
+
+
+def typed(report: dict[str, Any]) -> Plan | PlanSet:
+    """The typed plan (or plan set) a report dict holds: what the renderers take."""
+    return PlanSet.from_json(report) if "plans" in report else Plan.from_json(report)

@@ -30,6 +30,7 @@ from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.hardware import get_target
 from graphopt.ir.options import Options
 from graphopt.report import render_html, render_markdown
+from tests.report_plans import typed
 
 FP16_RTOL = 1e-2  # decisions.tolerance: fp16
 INT8_RTOL = 5e-2  # decisions.tolerance: int8
@@ -274,14 +275,14 @@ def test_report_shows_each_nodes_sensitivity():
     model = _overflowing()
     done = optimize_onnx(model, "h100", Options(quantize="none", measure=False),
                          samples=sample_feeds(model))
-    plan = done.plan.to_dict()
-    md = render_markdown(plan)
+    md = render_markdown(done.plan)
+    assert render_markdown(typed(done.plan.to_dict())) == md  # the JSON read back: the same
     assert "Per-node sensitivity (accuracy guard)" in md
     assert "| 1 | `MatMul_1` |  | overflow |" in md  # no format column for the ONNX guard
     assert "kept in higher precision" in md
     top = done.report.guard[0].sensitivity.top
     other = next(t for t in top if t.node == "MatMul_0")
     assert f"`MatMul_0` |  | {other.local:.3g} |" in md
-    html = render_html(plan)
+    html = render_html(done.plan)
     assert "Per-node sensitivity (accuracy guard)" in html and "MatMul_1" in html
     assert 'class="sensitivity"' in html

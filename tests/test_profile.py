@@ -64,7 +64,7 @@ def test_a_plain_plan_keeps_its_json():
     d = plan.to_dict()
     assert "prediction" not in d["summary"]
     assert all("measured_s" not in n for n in d["nodes"])
-    assert prediction_md(d, "##") == [] and prediction_html(d) == ""
+    assert prediction_md(plan, "##") == [] and prediction_html(plan) == ""
 
 
 class _Branchy(nn.Module):
@@ -128,9 +128,10 @@ def test_the_cli_writes_the_reports(tmp_path, capsys):
     assert pred["nodes_measured"] == sum(1 for n in report["nodes"] if n.get("measured_s"))
     md = out["md"].read_text()
     assert "## Predicted vs measured" in md
-    assert all(f"`{n['name']}`" in md for n, _, _ in worst_nodes(report))
+    typed = graphopt.Plan.from_json(report)
+    assert all(f"`{n.name}`" in md for n, _, _ in worst_nodes(typed))
     html = out["html"].read_text()
-    section = prediction_html(report)
+    section = prediction_html(typed)
     assert section in html and section.count("<circle") == pred["nodes_measured"]
 
 

@@ -50,7 +50,7 @@ def test_the_dominant_layer_stays_float_and_the_rest_are_lowered() -> None:
     with torch.no_grad():
         ref, got = model(X), opt.module(X).float()
     assert (got - ref).abs().max() <= budget * ref.abs().max()
-    assert "| 1 | `linear_1` | int4 |" in render_markdown(opt.plan.to_dict())
+    assert "| 1 | `linear_1` | int4 |" in render_markdown(opt.plan)
 
 
 def test_no_set_within_the_budget_declines_the_pass() -> None:
@@ -63,7 +63,7 @@ def test_no_set_within_the_budget_declines_the_pass() -> None:
     for name in ("linear", "linear_1", "linear_2", "linear_3"):
         d = opt.plan.node(name).decisions["quantize"]
         assert not d.applied and "declined" in d.reason
-    assert "nothing lowered: declined" in render_markdown(opt.plan.to_dict())
+    assert "nothing lowered: declined" in render_markdown(opt.plan)
 
 
 def test_the_memory_section_counts_the_formats_applied() -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from graphopt.report.format import decision_fields, decision_head, decision_summary, fmt_dims
 from graphopt.report.html import render_html
+from tests.report_plans import typed
 from tests.test_report_data import repeated_blocks
 from tests.test_report_partition import ROWS, with_partition
 from tests.test_report_render import (
@@ -137,7 +138,7 @@ def _chrome(chromium: str, tmp: Path, page: Path, state: str, *args: str) -> tup
 
 def _load(chromium: str, tmp: Path, report: dict[str, Any], state: str = "") -> Dom:
     page = tmp / "report.html"
-    page.write_text(render_html(report), encoding="utf-8")
+    page.write_text(render_html(typed(report)), encoding="utf-8")
     dom = Dom(_chrome(chromium, tmp, page, state, "--dump-dom")[0])
     assert dom.ready, "the page script did not finish"
     return dom
@@ -189,7 +190,7 @@ def test_open_row_shows_decisions_and_tensor_names(chromium: str, tmp_path: Path
     dom = _load(chromium, tmp_path, plan, f"open={idx}")
     assert len(dom.details) == 1
     text = dom.details[0]
-    assert EVIL_TENSOR in text and "layout: <b>nhwc</b>" in text
+    assert EVIL_TENSOR in text and "layout: channels_last" in text
     assert "</script><script>alert(2)</script> reason" in text
     assert "x" not in dom.bold and len(dom.scripts) == 2
 
@@ -263,7 +264,7 @@ def test_partition_timeline_and_device_chip(chromium: str, tmp_path: Path) -> No
     # the decisions column: precision · exec path · device in one chip
     cells = {r["name"]: r["cells"][-1] for r in dom.rows}
     assert cells["lm_head"] == "bf16 · tma_wgmma · cuda:0"
-    assert cells[EVIL_NODE] == "cuda:1layout: <b>nhwc</b>"
+    assert cells[EVIL_NODE] == "cuda:1layout: channels_last"
 
 
 def test_decoded_rows_show_the_plan_decisions(chromium: str, tmp_path: Path) -> None:
@@ -273,16 +274,17 @@ def test_decoded_rows_show_the_plan_decisions(chromium: str, tmp_path: Path) -> 
     dom = _load(chromium, tmp_path, plan, "sort=idx&desc=0&open=" + ",".join(map(str, picks)))
     assert [r["name"] for r in dom.rows] == [n["name"] for n in plan["nodes"]]
     assert len(dom.details) == len(picks)
+    nodes = typed(plan).nodes
     for i, text in zip(picks, dom.details, strict=True):
-        n = plan["nodes"][i]
-        assert dom.rows[i]["cells"][-1] == decision_head(n["decisions"])
-        assert dom.rows[i]["cells"][4] == fmt_dims(n["dims"])
-        for kind, d in n["decisions"].items():
-            assert f"{kind}: {decision_summary(d)}" in text and d["reason"] in text, (i, kind)
+        n = nodes[i]
+        assert dom.rows[i]["cells"][-1] == decision_head(n.decisions)
+        assert dom.rows[i]["cells"][4] == fmt_dims(n.analysis.dims)
+        for kind, d in n.decisions.items():
+            assert f"{kind}: {decision_summary(d)}" in text and d.reason in text, (i, kind)
             for _, field in decision_fields(d):
                 assert field in text, (i, field)
-        for t in n["inputs"] + n["outputs"]:
-            assert t["name"] in text
+        for t in n.inputs + n.outputs:
+            assert t is not None and t.name in text
 
 
 def test_paging_of_large_tables(chromium: str, tmp_path: Path) -> None:
@@ -305,7 +307,7 @@ def test_multi_target_column_groups(chromium: str, tmp_path: Path) -> None:
 
 def test_screenshot_is_a_real_page(chromium: str, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    page.write_text(render_html(make_plan(extra_nodes=30)), encoding="utf-8")
+    page.write_text(render_html(typed(make_plan(extra_nodes=30))), encoding="utf-8")
     shot = tmp_path / "report.png"
     _chrome(chromium, tmp_path, page, "", "--window-size=1400,1000", f"--screenshot={shot}")
     data = shot.read_bytes()

@@ -2,24 +2,38 @@
 
 The report is made by hand: the 8 nodes of ``make_plan`` on two devices with one copy each way,
 on whole microseconds so every printed value can be checked. The hostile node name
-``<script>alert(1)</script>`` runs on cuda:1 and a hostile tensor crosses back.
+``<script>alert(1)</script>`` runs on cuda:1 and a hostile tensor crosses back. The section is
+built from the plan's records (:mod:`graphopt.ir.plan_partition`) and written as their JSON, so
+it reads back as a real one does.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import re
 from typing import Any
 
 import pytest
 
+from graphopt.ir.plan import Plan
+from graphopt.ir.plan_partition import (
+    DeviceRow,
+    HeftNotes,
+    PartitionPlan,
+    PipelineNotes,
+    ScheduleRow,
+    Strategy,
+    TransferRow,
+)
 from graphopt.report.html import render_html
 from graphopt.report.markdown import render_markdown
 from graphopt.report.partition_html import DETAIL_BARS, _ticks, gantt, partition_panel
+from tests.report_plans import typed
 from tests.test_report_render import (
     EVIL_NODE,
     EVIL_TENSOR,
-    _reversed_dicts,
     make_multi,
     make_plan,
 )
@@ -34,6 +48,39 @@ ROWS = [("layers.0.attn.q_proj", "cuda:0", 0, 40), ("layers.0.attn.sdpa", "cuda:
         ("weird", "cuda:0", 100, 101), ("lm_head", "cuda:0", 101, 200)]
 COPIES = [("layers.0.attn.sdpa.out", "cuda:0", "cuda:1", 4 * MIB, 60, 65),
           (EVIL_TENSOR, "cuda:1", "cuda:0", 8 * MIB, 80, 90)]
+DEVICES = (DeviceRow("cuda:0", "h100-sxm", 64 * GIB, 16 * GIB, 170 * US),
+           DeviceRow("cuda:1", "a100-sxm", 32 * GIB, 4 * GIB, 15 * US))
+_MEMORY = {"parameter_bytes": {"cuda:0": 16 * GIB, "cuda:1": 4 * GIB},
+           "usable_bytes": {"cuda:0": 64 * GIB, "cuda:1": 32 * GIB}, "transfer_bytes": 12 * MIB}
+
+
+def _notes(strategy: str) -> HeftNotes | PipelineNotes:
+    """HEFT's notes (one start and a greedy baseline tried, cuda:1 alone does not fit), or a
+    pipeline's with the third stage's time left out (its nodes' times are summed)."""
+    if strategy == "pipeline":
+        return PipelineNotes(stage_times_s=(60 * US, 15 * US), bottleneck_s=110 * US,
+                             throughput_per_s=1 / (110 * US), makespan_is="one batch, no overlap",
+                             stage_memory_model="parameters", **_MEMORY)
+    return HeftNotes(chosen="heft", candidates_s={"heft": 200 * US, "greedy": 250 * US,
+                                                  "single:cuda:1": None},
+                     refined_moves=0, refinement="iterated local search",
+                     greedy_makespan_s=250 * US, greedy_naive_total_s=300 * US,
+                     greedy_fits_memory=True, best_single_device_s=300 * US,
+                     link_model="one FIFO per ordered device pair", **_MEMORY)
+
+
+def _partition(strategy: str) -> PartitionPlan:
+    """ROWS and COPIES as the plan's ``partition`` record; a pipeline in three stages."""
+    stages, stage_devices = (), ()
+    if strategy == "pipeline":
+        stages = (tuple(r[0] for r in ROWS[:2]), tuple(r[0] for r in ROWS[2:4]),
+                  tuple(r[0] for r in ROWS[4:]))
+        stage_devices = ("cuda:0", "cuda:1", "cuda:0")
+    return PartitionPlan(
+        strategy=Strategy(strategy), makespan_s=200 * US, devices=DEVICES,
+        schedule=tuple(ScheduleRow(n, d, a * US, b * US) for n, d, a, b in ROWS),
+        transfers=tuple(TransferRow(t, s, d, nb, a * US, b * US) for t, s, d, nb, a, b in COPIES),
+        stages=stages, stage_devices=stage_devices, notes=_notes(strategy))
 
 
 def with_partition(plan: dict[str, Any], strategy: str = "heft") -> dict[str, Any]:
@@ -43,26 +90,7 @@ def with_partition(plan: dict[str, Any], strategy: str = "heft") -> dict[str, An
         n = next(n for n in plan["nodes"] if n["name"] == node)
         n["decisions"]["device"] = {"device": dev, "start_s": a * US, "finish_s": b * US,
                                     "applied": True, "reason": f"HEFT: earliest finish on {dev}"}
-    plan["partition"] = {
-        "strategy": strategy, "makespan_s": 200 * US,
-        "devices": [{"name": "cuda:0", "target": "h100-sxm", "memory_bytes": 64 * GIB,
-                     "memory_used_bytes": 16 * GIB, "busy_s": 170 * US},
-                    {"name": "cuda:1", "target": "a100-sxm", "memory_bytes": 32 * GIB,
-                     "memory_used_bytes": 4 * GIB, "busy_s": 15 * US}],
-        "schedule": [{"node": n, "device": d, "start_s": a * US, "finish_s": b * US}
-                     for n, d, a, b in ROWS],
-        "transfers": [{"tensor": t, "src": s, "dst": d, "bytes": nb, "start_s": a * US,
-                       "finish_s": b * US} for t, s, d, nb, a, b in COPIES],
-        "stages": [], "stage_devices": [],
-        "notes": {"chosen": "heft", "refined_moves": 0, "best_single_device_s": 300 * US,
-                  "candidates_s": {"heft": 200 * US, "greedy": 250 * US, "single:cuda:1": None},
-                  "link_model": "one FIFO per ordered device pair"}}
-    if strategy == "pipeline":
-        plan["partition"].update(
-            stages=[[r[0] for r in ROWS[:2]], [r[0] for r in ROWS[2:4]], [r[0] for r in ROWS[4:]]],
-            stage_devices=["cuda:0", "cuda:1", "cuda:0"],
-            notes={"stage_times_s": [60 * US, 15 * US], "bottleneck_s": 110 * US,
-                   "throughput_per_s": 1 / (110 * US), "makespan_is": "one batch, no overlap"})
+    plan["partition"] = _partition(strategy).to_json()
     return plan
 
 
@@ -79,7 +107,7 @@ def _svg(page: str) -> str:
 # ------------------------------------------------------------------------------------ markdown
 
 def test_markdown_partition_section() -> None:
-    md = render_markdown(with_partition(make_plan()))
+    md = render_markdown(typed(with_partition(make_plan())))
     sec = _section(md)
     for text in (
             "- **strategy:** heft — the heft schedule",
@@ -103,12 +131,12 @@ def test_markdown_partition_section() -> None:
     assert heads == sorted(heads)
     assert "| bf16 · tma_wgmma · cuda:0 |" in md  # lm_head
     assert "| bf16 · tma_wgmma · cuda:0; padding: not applied |" in md  # q_proj
-    assert "| layout: \\<b\\>nhwc\\</b\\>; " not in md
-    assert "| cuda:1; layout: \\<b\\>nhwc\\</b\\> |" in md  # EVIL_NODE: no precision, a device
+    assert "| layout: channels_last; " not in md
+    assert "| cuda:1; layout: channels_last |" in md  # EVIL_NODE: no precision, a device
 
 
 def test_markdown_pipeline_stages() -> None:
-    sec = _section(render_markdown(with_partition(make_plan(), "pipeline")))
+    sec = _section(render_markdown(typed(with_partition(make_plan(), "pipeline"))))
     assert "- **strategy:** pipeline — 3 contiguous stages in execution order" in sec
     assert "- **makespan:** 200 µs — one batch, no overlap" in sec
     assert "- **slowest stage:** 110 µs — 9,090.9 batches/s when stages overlap" in sec
@@ -122,19 +150,19 @@ def test_markdown_pipeline_stages() -> None:
 def test_markdown_partition_stays_inert() -> None:
     plan = with_partition(make_plan())
     plan["partition"]["notes"]["link_model"] = "<img src=x onerror=alert(5)> | pipes"
-    md = _section(render_markdown(plan))
+    md = _section(render_markdown(typed(plan)))
     assert md.count(EVIL_NODE) == md.count(f"`{EVIL_NODE}`") == 0  # not a stage: not listed
     assert f"`{EVIL_TENSOR}`" in md and "\\<img src=x onerror=alert(5)\\> \\| pipes" in md
     markdown_it = pytest.importorskip("markdown_it")
     rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(
-        render_markdown(with_partition(make_plan(), "pipeline")))
+        render_markdown(typed(with_partition(make_plan(), "pipeline"))))
     assert "<script" not in rendered and "<b>" not in rendered and "<img" not in rendered
 
 
 def test_markdown_multi_target_keeps_partition_in_its_target() -> None:
     report = make_multi()
     report["plans"][0] = with_partition(report["plans"][0])
-    md = render_markdown(report)
+    md = render_markdown(typed(report))
     assert md.count("Partition across devices") == 1
     h100, a100 = md.index("## NVIDIA H100 SXM\n"), md.index("## NVIDIA A100 SXM\n")
     assert h100 < md.index("### Partition across devices") < a100
@@ -143,7 +171,7 @@ def test_markdown_multi_target_keeps_partition_in_its_target() -> None:
 # ---------------------------------------------------------------------------------------- html
 
 def test_html_gantt_lanes_and_bars() -> None:
-    page = render_html(with_partition(make_plan()))
+    page = render_html(typed(with_partition(make_plan())))
     svg = _svg(page)
     assert svg.count('class="lane dev"') == 2 and svg.count('class="lane link"') == 2
     assert svg.count('<rect class="gb"') == len(ROWS) and svg.count('<rect class="gx"') == 2
@@ -167,7 +195,7 @@ def test_html_gantt_lanes_and_bars() -> None:
 def test_html_partition_escapes_names() -> None:
     plan = with_partition(make_plan())
     plan["partition"]["devices"][1]["target"] = "<b>gpu</b>"
-    page = render_html(plan)
+    page = render_html(typed(plan))
     assert page.count("<script") == 2 and page.count("</script") == 2
     for raw in ("<script>alert", "<b>x", "<b>gpu"):
         assert raw not in page, raw
@@ -179,7 +207,7 @@ def test_html_partition_escapes_names() -> None:
 
 
 def test_html_pipeline_stages_panel() -> None:
-    page = render_html(with_partition(make_plan(), "pipeline"))
+    page = render_html(typed(with_partition(make_plan(), "pipeline")))
     table = page[page.index('<table class="part-stages">'):]
     table = table[:table.index("</table>")]
     assert table.count("<tr>") == 4  # header + 3 stages
@@ -188,25 +216,25 @@ def test_html_pipeline_stages_panel() -> None:
 
 
 def test_partition_is_deterministic() -> None:
-    plan = with_partition(make_plan(), "pipeline")
+    plan = typed(with_partition(make_plan(), "pipeline"))
     page, md = render_html(plan), render_markdown(plan)
-    assert render_html(copy.deepcopy(plan)) == page
-    assert render_html(_reversed_dicts(plan)) == page
-    assert render_markdown(_reversed_dicts(plan)) == md
+    again = Plan.from_json(json.loads(json.dumps(plan.to_dict())))  # through its JSON text
+    assert render_html(again) == page and render_markdown(again) == md
 
 
 def test_no_partition_no_panel() -> None:
     plan = make_plan()
-    assert "Partition" not in render_markdown(plan)
-    page = render_html(plan)
+    assert "Partition" not in render_markdown(typed(plan))
+    page = render_html(typed(plan))
     assert '<svg class="gantt"' not in page and '"panel part"' not in page
-    assert partition_panel(plan) == "" and gantt(plan) == ""
+    assert typed(plan).partition is None
+    assert partition_panel(typed(plan)) == "" and gantt(typed(plan)) == ""
 
 
 def test_html_multi_target_partition_is_folded_in_its_target() -> None:
     report = make_multi()
     report["plans"][0] = with_partition(report["plans"][0])
-    page = render_html(report)
+    page = render_html(typed(report))
     assert page.count('<svg class="gantt"') == 1
     first = page.index('<details class="more">')
     assert first < page.index('<svg class="gantt"') < page.index("</details>", first)
@@ -216,16 +244,16 @@ def test_html_multi_target_partition_is_folded_in_its_target() -> None:
 
 
 def test_large_schedule_merges_sub_pixel_bars() -> None:
-    plan = make_plan()
     n, devices = 50_000, ("cuda:0", "cuda:1", "cpu")
-    sched = [{"node": f"n{i}", "device": devices[i % 3], "start_s": (i // 3) * US,
-              "finish_s": (i // 3 + 1) * US} for i in range(n)]
-    xfers = [{"tensor": f"t{i}", "src": "cuda:0", "dst": "cuda:1", "bytes": 1024,
-              "start_s": i * US, "finish_s": (i + 1) * US} for i in range(5000)]
-    plan["partition"] = {"strategy": "heft", "makespan_s": (n // 3 + 1) * US,
-                         "devices": [{"name": d, "target": "h100-sxm", "memory_bytes": GIB,
-                                      "memory_used_bytes": 0, "busy_s": 0.0} for d in devices],
-                         "schedule": sched, "transfers": xfers}
+    sched = tuple(ScheduleRow(f"n{i}", devices[i % 3], (i // 3) * US, (i // 3 + 1) * US)
+                  for i in range(n))
+    xfers = tuple(TransferRow(f"t{i}", "cuda:0", "cuda:1", 1024, i * US, (i + 1) * US)
+                  for i in range(5000))
+    part = PartitionPlan(strategy=Strategy.HEFT, makespan_s=(n // 3 + 1) * US,
+                         devices=tuple(DeviceRow(d, "h100-sxm", GIB, 0, 0.0) for d in devices),
+                         schedule=sched, transfers=xfers, stages=(), stage_devices=(),
+                         notes=_notes("heft"))
+    plan = dataclasses.replace(typed(make_plan()), partition=part)
     assert n > DETAIL_BARS
     svg = gantt(plan)
     lanes = 3 + 1

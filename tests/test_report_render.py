@@ -12,6 +12,18 @@ from typing import Any
 
 import pytest
 
+from graphopt.ir.decision_details import (
+    ExecPath,
+    ExecPathDetail,
+    FoldDetail,
+    LayoutDetail,
+    LayoutFormat,
+    PaddingCarryDetail,
+    PaddingSkip,
+    PrecisionDetail,
+)
+from graphopt.ir.plan import Decision
+from graphopt.ir.plan_memory import QuantizationPlan
 from graphopt.report.format import (
     decision_head,
     decision_summary,
@@ -25,7 +37,7 @@ from graphopt.report.markdown import render_markdown
 # The report builders live in tests/report_plans.py. test_report_partition.py, test_report_data.py
 # and test_report_browser.py import them from here: the ``as`` lines re-export the ones this file
 # does not use itself.
-from tests.report_plans import EVIL_NODE, make_multi, make_optimized, make_plan
+from tests.report_plans import EVIL_NODE, make_multi, make_optimized, make_plan, typed
 from tests.report_plans import EVIL_TENSOR as EVIL_TENSOR
 from tests.report_plans import _hostile_everywhere as _hostile_everywhere
 from tests.report_plans import _reversed_dicts as _reversed_dicts
@@ -35,7 +47,7 @@ from tests.report_plans import embedded_data as embedded_data
 
 def test_markdown_summary_sections() -> None:
     plan = make_plan()
-    md = render_markdown(plan)
+    md = render_markdown(typed(plan))
     for text in ("# graphopt plan: `tiny-llama <test>`", "NVIDIA H100 SXM", "Estimated latency",
                  fmt_seconds(plan["summary"]["est_latency_s"]), "## Bottleneck mix",
                  "## Time by kernel class", "## Costliest nodes", "## Unsupported ops",
@@ -48,7 +60,11 @@ def test_markdown_summary_sections() -> None:
 
 
 def test_markdown_keeps_hostile_text_inert() -> None:
-    md = render_markdown(make_plan())
+    plan = make_plan()
+    evil = next(n for n in plan["nodes"] if n["name"] == EVIL_NODE)
+    # a decision's value that is free text (a layout is an enum, a precision format a string)
+    evil["decisions"]["precision"] = {"format": "<b>nhwc</b>", "applied": True, "reason": "r"}
+    md = render_markdown(typed(plan))
     # names only inside code spans; free text has its markup characters escaped
     assert md.count(EVIL_NODE) == md.count(f"`{EVIL_NODE}`") > 0
     assert "<i>" not in md and "\\<i\\>x\\</i\\> \\& co" in md
@@ -60,14 +76,14 @@ def test_markdown_keeps_hostile_text_inert() -> None:
 
 
 def test_markdown_truncates_node_table() -> None:
-    md = render_markdown(make_plan(extra_nodes=20), max_nodes=5)
+    md = render_markdown(typed(make_plan(extra_nodes=20)), max_nodes=5)
     table = md[md.index("## Nodes (top 5 by est. time)"):]
     assert "23 more nodes not shown" in table
     assert sum(line.startswith("| `") for line in table.splitlines()) == 5
 
 
 def test_markdown_multi_target_columns() -> None:
-    md = render_markdown(make_multi())
+    md = render_markdown(typed(make_multi()))
     cmp_table = md[md.index("## Targets compared"):md.index("## NVIDIA H100 SXM")]
     assert cmp_table.splitlines()[2] == "|  | NVIDIA H100 SXM | NVIDIA A100 SXM |"
     assert "| **est. latency** |" in cmp_table and "1.00×" in cmp_table
@@ -75,7 +91,7 @@ def test_markdown_multi_target_columns() -> None:
 
 
 def test_markdown_deployment_sections() -> None:
-    md = render_markdown(make_optimized())
+    md = render_markdown(typed(make_optimized()))
     for text in (
             "**passes applied:** precision, padding", "**outputs within:** 1 of 1 — ✓",
             "| `layout` | reverted: output \\<0\\> cosine 0.98 |",
@@ -104,11 +120,11 @@ def test_markdown_deployment_sections() -> None:
 
 def test_quantization_without_parameters() -> None:
     plan = make_plan()
-    plan["quantization"] = {"format": None, "reason": "the model has no parameters <none>",
-                            "alternatives": []}
-    md = render_markdown(plan)
+    plan["quantization"] = QuantizationPlan.nothing_to_quantize(
+        "the model has no parameters <none>").to_json()
+    md = render_markdown(typed(plan))
     assert "**recommended:** none" in md and "no parameters \\<none\\>" in md
-    page = render_html(plan)
+    page = render_html(typed(plan))
     assert "no parameters &lt;none&gt;" in page and "Formats considered" not in page
 
 
@@ -117,7 +133,7 @@ def test_multi_target_deployment_side_by_side() -> None:
     a100 = report["plans"][1]
     a100["memory"]["max_batch_size"] = 1170344
     a100["quantization"].update(format="int8", display="INT8")
-    md = render_markdown(report)
+    md = render_markdown(typed(report))
     table = md[md.index("## Memory, format and runtime settings compared"):
                md.index("## NVIDIA H100 SXM\n")]
     for row in ("| max batch size | 1,169,904 | 1,170,344 |", "| recommended | FP8 (E4M3) | INT8 |",
@@ -125,13 +141,32 @@ def test_multi_target_deployment_side_by_side() -> None:
                 "| `sdpa_backends` | flash, efficient, math | flash, efficient, math |"):
         assert row in table, row
     assert md.count("### Memory") == 2 and md.count("### Runtime settings") == 2
-    page = render_html(report)
+    page = render_html(typed(report))
     dep = page[page.index('<table class="cmp dep">'):]
     dep = dep[:dep.index("</table>")]
     assert ('<td>max batch size</td><td class="num">1,169,904</td><td class="num">1,170,344</td>'
             in dep)
     assert '<td class="mono">sdpa_backends</td>' in dep and "INT8" in dep
     assert page.count('<details class="more">') == 2  # per-target panels, folded
+
+
+def test_absent_sections_are_left_out() -> None:
+    """A section the plan does not hold (None) prints nothing, and a dash beside a target that
+    has it."""
+    plan = make_plan()
+    for key in ("memory", "quantization", "runtime_settings"):
+        del plan[key]
+    md = render_markdown(typed(plan))
+    for head in ("## Memory", "## Quantization", "## Runtime settings", "## Deploy",
+                 "## Optimization", "## LLM"):
+        assert head not in md, head
+    report = make_multi()
+    del report["plans"][1]["memory"]
+    md = render_markdown(typed(report))
+    table = md[md.index("## Memory, format and runtime settings compared"):
+               md.index("## NVIDIA H100 SXM\n")]
+    assert "| fits | yes | — |" in table and "| max batch size | 1,169,904 | — |" in table
+    assert md.count("### Memory") == 1
 
 
 @pytest.mark.parametrize(("value", "expected"), [
@@ -142,17 +177,22 @@ def test_fmt_cosine(value: Any, expected: str) -> None:
 
 def test_fmt_pct_and_decision_head() -> None:
     assert [fmt_pct(0.0, 5), fmt_pct(0.0, 0), fmt_pct(91.96, 1)] == ["<0.01%", "0.00%", "91.96%"]
-    assert decision_head({"precision": {"format": "bf16"}, "exec_path": {"path": "wgmma"},
-                          "padding": {"applied": False}}) == "bf16 · wgmma"
-    assert decision_head({"precision": {"format": "fp32", "applied": False}}) == "fp32"
-    assert decision_head({"layout": {"format": "nhwc"}}) == decision_head(None) == ""
+    assert decision_head({"precision": Decision("r", PrecisionDetail(format="bf16")),
+                          "exec_path": Decision("r", ExecPathDetail(path=ExecPath.WGMMA)),
+                          "padding": Decision("r", PaddingSkip(), applied=False)}
+                         ) == "bf16 · wgmma"
+    assert decision_head({"precision": Decision("r", PrecisionDetail(format="fp32"),
+                                                applied=False)}) == "fp32"
+    layout = Decision("r", LayoutDetail(LayoutFormat.CHANNELS_LAST, 0, None))
+    assert decision_head({"layout": layout}) == decision_head({}) == ""
 
 
 @pytest.mark.parametrize(("decision", "expected"), [
-    ({"format": "bf16", "applied": True, "reason": "r"}, "bf16"),
-    ({"applied": False, "reason": "r"}, "not applied"),
-    ({"pad_to": 64, "applied": True, "reason": "r"}, "64"),
-    ({"m": 1, "n": 2, "applied": False, "reason": "r"}, "m=1 (not applied)"),
+    (Decision("r", PrecisionDetail(format="bf16")), "bf16"),
+    (Decision("r", PaddingSkip(), applied=False), "not applied"),
+    (Decision("r", FoldDetail(into="conv_1")), "conv_1"),  # its one field
+    (Decision("r", PaddingCarryDetail(real=3, padded=8, clean=True), applied=False),
+     "real=3 (not applied)"),  # no value field: the first
 ])
-def test_decision_summary(decision: dict[str, Any], expected: str) -> None:
+def test_decision_summary(decision: Decision, expected: str) -> None:
     assert decision_summary(decision) == expected

@@ -25,6 +25,7 @@ from graphopt.partition.two_d import nvlink_groups, two_d
 from graphopt.report.html import render_html
 from graphopt.report.markdown import render_markdown
 from tests.arch_zoo import build
+from tests.report_plans import typed
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO = "cuda:0=h100,cuda:1=h100"
@@ -235,15 +236,15 @@ def test_report_renders_split_table_and_collective_bars(llama):
     plan, graph = llama
     out = with_partition(plan, TWO, "tensor", source=graph)
     data = json.loads(out.to_json())
-    md = render_markdown(data)
+    md = render_markdown(typed(data))
     assert "## Tensor parallelism" in md and "### Block splits" in md
     assert "| `attention@" in md and "N (heads)" in md and "K (intermediate)" in md
     assert "```python" in md and "RowwiseParallel()" in md
     assert "| `tensor (picked)` |" in md
-    page = render_html(data)
+    page = render_html(typed(data))
     assert page.count('class="gc"') == 2 * len(data["partition"]["collectives"]) == 4
     assert "Strategy and tensor parallelism" in page and 'class="tpcode"' in page
-    assert render_html(json.loads(json.dumps(data))) == page
+    assert render_html(typed(json.loads(json.dumps(data)))) == page
 
 
 def test_two_d_report_has_stages_and_transfers(llama):
@@ -254,13 +255,13 @@ def test_two_d_report_has_stages_and_transfers(llama):
     choice = StrategyChoice(Strategy.TWO_D, Strategy.TWO_D, False, "request", "asked", (), ())
     out = attach_split(plan, res, choice, source=graph)
     data = json.loads(out.to_json())
-    md = render_markdown(data)
+    md = render_markdown(typed(data))
     assert "### Stages (pipeline across groups)" in md
     assert "### 2-D plan (pipeline stages x tensor parallel)" in md and "micro-batches" in md
     assert "parallelize_module(model, mesh" not in md  # not the one-group plan
     assert data["partition"]["stage_devices"] == ["cuda:0+cuda:1", "cuda:2+cuda:3"]
     assert math.isclose(data["partition"]["makespan_s"], res.latency_s)
     assert len(data["partition"]["transfers"]) == 2
-    page = render_html(data)
+    page = render_html(typed(data))
     assert 'class="gc"' in page and "Stages (pipeline across groups)" in page
     assert "2-D plan (pipeline stages × tensor parallel)" in page and "GPipe" in page

@@ -27,6 +27,7 @@ from graphopt.partition.two_d_emit import (
 )
 from tests.arch_zoo import Logits
 from tests.gloo_run import init_gloo, needs_gloo, spawn, state_unchanged
+from tests.report_plans import typed
 
 transformers = pytest.importorskip("transformers")
 
@@ -274,11 +275,11 @@ def test_report_gives_the_emitted_two_d_code() -> None:
     out = on_module_boundaries(inside, plan, model)
     choice = StrategyChoice(Strategy.TWO_D, Strategy.TWO_D, False, "request", "asked", (), ())
     data = json.loads(attach_split(plan, out, choice, source=model, module=model).to_json())
-    md = render_markdown(data)
+    md = render_markdown(typed(data))
     assert "### 2-D plan (pipeline stages x tensor parallel)" in md
     assert 'mesh_dim_names=("pp", "tp")' in md and "PipelineStage(stage, pp, 2" in md
     assert "ScheduleGPipe(pipe, n_microbatches=2)" in md
     assert "(inside model.layers.1), moved before model.layers.2" in md
     assert "**uneven:** 3 decoder layers over 2 stages: 2, 1" in md
-    page = render_html(data)
+    page = render_html(typed(data))
     assert "PipelineStage(stage, pp, 2" in page and "moved before model.layers.2" in page

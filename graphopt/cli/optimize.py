@@ -178,8 +178,8 @@ def _optimize_kwargs(options: Options) -> dict[str, Any]:
 
 def _print_deploy(choice: Any, folder: bool = False) -> None:
     """The deploy line (``report/deploy.deploy_summary``) and each candidate's time."""
+    print(terminal_safe(f"  {deploy_summary(choice)}"))
     d = choice.to_json()
-    print(terminal_safe(f"  {deploy_summary(d)}"))
     for c in d["candidates"]:
         said = (f"{c['seconds'] * 1e3:.3g} ms" if c["seconds"] else "no time") + \
             ("" if c["within"] is not False else ", OUT of tolerance")

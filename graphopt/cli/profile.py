@@ -41,10 +41,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if not plan.target.calibrated:
         print("  uncalibrated host numbers (--no-calibrate, GRAPHOPT_NO_CALIBRATE=1 or "
               "GRAPHOPT_HOST_ISA): --target cpu otherwise uses this CPU's cached calibration")
-    d = plan.to_dict()
-    for n, p, m in worst_nodes(d, 5):
+    for n, p, m in worst_nodes(plan, 5):
         print(f"  {p / m:8.3g}x  {fmt_seconds(p):>10} predicted {fmt_seconds(m):>10} measured  "
-              f"{n['kernel_class']:<13} {n['name']}")
+              f"{n.analysis.kernel_class.value:<13} {n.name}")
     for w in plan.warnings:
         print(f"  warning: {w}")
     for path in written:

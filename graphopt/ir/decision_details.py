@@ -30,8 +30,8 @@ from graphopt.ir.records import Record, optional, read_json
 __all__ = ["DETAILS", "Detail", "DeviceDetail", "DropDetail", "ExecPath", "ExecPathDetail",
            "FoldDetail", "GemmEdge", "GroupsCarryDetail", "Launch", "LayoutDetail",
            "LayoutFormat", "PaddingCarryDetail", "PaddingDetail", "PaddingSkip",
-           "PaddingSliceDetail", "PrecisionDetail", "QuantizeDetail", "RunsOn", "Sensitivity",
-           "Tile", "WeightQuantDetail", "read_detail"]
+           "PaddingSliceDetail", "PrecisionDetail", "PrecisionRole", "QuantizeDetail", "RunsOn",
+           "Sensitivity", "Tile", "WeightQuantDetail", "read_detail"]
 
 
 class ExecPath(StrEnum):
@@ -68,6 +68,23 @@ class RunsOn(StrEnum):
     TORCH = "torch"
     ONNX = "onnx"
     PLAN_ONLY = "plan-only"
+
+
+class PrecisionRole(StrEnum):
+    """What a precision pass does with a node (``decisions.precision.roles`` assigns them; the
+    values are the strings the passes always wrote)."""
+
+    LOW = "low"  # runs in the reduced format
+    ISLAND = "island"  # fp32: numerically sensitive, or an edit this backend cannot make
+    WIDE = "wide"  # fp32 for another reason (an fp32 input, a constant that does not fit)
+    KEEP = "keep"  # no fp32 result: reads its inputs at their original dtypes
+    FIXED = "fixed"  # torch: an explicit cast, or one this pass inserted
+    ITEM = "item"  # torch: getitem, at its producer's dtype
+    WEAK = "weak"  # torch: a parameter/constant, converted to what its readers need
+    ASSERT = "assert"  # torch: export's dtype check, updated to the new dtypes
+    SKIP = "skip"  # torch: inputs, outputs, shape queries
+    ANY = "any"  # ONNX: casts and shape queries read any dtype
+    TF32 = "tf32"  # torch: an fp32 GEMM-like node on tf32 tensor cores (recorded only)
 
 
 class GemmEdge(StrEnum):
@@ -218,7 +235,7 @@ class PrecisionDetail(Detail):
     candidate_kernel: str | None = optional()
     candidate_group: int | None = optional()
     island: bool | None = optional()
-    role: str | None = optional()
+    role: PrecisionRole | None = optional()
     sensitivity: Sensitivity | None = optional()
 
 

@@ -284,6 +284,22 @@ class PlanSet(ReportEmitters):
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, "plans": [p.to_dict() for p in self.plans]}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | str) -> PlanSet:
+        """The plans a multi-target report's JSON (:meth:`to_dict`, or its text) holds; a
+        single plan's JSON gives a set of one."""
+        if isinstance(data, str):
+            data = json.loads(data)
+        if not isinstance(data, Mapping) or "plans" not in data:
+            return cls((Plan.from_json(data),))
+        if data.get("schema_version") != SCHEMA_VERSION:
+            plan_from_json(Plan, data)  # refuses the version by name
+        plans = data["plans"]
+        if not isinstance(plans, list):
+            raise GraphoptError("plan JSON: 'plans' is not a list; give the JSON that graphopt "
+                                "plan wrote for several targets")
+        return cls(tuple(Plan.from_json(p) for p in plans))
+
 
 def plan_from_json(cls: type[Plan], data: Mapping[str, Any] | str) -> Plan:
     """A :class:`Plan` from its report JSON; a report of another schema is refused by name."""

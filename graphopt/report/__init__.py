@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphopt.report import html as _html
 from graphopt.report import markdown as _markdown
+
+if TYPE_CHECKING:  # ir.plan imports this package (its emitters): no import at run time
+    from graphopt.ir.plan import Plan, PlanSet
 
 __all__ = ["render_html", "render_json", "render_markdown"]
 
@@ -78,10 +81,12 @@ def _render(report: dict[str, Any], indent: str) -> str:
     return "{\n" + ",\n".join(items) + f"\n{indent}}}" + ("\n" if not indent else "")
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def render_markdown(report: Plan | PlanSet) -> str:
+    """The Markdown report of a plan or a plan set (read a JSON report with ``Plan.from_json``)."""
     return _markdown.render_markdown(report)
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: Plan | PlanSet) -> str:
+    """The HTML report of a plan or a plan set (read a JSON report with ``Plan.from_json``)."""
     return _html.render_html(report)
 

@@ -6,8 +6,11 @@ take the colours from here so a class looks the same everywhere on the page.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import Plan
 
 __all__ = ["CLASS_COLORS", "class_colors"]
 
@@ -21,9 +24,8 @@ CLASS_COLORS = {"gemm": "#2f64d0", "gemv": "#6f9be8", "attention": "#8a55d4",
 _SPARE = ("#2a9d8f", "#e76f51", "#6d597a", "#bc6c25", "#457b9d", "#9c89b8", "#588157", "#d4a373")
 
 
-def class_colors(plans: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def class_colors(plans: Sequence[Plan]) -> dict[str, str]:
     """Fixed colours for the known classes, spare ones for the rest in name order."""
-    classes = sorted({str(n.get("kernel_class")) for p in plans for n in p.get("nodes") or []
-                      if n.get("kernel_class") is not None})
+    classes = sorted({n.analysis.kernel_class.value for p in plans for n in p.nodes})
     spare = iter(_SPARE * (len(classes) // len(_SPARE) + 1))
     return {c: CLASS_COLORS.get(c) or next(spare) for c in classes}

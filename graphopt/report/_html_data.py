@@ -24,8 +24,9 @@ The tables, every string in them an index into ``strings``:
 
 Decoded (``decode`` here, ``decode()`` in the page), a node is the record of ``FIELDS``, with one
 ``TFIELDS`` array per target in ``per``. Profiles, decisions and cost notes are formatted once per
-distinct value, found by their exact bytes (``_key``): formatting every node's decisions was most
-of the 50k-node render time (~10 s of ~13 s).
+distinct value: formatting every node's decisions was most of the 50k-node render time (~10 s of
+~13 s). A profile is found by the exact bytes of the node fields it reads (``_key``), a tensor and
+a decision by value (they are frozen records, hashed and compared field by field).
 """
 
 from __future__ import annotations
@@ -34,19 +35,23 @@ import json
 import marshal
 import math
 import operator
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from graphopt.cost.roofline import NodeCost
+from graphopt.ir.graph import TensorInfo
 from graphopt.report.format import (
     HEAD_KINDS,
-    decision_fields,
     decision_head,
-    decision_summary,
+    decision_texts,
     finite,
     fmt_dims,
     fmt_shape,
     ordered_kinds,
 )
+
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import Decision, NodePlan
 
 __all__ = ["FIELDS", "PROFILE", "TFIELDS", "Tables", "ai", "decode", "encode", "payload", "points",
            "r6"]
@@ -65,13 +70,14 @@ def r6(value: Any) -> float | None:
     return None if v is None else float(f"{v:.6g}")
 
 
-def ai(node: Mapping[str, Any]) -> float | None:
-    """FLOP per byte: the node's own figure, else FLOPs / bytes."""
-    v = finite(node.get("arithmetic_intensity"))
-    if v is None or v <= 0:
-        flops, nbytes = finite(node.get("flops")), finite(node.get("bytes"))
-        v = flops / nbytes if flops and nbytes else None
-    return v
+def ai(node: NodePlan) -> float | None:
+    """FLOP per byte: the node's own figure as the JSON report rounds it, else FLOPs / bytes."""
+    a = node.analysis
+    v = round(a.arithmetic_intensity, 6)
+    if v > 0:
+        return v
+    flops, nbytes = finite(a.flops), finite(a.bytes_total)
+    return flops / nbytes if flops and nbytes else None
 
 
 def _clean(value: Any) -> Any:
@@ -109,8 +115,8 @@ class Tables:
         self._by_key: dict[tuple[str, Hashable], int] = {}
         self._strings = self._index["strings"]
         self._kinds: dict[tuple[Any, ...], tuple[str, ...]] = {}
-        self._tensor_ids: dict[bytes, int] = {}
-        self._dset_ids: dict[bytes, int] = {}
+        self._tensor_ids: dict[tuple[Any, ...], int] = {}
+        self._decision_ids: dict[Hashable, int] = {}
 
     def add(self, table: str, value: Hashable) -> int:
         index = self._index[table]
@@ -146,141 +152,134 @@ class Tables:
             self.tables["strings"].append(value)
         return i
 
-    def tensors(self, tensors: Any) -> tuple[int, ...]:
+    def tensors(self, tensors: Sequence[TensorInfo | None]) -> tuple[int, ...]:
         """Tensor indices; a tensor is one node's output and the next one's input, stored once."""
         out, ids = [], self._tensor_ids
-        for t in tensors or ():
-            if not isinstance(t, (dict, Mapping)):  # dict first: the ABC check is slow
+        for t in tensors:
+            if t is None:  # an absent optional input
                 continue
-            key = _key(t)  # cached() inlined: a 50k-node plan has ~130k tensor records
-            i = ids.get(key) if key is not None else None
+            key = (t.name, t.shape, t.dtype)  # what is shown; a plain tuple hashes in C
+            i = ids.get(key)  # cached() inlined: a 50k-node plan has ~130k tensor records
             if i is None:
-                i = self.add("tensors", self._tensor(t))
-                if key is not None:
-                    ids[key] = i
+                i = ids[key] = self.add("tensors", self._tensor(t))
             out.append(i)
         return tuple(out)
 
-    def _tensor(self, t: Mapping[str, Any]) -> tuple[int | None, ...]:
-        shape = t.get("shape")
-        text = self.cached("strings", ("shape", _key(shape)), lambda: fmt_shape(shape))
-        return self.s(t.get("name", "?")), text, self.s(t.get("dtype") or "")
+    def _tensor(self, t: TensorInfo) -> tuple[int | None, ...]:
+        shape = t.shape
+        text = self.cached("strings", ("shape", shape), lambda: fmt_shape(shape))
+        return self.s(t.name), text, self.s(t.dtype or "")
 
-    def dset(self, decisions: Any) -> int:
-        """One node's decisions on one target; each distinct decision is formatted once.
-
-        A split plan gives every node its own ``device`` decision (its start and finish), so
-        whole sets rarely repeat there, but the precision and path decisions still do.
-        """
-        whole = _key(decisions)  # one C call finds a repeated set (every node of a layer)
-        i = self._dset_ids.get(whole) if whole is not None else None
-        if i is None:
-            i = self._dset(decisions)
-            if whole is not None:
-                self._dset_ids[whole] = i
-        return i
-
-    def _dset(self, decisions: Any) -> int:
-        if not isinstance(decisions, Mapping):
-            return self.add("dsets", (self.s(""), ()))
+    def dset(self, decisions: Mapping[str, Decision]) -> int:
+        """One node's decisions on one target: the rows of its decisions (each distinct one
+        formatted once) and its head text. A split plan gives every node its own ``device``
+        decision (its start and finish), so sets rarely repeat there, but the precision and path
+        decisions still do."""
         names = tuple(decisions)
         kinds = self._kinds.get(names)
         if kinds is None:
             kinds = self._kinds[names] = tuple(ordered_kinds(decisions))
-        keys = {k: _key((k, decisions[k])) for k in kinds}
-        ids = tuple(self.cached("decisions", keys[k], lambda k=k: self._decision(k, decisions[k]))
-                    for k in kinds)
-        head_key = tuple(keys.get(k, b"") for k in HEAD_KINDS)
-        head = self.cached("strings", None if None in head_key else ("head", head_key),
-                           lambda: decision_head(decisions))
+        ids = tuple(self._decision_id(k, decisions[k]) for k in kinds)
+        # a decision's row holds every field's text, so its index fixes the head text too
+        head_key = ("head", tuple(i for k, i in zip(kinds, ids, strict=True) if k in HEAD_KINDS))
+        head = self.cached("strings", head_key, lambda: decision_head(decisions))
         return self.add("dsets", (head, ids))
 
-    def _decision(self, kind: str, d: Any) -> tuple[Any, ...]:
-        if not isinstance(d, Mapping):
-            d = {"value": d}
-        s, applied = self.s, d.get("applied")
-        return (s(kind), s(decision_summary(d)), s(d.get("reason") or ""),
-                tuple((s(k), s(text)) for k, text in decision_fields(d)),
-                None if not isinstance(applied, bool) else int(applied), int(kind in HEAD_KINDS))
+    def _decision_id(self, kind: str, d: Decision) -> int:
+        """The row of one decision, formatted the first time its value is met."""
+        ids, key = self._decision_ids, (kind, d)
+        try:
+            i = ids.get(key)  # frozen records: hashed and compared by value
+        except TypeError:  # a detail holding a dict (padding's dims): its JSON's bytes
+            key = _key((kind, d.to_dict()))
+            i = ids.get(key) if key is not None else None
+        if i is None:
+            summary, fields = decision_texts(d)
+            s = self.s
+            i = self.add("decisions", (s(kind), s(summary), s(d.reason),
+                                       tuple((s(k), s(text)) for k, text in fields),
+                                       int(d.applied), int(kind in HEAD_KINDS)))
+            if key is not None:
+                ids[key] = i
+        return i
 
-    def cost(self, fields: Any) -> int:
-        return self.cached("costs", _key(fields), lambda: tuple(
-            (self.s(k), self.s(v)) for k, v in _pairs(fields)))
+    def cost(self, cost: NodeCost) -> int:
+        values = _COST_OF(cost)
+        return self.cached("costs", _key(values), lambda: tuple(
+            (self.s(k), self.s(v)) for k, v in _pairs(zip(_COST, values, strict=True))))
 
 
-def _pairs(fields: Any) -> list[tuple[str, str]]:
-    """A free-form dict as sorted (key, text) pairs; empty values are dropped."""
-    if not isinstance(fields, Mapping):
-        return []
+#: the fields of a node's cost notes (its JSON ``cost`` object), in name order
+_COST = ("alignment_efficiency", "bandwidth_used", "note", "overhead_s", "precision", "unit",
+         "utilization")
+_COST_OF = operator.attrgetter(*_COST)
+
+
+def _pairs(fields: Iterable[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """(key, value) pairs as (key, text); empty values are dropped."""
     out = []
-    for k, v in sorted(fields.items(), key=lambda kv: str(kv[0])):
+    for k, v in fields:
         if v is None or v == "":
             continue
         if isinstance(v, float):
             text = f"{v:.4g}"  # utilization 0.030303030303 -> 0.0303
         else:
             text = v if isinstance(v, str) else json.dumps(_clean(v), sort_keys=True, default=str)
-        out.append((str(k), text))
+        out.append((k, text))
     return out
 
 
-def _per(x: Mapping[str, Any] | None, flops: Any, node_ai: float | None,
+def _per(x: NodePlan | None, flops: int, node_ai: float | None,
          tb: Tables) -> tuple[Any, ...] | None:
     """One target's part of a profile; flops and ai only where they differ from the node's."""
     if x is None:
         return None
-    part = (r6(x.get("est_time_s")), tb.s(x.get("bottleneck")), r6(x.get("compute_time_s")),
-            r6(x.get("memory_time_s")), r6(x.get("peak_flops_used")), tb.cost(x.get("cost")))
-    own = (x.get("flops"), r6(ai(x)))
+    c = x.cost
+    part = (r6(c.est_time_s), tb.s(c.bottleneck), r6(c.compute_time_s), r6(c.memory_time_s),
+            r6(c.peak_flops_used), tb.cost(c))
+    own = (x.analysis.flops, r6(ai(x)))
     return part if own == (flops, node_ai) else part + own
 
 
-def _profile(records: Sequence[Mapping[str, Any] | None], tb: Tables) -> tuple[Any, ...]:
+def _profile(records: Sequence[NodePlan | None], tb: Tables) -> tuple[Any, ...]:
     n = next(x for x in records if x is not None)
-    s, flops, node_ai = tb.s, n.get("flops"), r6(ai(n))
-    return (s(n.get("op") or n.get("op_type") or ""), s(n.get("op_type") or ""),
-            s(n.get("kernel_class")), s(fmt_dims(n.get("dims"))), s(n.get("dtype")), flops,
-            n.get("bytes"), n.get("bytes_read"), n.get("bytes_written"), node_ai,
-            n.get("params"), s(n.get("pattern")), tuple(s(f) for f in n.get("flags") or ()),
+    a, s = n.analysis, tb.s
+    flops, node_ai = a.flops, r6(ai(n))
+    return (s(n.op or n.op_type or ""), s(n.op_type or ""), s(a.kernel_class.value),
+            s(fmt_dims(a.dims)), s(a.dtype), flops, a.bytes_total, a.bytes_read,
+            a.bytes_written, node_ai, a.param_count, s(a.pattern), tuple(s(f) for f in a.flags),
             tuple(_per(x, flops, node_ai, tb) for x in records))
 
 
-# every field a profile reads, so that equal fields mean an equal profile
-_READS = ("op", "op_type", "kernel_class", "dims", "dtype", "flops", "bytes", "bytes_read",
-          "bytes_written", "arithmetic_intensity", "params", "pattern", "flags", "est_time_s",
-          "bottleneck", "compute_time_s", "memory_time_s", "peak_flops_used", "cost")
+#: every field a profile reads (one C call), so that equal fields mean an equal profile; the
+#: kernel class as its value (``marshal`` writes no enums)
+_READS = operator.attrgetter(
+    "op", "op_type", "analysis.kernel_class.value", "analysis.dims", "analysis.dtype",
+    "analysis.flops", "analysis.bytes_read", "analysis.bytes_written", "analysis.param_count",
+    "analysis.pattern", "analysis.flags", "cost.est_time_s", "cost.bottleneck",
+    "cost.compute_time_s", "cost.memory_time_s", "cost.peak_flops_used",
+    *(f"cost.{k}" for k in _COST))
 
 
-_READER = operator.itemgetter(*_READS)
-
-
-def _reads(x: Mapping[str, Any]) -> tuple[Any, ...]:
-    try:
-        return _READER(x)  # one C call: a plan's node has every field
-    except KeyError:
-        return tuple(x.get(k) for k in _READS)
-
-
-def encode(joined: Sequence[tuple[str, Sequence[Mapping[str, Any] | None]]],
+def encode(joined: Sequence[tuple[str, Sequence[NodePlan | None]]],
            labels: Sequence[Mapping[str, str]] = ()) -> Tables:
     """Intern every joined node (one record per target, or None): profile, name, tensors,
     decisions and fusion group. Nodes of repeated layers share a profile, so it is formatted
-    once per distinct one. ``labels``: per target, fusion group id -> the label its nodes show
-    (``report.fusion.group_labels``); a node's group is its own, so it stays out of the profile.
+    once per distinct one. ``labels``: per target, node name -> the label of its fusion group
+    (``report.fusion.node_labels``); a node's group is its own, so it stays out of the profile.
     """
     tb = Tables()
     rows, uses = [], tb.uses
     for name, records in joined:
-        raw = [None if x is None else _reads(x) for x in records]
+        raw = [None if x is None else _READS(x) for x in records]
         pid = tb.cached("profiles", _key(raw), lambda records=records: _profile(records, tb))
         if pid == len(uses):
             uses.append(0)
         uses[pid] += 1
         n = next(x for x in records if x is not None)
-        rows.append((tb.s(name), pid, tb.tensors(n.get("inputs")), tb.tensors(n.get("outputs")),
-                     tuple(None if x is None else tb.dset(x.get("decisions")) for x in records),
-                     tuple(None if x is None or t >= len(labels) else
-                           tb.s(labels[t].get(str(x.get("fusion_group"))))
+        rows.append((tb.s(name), pid, tb.tensors(n.inputs), tb.tensors(n.outputs),
+                     tuple(None if x is None else tb.dset(x.decisions) for x in records),
+                     tuple(None if x is None or t >= len(labels) else tb.s(labels[t].get(x.name))
                            for t, x in enumerate(records))))
     tb.tables["nodes"] = rows
     return tb

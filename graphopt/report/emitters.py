@@ -33,10 +33,10 @@ class ReportEmitters:
         return render_json(self.to_dict())
 
     def to_markdown(self) -> str:
-        return render_markdown(self.to_dict())
+        return render_markdown(self)  # type: ignore[arg-type]  # self is a Plan or PlanSet
 
     def to_html(self) -> str:
-        return render_html(self.to_dict())
+        return render_html(self)  # type: ignore[arg-type]
 
     def save(self, json: str | None = None, md: str | None = None,
              html: str | None = None, *, protect: Iterable[Any] = ()) -> list[str]:

@@ -12,7 +12,12 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from graphopt.ir.decision_details import Detail, ExecPathDetail, Launch, Tile
+
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import Decision, Plan, PlanSet
 
 __all__ = [
     "BOTTLENECKS",
@@ -20,6 +25,7 @@ __all__ = [
     "decision_fields",
     "decision_head",
     "decision_summary",
+    "decision_texts",
     "finite",
     "fmt_bytes",
     "fmt_cosine",
@@ -50,6 +56,7 @@ _VALUE_KEYS = ("choice", "value", "selected", "action", "decision", "format", "p
                "dtype", "precision", "device", "to", "status")
 _DIM_ORDER = ("batch", "M", "N", "K")
 HEAD_KINDS = ("precision", "exec_path")  # shown together as "bf16 · tma_wgmma"
+_HEAD_FIELDS = (("precision", "format"), ("exec_path", "path"))  # each one's detail field
 
 
 # --------------------------------------------------------------------------- shared formatters
@@ -120,31 +127,37 @@ def fmt_dims(dims: Any) -> str:
     return " ".join(f"{k}={dims[k]}" for k in keys)
 
 
-def decision_summary(decision: Any) -> str:
-    """The short value of one decision (``bf16``, ``nhwc``, ``pad_to=64``, ``not applied``)."""
-    if not isinstance(decision, Mapping):
-        return str(decision)
-    applied = decision.get("applied")
-    fields = [k for k in decision if k not in ("reason", "applied")]
+def _detail_json(decision: Decision | Mapping[str, Any]) -> Mapping[str, Any]:
+    """A decision's own fields as its JSON writes them (the keys it has, values as written);
+    a decision given as its JSON (an ONNX artifact's node decisions are held so) as it is."""
+    if isinstance(decision, Mapping):
+        return {k: v for k, v in decision.items() if k not in ("reason", "applied")}
+    return decision.detail.to_json()
+
+
+def decision_summary(decision: Decision | Mapping[str, Any]) -> str:
+    """The short value of one decision (``bf16``, ``nhwc``, ``pad_to=64``, ``not applied``):
+    the field that names what it chose, else its only field, else its first as ``key=value``."""
+    applied = decision.get("applied") if isinstance(decision, Mapping) else decision.applied
+    return _summary(_detail_json(decision), applied)
+
+
+def _summary(fields: Mapping[str, Any], applied: Any) -> str:
     key = next((k for k in _VALUE_KEYS if k in fields), None)
     if key is not None or len(fields) == 1:
-        value = str(decision[key if key is not None else fields[0]])
+        value = str(fields[key if key is not None else next(iter(fields))])
     elif fields:
-        value = f"{fields[0]}={decision[fields[0]]}"
+        first = next(iter(fields))
+        value = f"{first}={fields[first]}"
     else:
         return "not applied" if applied is False else "applied"
     return f"{value} (not applied)" if applied is False else value
 
 
-def plans_of(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The plans of a single- or multi-target report, in report order."""
-    version = report.get("schema_version")
-    if version is not None and version != SCHEMA_VERSION:
-        logger.warning("report schema_version %s; this renderer knows %d", version, SCHEMA_VERSION)
-    plans = report.get("plans")
-    if isinstance(plans, Sequence) and not isinstance(plans, (str, bytes)):
-        return [p for p in plans if isinstance(p, Mapping)]
-    return [report]
+def plans_of(report: Plan | PlanSet) -> tuple[Plan, ...]:
+    """The plans of a single- or multi-target report (a Plan or a PlanSet), in report order."""
+    plans = getattr(report, "plans", None)  # a PlanSet; duck-typed: ir.plan imports the report
+    return (report,) if plans is None else tuple(plans)
 
 
 def yes_no(value: Any) -> str:
@@ -196,46 +209,61 @@ def _dims3(value: Any) -> str:
     return str(value)
 
 
-def _tile(tile: Mapping[str, Any], instruction: Any) -> str:
+def _tile(tile: Tile, instruction: str | None) -> str:
     parts = []
-    if all(k in tile for k in ("m", "n", "k")):
-        parts.append(f"{tile['m']}×{tile['n']}×{tile['k']} (m×n×k)")
-    for key, label in (("stages", "stages"), ("k_iters", "k iterations"), ("waves", "waves")):
-        if tile.get(key) is not None:
-            parts.append(f"{label} {tile[key]}")
-    if tile.get("swap_ab"):
+    if tile.m is not None and tile.n is not None and tile.k is not None:
+        parts.append(f"{tile.m}×{tile.n}×{tile.k} (m×n×k)")
+    for label, v in (("stages", tile.stages), ("k iterations", tile.k_iters),
+                     ("waves", tile.waves)):
+        if v is not None:
+            parts.append(f"{label} {v}")
+    if tile.swap_ab:
         parts.append("A/B swapped")
-    if finite(tile.get("efficiency")) is not None:
-        parts.append(f"{100 * tile['efficiency']:.1f}% of tile slots useful")
-    if tile.get("instruction") and tile.get("instruction") != instruction:
-        parts.append(str(tile["instruction"]))
-    known = {"m", "n", "k", "stages", "k_iters", "waves", "swap_ab", "efficiency", "instruction"}
-    parts += [f"{k}={fmt_value(tile[k])}" for k in sorted(tile) if k not in known]
+    if (efficiency := finite(tile.efficiency)) is not None:
+        parts.append(f"{100 * efficiency:.1f}% of tile slots useful")
+    if tile.instruction and tile.instruction != instruction:
+        parts.append(tile.instruction)
+    if tile.swizzle_bytes is not None:
+        parts.append(f"swizzle_bytes={fmt_value(tile.swizzle_bytes)}")
     return " · ".join(parts)
 
 
-def _launch(launch: Mapping[str, Any]) -> str:
-    parts = [f"{k} {_dims3(launch[k])}" for k in ("grid", "block", "cluster") if k in launch]
-    if launch.get("smem_bytes") is not None:
-        parts.append(f"{fmt_bytes(launch['smem_bytes'])} shared memory")
-    if launch.get("vector_width") is not None:
-        parts.append(f"vector width {launch['vector_width']}")
-    known = {"grid", "block", "cluster", "smem_bytes", "vector_width"}
-    return " · ".join(parts + [f"{k}={fmt_value(launch[k])}" for k in sorted(launch)
-                               if k not in known])
+def _launch(launch: Launch) -> str:
+    parts = [f"{k} {_dims3(v)}" for k, v in (("grid", launch.grid), ("block", launch.block),
+                                             ("cluster", launch.cluster)) if v is not None]
+    if launch.smem_bytes is not None:
+        parts.append(f"{fmt_bytes(launch.smem_bytes)} shared memory")
+    if launch.vector_width is not None:
+        parts.append(f"vector width {launch.vector_width}")
+    if launch.threads is not None:
+        parts.append(f"threads={fmt_value(launch.threads)}")
+    return " · ".join(parts)
 
 
-def decision_fields(decision: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A decision's fields besides its value, reason and applied; tile and launch compacted."""
-    out, value_key = [], next((k for k in _VALUE_KEYS if k in decision), None)
-    for key in sorted(decision, key=str):
-        v = decision[key]
-        if key in ("reason", "applied", value_key) or v is None or v in ("", {}, []):
+def decision_fields(decision: Decision) -> list[tuple[str, str]]:
+    """A decision's fields besides its value, by name; a kernel's tile and launch compacted."""
+    return _fields(decision.detail, decision.detail.to_json())
+
+
+def decision_texts(decision: Decision) -> tuple[str, list[tuple[str, str]]]:
+    """``decision_summary`` and ``decision_fields`` of one decision from one write of its JSON
+    (the HTML report formats each distinct decision: 50k of them in a split plan)."""
+    fields = decision.detail.to_json()
+    return _summary(fields, decision.applied), _fields(decision.detail, fields)
+
+
+def _fields(detail: Detail, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``fields``: the detail's JSON (the fields it has, under their JSON names)."""
+    out = []
+    value_key = next((k for k in _VALUE_KEYS if k in fields), None)
+    for key in sorted(fields):
+        v = fields[key]
+        if key == value_key or v is None or v in ("", {}, []):
             continue
-        if key == "tile" and isinstance(v, Mapping):
-            text = _tile(v, decision.get("instruction"))
-        elif key == "launch" and isinstance(v, Mapping):
-            text = _launch(v)
+        if key == "tile" and isinstance(detail, ExecPathDetail) and detail.tile is not None:
+            text = _tile(detail.tile, detail.instruction)
+        elif key == "launch" and isinstance(detail, ExecPathDetail) and detail.launch is not None:
+            text = _launch(detail.launch)
         elif isinstance(v, bool):
             text = yes_no(v)
         elif isinstance(v, Mapping):
@@ -243,28 +271,21 @@ def decision_fields(decision: Mapping[str, Any]) -> list[tuple[str, str]]:
         else:
             text = fmt_value(v)
         if text:
-            out.append((str(key), text))
+            out.append((key, text))
     return out
 
 
-def ordered_kinds(decisions: Mapping[str, Any]) -> list[str]:
+def ordered_kinds(decisions: Mapping[str, Decision]) -> list[str]:
     """Precision and execution path first (what a reader looks for), then the rest by name."""
     rest = sorted((k for k in decisions if k not in HEAD_KINDS), key=str)
     return [k for k in HEAD_KINDS if k in decisions] + rest
 
 
-def decision_head(decisions: Any) -> str:
+def decision_head(decisions: Mapping[str, Decision]) -> str:
     """``bf16 · tma_wgmma``: the precision format and the execution path of a node."""
-    if not isinstance(decisions, Mapping):
-        return ""
-    parts = []
-    for kind, key in zip(HEAD_KINDS, ("format", "path"), strict=True):
-        d = decisions.get(kind)
-        if isinstance(d, Mapping):
-            parts.append(str(d.get(key) or decision_summary(d)))
-        elif d is not None:
-            parts.append(str(d))
-    return " · ".join(parts)
+    return " · ".join(str(getattr(decisions[kind].detail, field, None)
+                          or decision_summary(decisions[kind]))
+                      for kind, field in _HEAD_FIELDS if kind in decisions)
 
 
 # --------------------------------------------------------------------------- markdown escaping

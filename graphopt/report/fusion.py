@@ -3,61 +3,60 @@ fused estimate beside the unfused one (Markdown and HTML)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
+from graphopt.ir.plan_sections import FusionPlan
 from graphopt.report.format import fmt_seconds, md_table, md_text
 from graphopt.report.html_text import esc
 
-__all__ = ["fusion_html", "fusion_md", "fusion_rows", "group_labels"]
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import Plan
+
+__all__ = ["fusion_html", "fusion_md", "fusion_rows", "group_labels", "node_labels"]
 
 _SHOWN = 12  # the groups that save the most
 
 
-def _members(nodes: list[str]) -> str:
+def _members(nodes: tuple[str, ...]) -> str:
     return ", ".join(nodes[:4]) + (f" +{len(nodes) - 4}" if len(nodes) > 4 else "")
 
 
-def group_labels(plan: Mapping[str, Any]) -> dict[str, str]:
+def group_labels(plan: Plan) -> dict[str, str]:
     """Group id -> the label the node tables show for its nodes ("k3 FusedGemm ×3"), for the
     groups of more than one node; a node alone in its group gets no label."""
-    f = plan.get("fusion")
-    if not isinstance(f, Mapping):
+    if plan.fusion is None:
         return {}
-    out = {}
-    for g in f.get("groups") or []:
-        if isinstance(g, Mapping) and g.get("id") is not None:
-            what = g.get("fused_op") or g.get("kind") or "group"
-            out[str(g["id"])] = f"{g['id']} {what} ×{len(g.get('nodes') or [])}"
-    return out
+    return {g.id: f"{g.id} {g.fused_op or g.kind} ×{len(g.nodes)}" for g in plan.fusion.groups}
 
 
-def _rules(f: Mapping[str, Any]) -> str:
-    rt = f.get("runtime")
-    if isinstance(rt, Mapping) and rt.get("rules"):
-        return str(rt["rules"])
-    return ("as Inductor, TensorRT and ONNX Runtime fuse: patterns, GEMM/conv epilogues, "
-            "pointwise chains with one reduction")
+def node_labels(plan: Plan) -> dict[str, str]:
+    """Node name -> its group's label (:func:`group_labels`), for the nodes of labelled groups."""
+    labels = group_labels(plan)
+    if plan.fusion is None or not labels:
+        return {}
+    return {n: labels[g] for n, g in plan.fusion.group_of.items() if g in labels}
 
 
-def fusion_rows(plan: Mapping[str, Any]) -> tuple[str, list[list[str]]]:
+def _rules(f: FusionPlan) -> str:
+    return f.runtime.rules or ("as Inductor, TensorRT and ONNX Runtime fuse: patterns, GEMM/conv "
+                               "epilogues, pointwise chains with one reduction")
+
+
+def fusion_rows(plan: Plan) -> tuple[str, list[list[str]]]:
     """The headline and one row per multi-node group (most time saved first)."""
-    f = plan.get("fusion")
-    if not isinstance(f, Mapping):
+    f = plan.fusion
+    if f is None:
         return "", []
-    head = (f"fused estimate {fmt_seconds(f.get('est_latency_fused_s'))} against "
-            f"{fmt_seconds(f.get('est_latency_unfused_s'))} unfused: {f.get('kernels_fused')} "
-            f"kernels for {f.get('nodes')} nodes (groups {_rules(f)})")
-    groups = sorted((g for g in f.get("groups") or [] if isinstance(g, Mapping)),
-                    key=lambda g: g.get("est_time_s", 0) - g.get("unfused_s", 0))
-    rows = [[str(g.get("id")), str(g.get("fused_op") or g.get("kind")),
-             _members(list(g.get("nodes") or [])),
-             fmt_seconds(g.get("unfused_s")), fmt_seconds(g.get("est_time_s"))]
-            for g in groups[:_SHOWN]]
+    head = (f"fused estimate {fmt_seconds(f.est_latency_fused_s)} against "
+            f"{fmt_seconds(f.est_latency_unfused_s)} unfused: {f.kernels_fused} "
+            f"kernels for {f.nodes} nodes (groups {_rules(f)})")
+    groups = sorted(f.groups, key=lambda g: g.est_time_s - g.unfused_s)
+    rows = [[g.id, str(g.fused_op or g.kind), _members(g.nodes), fmt_seconds(g.unfused_s),
+             fmt_seconds(g.est_time_s)] for g in groups[:_SHOWN]]
     return head, rows
 
 
-def fusion_md(plan: Mapping[str, Any], h: str) -> list[str]:
+def fusion_md(plan: Plan, h: str) -> list[str]:
     head, rows = fusion_rows(plan)
     if not head:
         return []
@@ -67,7 +66,7 @@ def fusion_md(plan: Mapping[str, Any], h: str) -> list[str]:
     return out
 
 
-def fusion_html(plan: Mapping[str, Any]) -> str:
+def fusion_html(plan: Plan) -> str:
     head, rows = fusion_rows(plan)
     if not head:
         return ""

@@ -27,13 +27,15 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from graphopt._version import __version__
 from graphopt.report._html_assets import PAGE, SCRIPT, STYLE
 from graphopt.report._html_colors import class_colors
 from graphopt.report._html_data import Tables, encode, payload, points, r6
 from graphopt.report.format import (
     BOTTLENECKS,
+    SCHEMA_VERSION,
     finite,
     fmt_count,
     fmt_rate,
@@ -42,7 +44,7 @@ from graphopt.report.format import (
     fmt_si,
     plans_of,
 )
-from graphopt.report.fusion import fusion_html, group_labels
+from graphopt.report.fusion import fusion_html, node_labels
 from graphopt.report.html_text import esc
 from graphopt.report.prediction import prediction_html
 from graphopt.report.sections_html import (
@@ -56,6 +58,9 @@ from graphopt.report.sections_html import (
 )
 from graphopt.report.shape_range import shape_range_html
 
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import NodePlan, Plan, PlanSet
+
 __all__ = ["render_html"]
 
 logger = logging.getLogger(__name__)
@@ -66,18 +71,17 @@ _BN_COLORS = {"compute": "#2f64d0", "memory": "#e8903a", "latency": "#9aa3ad"}
 _W, _H, _PL, _PR, _PT, _PB = 600, 360, 58, 104, 14, 42  # roofline box and paddings (px)
 
 
-def _join(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any] | None]]]:
+def _join(plans: Sequence[Plan]) -> list[tuple[str, list[NodePlan | None]]]:
     """Nodes matched across targets by (name, occurrence), in the first plan's order."""
     if len(plans) == 1:  # nothing to match
-        return [(str(n.get("name", "")), [n]) for n in plans[0].get("nodes") or []]
+        return [(n.name, [n]) for n in plans[0].nodes]
     order: list[tuple[str, int]] = []
-    table: dict[tuple[str, int], list[Mapping[str, Any] | None]] = {}
+    table: dict[tuple[str, int], list[NodePlan | None]] = {}
     for p, plan in enumerate(plans):
         seen: dict[str, int] = {}
-        for n in plan.get("nodes") or []:
-            name = str(n.get("name", ""))
-            key = (name, seen.get(name, 0))
-            seen[name] = key[1] + 1
+        for n in plan.nodes:
+            key = (n.name, seen.get(n.name, 0))
+            seen[n.name] = key[1] + 1
             if key not in table:
                 order.append(key)
                 table[key] = [None] * len(plans)
@@ -85,34 +89,33 @@ def _join(plans: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[st
     return [(key[0], table[key]) for key in order]
 
 
-def _payload(plans: Sequence[Mapping[str, Any]], tb: Tables, colors: dict[str, str],
-             page: int) -> str:
+def _payload(plans: Sequence[Plan], tb: Tables, colors: dict[str, str], page: int) -> str:
     """The embedded JSON (``_html_data``): node tables plus the targets and view settings."""
-    targets = [{"name": str(t.get("name", "?")), "display": target_name(t),
-                "lat": r6((p.get("summary") or {}).get("est_latency_s"))}
-               for p in plans for t in [p.get("target") or {}]]
+    targets = [{"name": p.target.name, "display": target_name(p.target),
+                "lat": r6(p.summary.est_latency_s)} for p in plans]
     return payload(tb, {"targets": targets, "colors": colors, "page": page,
                         "merge": MERGE_POINTS, "maxall": MAX_SHOW_ALL})
 
 
-def _time_panel(plan: Mapping[str, Any], colors: dict[str, str]) -> str:
-    s = plan.get("summary") or {}
-    lat = s.get("est_latency_s")
-    mix, tmix = s.get("bottleneck_mix") or {}, s.get("time_by_bottleneck_s") or {}
-    total = sum(finite(tmix.get(b)) or 0.0 for b in BOTTLENECKS)
-    stack = "".join(f'<span title="{b}" style="width:{100 * share(tmix.get(b), total):.1f}%;'
+def _time_panel(plan: Plan, colors: dict[str, str]) -> str:
+    s = plan.summary
+    mix, tmix = s.bottleneck_mix, s.time_by_bottleneck_s  # every bottleneck is a key
+    total = sum(finite(tmix[b]) or 0.0 for b in BOTTLENECKS)
+    stack = "".join(f'<span title="{b}" style="width:{100 * share(tmix[b], total):.1f}%;'
                     f'background:{_BN_COLORS[b]}"></span>' for b in BOTTLENECKS)
     keys = "".join(f'<span><i class="sw" style="background:{_BN_COLORS[b]}"></i>{b} '
-                   f'<b>{esc(fmt_seconds(tmix.get(b, 0.0)))}</b> '
-                   f'({esc(fmt_count(mix.get(b, 0)))} nodes)</span>' for b in BOTTLENECKS)
-    times, counts = s.get("time_by_kernel_class_s") or {}, s.get("kernel_class_counts") or {}
-    classes = sorted(set(times) | set(counts), key=lambda c: (-(finite(times.get(c)) or 0.0), c))
-    top = max((finite(times.get(c)) or 0.0 for c in classes), default=0.0)
+                   f'<b>{esc(fmt_seconds(tmix[b]))}</b> '
+                   f'({esc(fmt_count(mix[b]))} nodes)</span>' for b in BOTTLENECKS)
+    counts = s.kernel_class_counts
+    # a class may have a time and no count, or a count and no time
+    times = {c: s.time_by_kernel_class_s.get(c) for c in {*s.time_by_kernel_class_s, *counts}}
+    classes = sorted(times, key=lambda c: (-(finite(times[c]) or 0.0), c))
+    top = max((finite(times[c]) or 0.0 for c in classes), default=0.0)
     bars = "".join(
         f'<span class="lbl" title="{esc(c)}">{esc(c)}</span>'
-        f'{bar(share(times.get(c), top), colors.get(c, "#9aa3ad"))}'
-        f'<span class="t">{esc(fmt_seconds(times.get(c)))}</span>'
-        f'<span class="n">{100 * share(times.get(c), lat):.1f}% · '
+        f'{bar(share(times[c], top), colors.get(c, "#9aa3ad"))}'
+        f'<span class="t">{esc(fmt_seconds(times[c]))}</span>'
+        f'<span class="n">{100 * share(times[c], s.est_latency_s):.1f}% · '
         f'{esc(fmt_count(counts.get(c, 0)))}</span>' for c in classes)
     return (f'<div class="panel"><h3>Where the time goes<span class="hint">by bottleneck, then by '
             f'kernel class (time · share · nodes)</span></h3><div class="stack">{stack}</div>'
@@ -194,17 +197,17 @@ def _roofs(f: _Frame, t: int, peaks: Mapping[float, list[str]], bw: float) -> li
     return parts
 
 
-def _roofline(plan: Mapping[str, Any], t: int, colors: dict[str, str],
+def _roofline(plan: Plan, t: int, colors: dict[str, str],
               pts: Sequence[tuple[float, float, int]]) -> str:
     """Log-log roofline frame (axes, bandwidth slope, one roof per peak); JS adds the points.
 
     ``pts`` are the distinct points with their node counts (``_html_data.points``): the frame
     only needs the extremes and the count.
     """
-    tgt, nodes = plan.get("target") or {}, plan.get("nodes") or []
-    bw = finite(tgt.get("bandwidth_bytes_per_s")) or 0.0
+    tgt, nodes = plan.target, plan.nodes
+    bw = finite(tgt.bandwidth_bytes_per_s) or 0.0
     peaks: dict[float, list[str]] = {}
-    for k, v in sorted((tgt.get("peak_flops") or {}).items()):
+    for k, v in sorted(tgt.peak_flops.items()):
         if (finite(v) or 0.0) > 0:
             peaks.setdefault(float(v), []).append(str(k))
     plotted = sum(c for _, _, c in pts)
@@ -219,7 +222,7 @@ def _roofline(plan: Mapping[str, Any], t: int, colors: dict[str, str],
     svg = (f'<svg class="roofline" viewBox="0 0 {_W} {_H}" role="img" aria-label="Roofline of '
            f'{esc(target_name(tgt))}" {box}>{"".join(parts)}<g class="pts" '
            f'clip-path="url(#clip{t})"></g></svg>')
-    present = sorted({str(n.get("kernel_class")) for n in nodes if n.get("kernel_class")})
+    present = sorted({n.analysis.kernel_class.value for n in nodes})
     legend = "".join(f'<button type="button" data-class="{esc(c)}"><i class="sw" '
                      f'style="background:{colors.get(c, "#9aa3ad")}"></i>{esc(c)}</button>'
                      for c in present)
@@ -246,39 +249,38 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def render_html(report: Mapping[str, Any], *, page_size: int = 200) -> str:
+def render_html(report: Plan | PlanSet, *, page_size: int = 200) -> str:
     """Render a single- or multi-target plan report as one self-contained HTML page.
 
     Args:
-        report: the v1 report dict (a plan, or ``{"plans": [...]}``).
+        report: a plan, or a plan set (one plan per target).
         page_size: node-table rows rendered per page ("show more" adds as many).
     """
     with _gc_paused():
-        return _render(report, page_size)
+        return _render(plans_of(report), page_size)
 
 
-def _render(report: Mapping[str, Any], page_size: int) -> str:
-    plans = plans_of(report)
-    first = plans[0] if plans else {}
-    model = first.get("model") or {}
+def _inputs(plan: Plan) -> str:
+    return ", ".join(f"{t.name} {fmt_shape(t.shape)} {t.dtype or ''}".strip()
+                     for t in plan.model.inputs)
+
+
+def _render(plans: tuple[Plan, ...], page_size: int) -> str:
     colors = class_colors(plans)
     joined = _join(plans)
-    tb = encode(joined, [group_labels(p) for p in plans])
+    tb = encode(joined, [node_labels(p) for p in plans])
     index: dict[str, int] = {}
     for i, (name, _) in enumerate(joined):
         index.setdefault(name, i)
     digest = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
     csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
            f"script-src 'sha256-{digest}'")
-    ins = ", ".join(f"{t.get('name', '?')} {fmt_shape(t.get('shape'))} {t.get('dtype') or ''}"
-                    .strip() for t in model.get("inputs") or [])
-    version = first.get("graphopt_version") or report.get("graphopt_version") or "?"
-    targets = " · ".join(target_name(p.get("target") or {}) for p in plans)
+    targets = " · ".join(target_name(p.target) for p in plans)
     multi = len(plans) > 1
-    sections = [comparison(plans)] if multi else [cards(first)]
+    sections = [comparison(plans)] if multi else [cards(p) for p in plans]  # one, or none
     for t, plan in enumerate(plans):
         if multi:
-            sections.append(f"<h2>{esc(target_name(plan.get('target') or {}))}</h2>")
+            sections.append(f"<h2>{esc(target_name(plan.target))}</h2>")
         costly, findings = issues(plan, index)
         roof = _roofline(plan, t, colors, points(tb, t))
         sections.append(f'<section class="grid"><div class="col">{_time_panel(plan, colors)}'
@@ -287,17 +289,17 @@ def _render(report: Mapping[str, Any], page_size: int) -> str:
                         f"{prediction_html(plan)}"
                         f"{deployment(plan, collapsed=multi, colors=colors)}")
     options = "".join(f'<option value="{esc(c)}">{esc(c)}</option>' for c in colors)
-    bn_label = "All bottlenecks" + (f" ({target_name(first.get('target') or {})})"
-                                    if len(plans) > 1 else "")
+    bn_label = "All bottlenecks" + (f" ({target_name(plans[0].target)})" if multi else "")
     bn_opts = "".join(f'<option value="{b}">{b}</option>' for b in BOTTLENECKS)
     data = _payload(plans, tb, colors, page_size)
-    sub = (f"{model.get('source', '?')} · {fmt_count(model.get('num_nodes'))} nodes · "
-           f"{fmt_si(model.get('param_count'))} params" + (f" · inputs: {ins}" if ins else ""))
-    schema = report.get("schema_version", first.get("schema_version", 1))
+    model = plans[0].model if plans else None  # a set of no plans has no model
+    ins = _inputs(plans[0]) if plans else ""
+    sub = ("?" if model is None else f"{model.source} · {fmt_count(model.num_nodes)} nodes · "
+           f"{fmt_si(model.param_count)} params" + (f" · inputs: {ins}" if ins else ""))
     page = PAGE.substitute(
-        csp=csp, version=esc(version), title=esc(model.get("name", "model")), style=STYLE,
-        model=esc(model.get("name", "?")), sub=esc(sub), targets=esc(targets), schema=esc(schema),
-        sections="".join(sections), options=options, bn_label=esc(bn_label), bn_opts=bn_opts,
-        data=data, script=SCRIPT)
+        csp=csp, version=esc(__version__), title=esc(model.name if model else "model"),
+        style=STYLE, model=esc(model.name if model else "?"), sub=esc(sub),
+        targets=esc(targets), schema=esc(SCHEMA_VERSION), sections="".join(sections),
+        options=options, bn_label=esc(bn_label), bn_opts=bn_opts, data=data, script=SCRIPT)
     logger.debug("rendered html for %d plan(s), %d bytes", len(plans), len(page))
     return page

@@ -1,4 +1,5 @@
-"""The report's ``llm`` section (``graphopt.plan_llm``): decode and prefill tokens/s per batch
+"""The report's ``llm`` section (``graphopt.plan_llm``, an
+:class:`~graphopt.ir.plan_llm.LLMSection`): decode and prefill tokens/s per batch
 beside their bounds, the weight GEMMs' formats, and the KV cache in memory, as Markdown and
 HTML.
 
@@ -9,8 +10,8 @@ Both renderers print the same cells from :func:`llm_tables` and the same facts f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
+from graphopt.ir.plan_llm import DecodeRow, LLMSection, PrefillRow
 from graphopt.report.format import (
     Fact,
     facts_md,
@@ -31,69 +32,70 @@ _DECODE = ["batch", "step", "tokens/s", "static cache", "bound", "of bound", "KV
 _PREFILL = ["batch", "step (TTFT)", "tokens/s", "bound", "of bound", "bound by", "KV written"]
 
 
-def _pct(x: Any) -> str:
-    return "—" if not isinstance(x, (int, float)) else f"{x:.0%}"
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
 
 
-def _classes(row: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k} x{v}" for k, v in sorted((row.get("weight_gemm_classes") or {})
-                                                     .items()))
+def _counts(counts: Mapping[str, int]) -> str:
+    """``gemm x4, gemv x2``: how many weight GEMMs per kernel class or format, by name."""
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
 
 
-def llm_tables(llm: Mapping[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
+def _decode_row(r: DecodeRow) -> list[str]:
+    return [fmt_count(r.batch), fmt_seconds(r.step_s), fmt_si(r.tokens_per_s),
+            fmt_si(r.tokens_per_s_static_cache), fmt_si(r.bound_tokens_per_s),
+            _pct(r.share_of_bound), fmt_bytes(r.kv_read_bytes), _counts(r.weight_gemm_classes),
+            yes_no(r.fits)]
+
+
+def _prefill_row(r: PrefillRow) -> list[str]:
+    return [fmt_count(r.batch), fmt_seconds(r.step_s), fmt_si(r.tokens_per_s),
+            fmt_si(r.bound_tokens_per_s), _pct(r.share_of_bound), r.bound_by or "—",
+            fmt_bytes(r.kv_write_bytes)]
+
+
+def llm_tables(llm: LLMSection) -> tuple[list[list[str]], list[list[str]]]:
     """(decode rows, prefill rows), formatted, one per batch."""
-    decode = [[fmt_count(r.get("batch")), fmt_seconds(r.get("step_s")),
-               fmt_si(r.get("tokens_per_s")), fmt_si(r.get("tokens_per_s_static_cache")),
-               fmt_si(r.get("bound_tokens_per_s")), _pct(r.get("share_of_bound")),
-               fmt_bytes(r.get("kv_read_bytes")), _classes(r), yes_no(r.get("fits"))]
-              for r in llm.get("decode") or [] if isinstance(r, Mapping)]
-    prefill = [[fmt_count(r.get("batch")), fmt_seconds(r.get("step_s")),
-                fmt_si(r.get("tokens_per_s")), fmt_si(r.get("bound_tokens_per_s")),
-                _pct(r.get("share_of_bound")), str(r.get("bound_by") or "—"),
-                fmt_bytes(r.get("kv_write_bytes"))]
-               for r in llm.get("prefill") or [] if isinstance(r, Mapping)]
-    return decode, prefill
+    return [_decode_row(r) for r in llm.decode], [_prefill_row(r) for r in llm.prefill]
 
 
-def _gemm_formats(llm: Mapping[str, Any]) -> str:
+def _gemm_formats(llm: LLMSection) -> str:
     """The weight GEMMs' formats: one list when both phases agree, else one per phase."""
-    per = {p: ", ".join(f"{k} x{v}" for k, v in sorted(
-        ((llm.get("weight_formats") or {}).get(p) or {}).get("gemm_formats", {}).items()))
-        for p in ("decode", "prefill")}
-    if per["decode"] == per["prefill"]:
-        return f"{per['decode'] or '—'} weight GEMMs"
-    return f"decode {per['decode'] or '—'} · prefill {per['prefill'] or '—'}"
+    decode = _counts(llm.weight_formats.decode.gemm_formats)
+    prefill = _counts(llm.weight_formats.prefill.gemm_formats)
+    if decode == prefill:
+        return f"{decode or '—'} weight GEMMs"
+    return f"decode {decode or '—'} · prefill {prefill or '—'}"
 
 
-def llm_facts(llm: Mapping[str, Any]) -> list[Fact]:
-    m, mem, b = llm.get("model") or {}, llm.get("memory") or {}, llm.get("batch") or {}
-    q = llm.get("quantize") or "none"
+def llm_facts(llm: LLMSection) -> list[Fact]:
+    m, mem, b = llm.model, llm.memory, llm.batch
+    q = llm.quantize or "none"
     asked = {"none": "none (as traced)", "auto": "auto (each GEMM's precision decision)"
              }.get(q, q)
     return [
-        ("model", f"{m.get('layers')} layers · {m.get('heads')} heads · {m.get('kv_heads')} "
-                  f"KV heads · head_dim {m.get('head_dim')}",
-         f"{fmt_si(m.get('param_count'))} parameters, {fmt_bytes(m.get('param_bytes'))} "
-         f"({m.get('dtype')})"),
+        ("model", f"{m.layers} layers · {m.heads} heads · {m.kv_heads} KV heads · "
+                  f"head_dim {m.head_dim}",
+         f"{fmt_si(m.param_count)} parameters, {fmt_bytes(m.param_bytes)} ({m.dtype})"),
         ("weights", _gemm_formats(llm),
-         f"quantize={asked} · {fmt_bytes(mem.get('weight_bytes'))} of weights in the bound, "
+         f"quantize={asked} · {fmt_bytes(mem.weight_bytes)} of weights in the bound, "
          "the memory plan and the largest batch"),
-        ("phases", f"prefill {fmt_count(llm.get('prompt_len'))} tokens · decode against "
-                   f"{fmt_count(llm.get('cache_len'))} cached",
-         f"batch {b.get('min')}–{b.get('max')}, planned at {b.get('opt')}"),
-        ("KV cache", f"{fmt_bytes(mem.get('kv_bytes_per_sequence'))} per sequence",
-         f"{fmt_bytes(mem.get('kv_bytes_per_token'))} per token"),
-        ("at the max batch", f"{fmt_bytes(mem.get('kv_bytes_at_max'))} KV · "
-                             f"{fmt_bytes(mem.get('required_bytes_at_max'))} in all",
-         f"of {fmt_bytes(mem.get('usable_bytes'))} usable: fits {yes_no(mem.get('fits_at_max'))}"),
-        ("largest batch that fits", fmt_count(mem.get("max_batch_size")),
-         f"with {fmt_count(llm.get('cache_len'))} cached tokens each"),
-        ("recommended decode batch", fmt_count(mem.get("recommended_batch_size")),
-         f"decided by {mem.get('batch_decided_by') or '?'}: {mem.get('batch_advice') or ''}"),
+        ("phases", f"prefill {fmt_count(llm.prompt_len)} tokens · decode against "
+                   f"{fmt_count(llm.cache_len)} cached",
+         f"batch {b.min}–{b.max}, planned at {b.opt}"),
+        ("KV cache", f"{fmt_bytes(mem.kv_bytes_per_sequence)} per sequence",
+         f"{fmt_bytes(mem.kv_bytes_per_token)} per token"),
+        ("at the max batch", f"{fmt_bytes(mem.kv_bytes_at_max)} KV · "
+                             f"{fmt_bytes(mem.required_bytes_at_max)} in all",
+         f"of {fmt_bytes(mem.usable_bytes)} usable: fits {yes_no(mem.fits_at_max)}"),
+        ("largest batch that fits", fmt_count(mem.max_batch_size),
+         f"with {fmt_count(llm.cache_len)} cached tokens each"),
+        ("recommended decode batch", fmt_count(mem.recommended_batch_size),
+         f"decided by {mem.batch_decided_by or '?'}: {mem.batch_advice or ''}"),
     ]
 
 
-def llm_md(llm: Mapping[str, Any], h: str) -> list[str]:
+def llm_md(llm: LLMSection, h: str) -> list[str]:
     decode, prefill = llm_tables(llm)
     out = [f"{h} LLM prefill and decode", "", *facts_md(llm_facts(llm)), ""]
     if decode:
@@ -101,11 +103,10 @@ def llm_md(llm: Mapping[str, Any], h: str) -> list[str]:
                 *md_table(_DECODE, decode, "rrrrrrrll")]
     if prefill:
         out += [f"{h}# Prefill", "", *md_table(_PREFILL, prefill, "rrrrrlr")]
-    notes = llm.get("notes") or []
-    return out + [f"- {md_text(n)}" for n in notes] + ([""] if notes else [])
+    return out + [f"- {md_text(n)}" for n in llm.notes] + ([""] if llm.notes else [])
 
 
-def llm_html(llm: Mapping[str, Any]) -> str:
+def llm_html(llm: LLMSection) -> str:
     def table(head: list[str], rows: list[list[str]]) -> str:
         ths = "".join(f"<th>{esc(x)}</th>" for x in head)
         body = "".join("<tr>" + "".join(f'<td class="num">{esc(c)}</td>' for c in r) + "</tr>"
@@ -113,7 +114,7 @@ def llm_html(llm: Mapping[str, Any]) -> str:
         return f"<table><thead><tr>{ths}</tr></thead><tbody>{body}</tbody></table>"
 
     decode, prefill = llm_tables(llm)
-    notes = "".join(f"<li>{esc(n)}</li>" for n in llm.get("notes") or [])
+    notes = "".join(f"<li>{esc(n)}</li>" for n in llm.notes)
     facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}"
                     + (f' <span class="faint">{esc(d)}</span>' if d else "") + "</dd>"
                     for k, v, d in llm_facts(llm))

@@ -16,22 +16,25 @@ precision, so the same report gives the same bytes.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from graphopt.ir.plan_partition import PartitionPlan
 from graphopt.report._html_colors import class_colors
 from graphopt.report.format import finite, fmt_bytes, fmt_seconds
 from graphopt.report.html_text import esc, table
 from graphopt.report.partition_md import (
     device_rows,
-    items,
     largest_transfers,
     link_rows,
     partition_facts,
-    partition_of,
     span_s,
     stage_rows,
 )
+
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import Plan
 
 __all__ = ["DETAIL_BARS", "gantt", "partition_panel"]
 
@@ -43,9 +46,10 @@ _LABEL = 17  # lane labels longer than this are cut (the full name is in the too
 _NO_CLASS = "#9aa3ad"
 _COPY = "#2b2f36"  # copies: near-black (the CSS follows the theme), apart from every class
 _COLL = "#e4572e"  # collectives: a red no kernel class uses
+_WHAT = {"gb": "nodes", "gx": "copies", "gc": "collectives"}  # a lane's bars, by bar class
 
 
-def _colors(plan: Mapping[str, Any]) -> dict[str, str]:
+def _colors(plan: Plan) -> dict[str, str]:
     """The page's kernel-class colours, so the timeline matches the roofline and the table."""
     return class_colors([plan])
 
@@ -82,10 +86,10 @@ def _lane(rows: list[Row], y: float, h: float, scale: float, merge: bool, cls: s
         x, w = _PL + start * scale, (finish - start) * scale
         if merge and w < 1.0:
             c = min(max(int(x - _PL), 0), pw - 1)
-            acc = cols.setdefault(c, [0, 0.0, {}, label, label])
+            acc = cols.setdefault(c, [0, 0.0, defaultdict(float), label, label])
             acc[0] += 1
             acc[1] += finish - start
-            acc[2][fill] = acc[2].get(fill, 0.0) + (finish - start)
+            acc[2][fill] += finish - start
             acc[4] = label
             continue
         data = f' data-node="{esc(label)}"' if cls == "gb" else ""
@@ -103,8 +107,7 @@ def _lane(rows: list[Row], y: float, h: float, scale: float, merge: bool, cls: s
         else:
             runs.append([c, c, fill, opacity, n, busy, first, last])
     for c0, c1, fill, opacity, n, busy, first, last in runs:
-        what = {"gx": "copies", "gc": "collectives"}.get(cls, "nodes")
-        tip = (f"{n:,} short {what} on {lane}, {fmt_seconds(busy)} busy\nfirst: {first}"
+        tip = (f"{n:,} short {_WHAT[cls]} on {lane}, {fmt_seconds(busy)} busy\nfirst: {first}"
                + (f"\nlast: {last}" if n > 1 else ""))
         out.append(f'<rect class="{cls} m" x="{_PL + c0}" y="{y:.1f}" width="{c1 - c0 + 1}" '
                    f'height="{h}" fill="{fill}" fill-opacity="{opacity:.1f}"><title>'
@@ -116,52 +119,56 @@ def _num(x: Any) -> float | None:
     return float(x) if type(x) in (float, int) and math.isfinite(x) else finite(x)
 
 
-def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, dict[str, float]]:
-    """The SVG and the busy time per kernel class (for the legend)."""
-    part = partition_of(plan)
-    span = span_s(part)
-    sched, xfers = items(part, "schedule"), items(part, "transfers")
-    if span <= 0 or not sched:
-        return "", {}
-    kc = {str(n.get("name")): str(n.get("kernel_class") or "?") for n in plan.get("nodes") or []
-          if isinstance(n, Mapping)}
-    devices = [str(d.get("name", "?")) for d in items(part, "devices")]
-    devices += sorted({str(s.get("device")) for s in sched} - set(devices))
-    targets = {str(d.get("name")): str(d.get("target") or "?") for d in items(part, "devices")}
-    links = [(r.src, r.dst) for r in link_rows(part)]
-    pw = _W - _PL - _PR
-    scale = pw / span
-    colls = items(part, "collectives")
-    merge = len(sched) + len(xfers) + len(colls) > DETAIL_BARS
+def _bars(plan: Plan, part: PartitionPlan, devices: list[str], colors: Mapping[str, str]
+          ) -> tuple[dict[str, list[Row]], dict[tuple[str, str], list[Row]],
+                     dict[str, list[Row]], dict[str, float]]:
+    """The bars of each device lane, link lane and device's collectives, and the busy time per
+    kernel class."""
+    kc = {n.name: n.analysis.kernel_class.value for n in plan.nodes}
     lanes: dict[str, list[Row]] = {d: [] for d in devices}
-    by_class: dict[str, float] = {}
-    for s in sched:
-        a, b = _num(s.get("start_s")), _num(s.get("finish_s"))
+    by_class: dict[str, float] = defaultdict(float)
+    for s in part.schedule:
+        a, b = _num(s.start_s), _num(s.finish_s)
         if a is None or b is None:
             continue
-        name = str(s.get("node", "?"))
-        cls = kc.get(name, "?")
-        by_class[cls] = by_class.get(cls, 0.0) + max(b - a, 0.0)
-        lanes[str(s.get("device"))].append((a, max(b, a), colors.get(cls, _NO_CLASS), name, cls))
-    copies: dict[tuple[str, str], list[Row]] = {k: [] for k in links}
-    for t in xfers:
-        a, b = _num(t.get("start_s")), _num(t.get("finish_s"))
-        key = (str(t.get("src", "?")), str(t.get("dst", "?")))
+        cls = kc.get(s.node, "?")  # a node the plan does not hold has no class
+        by_class[cls] += max(b - a, 0.0)
+        lanes[s.device].append((a, max(b, a), colors.get(cls, _NO_CLASS), s.node, cls))
+    copies: dict[tuple[str, str], list[Row]] = {(r.src, r.dst): [] for r in link_rows(part)}
+    for t in part.transfers:
+        a, b = _num(t.start_s), _num(t.finish_s)
+        key = (t.src, t.dst)
         if a is None or b is None or key not in copies:
             continue
-        copies[key].append((a, max(b, a), _COPY, str(t.get("tensor", "?")),
-                            f"{key[0]} → {key[1]}, {fmt_bytes(t.get('bytes'))}"))
+        copies[key].append((a, max(b, a), _COPY, t.tensor,
+                            f"{key[0]} → {key[1]}, {fmt_bytes(t.bytes)}"))
     on_dev: dict[str, list[Row]] = {d: [] for d in devices}
-    for c in colls:
-        a, b = _num(c.get("start_s")), _num(c.get("finish_s"))
-        group = [str(d) for d in c.get("devices") or [] if str(d) in on_dev]
+    for c in part.collectives or ():
+        a, b = _num(c.start_s), _num(c.finish_s)
+        group = [d for d in c.devices or () if d in on_dev]
         if a is None or b is None:
             continue
-        kind = str(c.get("kind", "collective"))
         for dev in group:
-            on_dev[dev].append((a, max(b, a), _COLL, f"{kind} after {c.get('after', '?')}",
-                                f"{kind} of {fmt_bytes(c.get('bytes'))} over "
-                                f"{len(group)} devices"))
+            on_dev[dev].append((a, max(b, a), _COLL, f"{c.kind} after {c.after}",
+                                f"{c.kind} of {fmt_bytes(c.bytes)} over {len(group)} devices"))
+    return lanes, copies, on_dev, dict(by_class)
+
+
+def _timeline(plan: Plan, colors: Mapping[str, str]) -> tuple[str, dict[str, float]]:
+    """The SVG and the busy time per kernel class (for the legend)."""
+    part = plan.partition
+    span = span_s(part) if part is not None else 0.0
+    if part is None or span <= 0 or not part.schedule:
+        return "", {}
+    sched = part.schedule
+    devices = [d.name for d in part.devices]
+    devices += sorted({s.device for s in sched} - set(devices))
+    targets = {d.name: d.target or "?" for d in part.devices}
+    pw = _W - _PL - _PR
+    scale = pw / span
+    merge = len(sched) + len(part.transfers) + len(part.collectives or ()) > DETAIL_BARS
+    lanes, copies, on_dev, by_class = _bars(plan, part, devices, colors)
+    links = list(copies)  # one lane per link direction, in device order
     # lane backgrounds, then the time grid, then the bars on top of both
     back, bars, y = [], [], float(_PT)
     rows = [(dev, lanes[dev], _LANE, "gb", "dev", f"{dev} · {targets.get(dev, '?')}")
@@ -174,7 +181,7 @@ def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, 
                     f'y="{y + h / 2 + (4 if kind == "dev" else 3):.1f}" text-anchor="end">'
                     f"{esc(_cut(label))}<title>{esc(tip)}</title></text>")
         bars += _lane(lane, y, h, scale, merge, cls, label)
-        if kind == "dev" and on_dev.get(label):
+        if kind == "dev" and on_dev[label]:
             bars += _lane(on_dev[label], y, h, scale, merge, "gc", label)
         y += h + _GAP
     bottom = y - _GAP
@@ -189,7 +196,7 @@ def _timeline(plan: Mapping[str, Any], colors: Mapping[str, str]) -> tuple[str, 
     return svg, by_class
 
 
-def gantt(plan: Mapping[str, Any], colors: Mapping[str, str] | None = None) -> str:
+def gantt(plan: Plan, colors: Mapping[str, str] | None = None) -> str:
     """The timeline SVG: device lanes, then one thin lane per link direction, then the axis."""
     return _timeline(plan, _colors(plan) if colors is None else colors)[0]
 
@@ -215,10 +222,10 @@ def _td(text: str, cls: str = "", extra: str = "") -> str:
     return f"<td{attr}>{esc(text)}{extra}</td>"
 
 
-def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = None) -> str:
+def partition_panel(plan: Plan, colors: Mapping[str, str] | None = None) -> str:
     """The full-width panel for a plan split across devices, or "" when it is not split."""
-    part = partition_of(plan)
-    if not part:
+    part = plan.partition
+    if part is None:
         return ""
     colors = _colors(plan) if colors is None else colors
     facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}"
@@ -232,8 +239,7 @@ def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = 
     right = table(["device", "target", "memory used", "usable", "used", "busy", "utilization",
                     "nodes"], "llrrrrrr", devs, "part-dev") if devs else ""
     chart, by_class = _timeline(plan, colors)
-    legend = _legend(by_class, colors, bool(items(part, "transfers")),
-                     bool(items(part, "collectives")))
+    legend = _legend(by_class, colors, bool(part.transfers), bool(part.collectives))
     timeline = (f'<h4>Timeline<span class="hint">hover a bar for the node; click it to open the '
                 f'node below</span></h4><div class="gwrap">{chart}</div>{legend}'
                 if chart else "")
@@ -254,7 +260,7 @@ def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = 
            f'{_td(b, "mono")}{_td(size, "num")}{_td(start, "num")}{_td(dur, "num")}</tr>'
            for t, a, b, size, start, dur in largest_transfers(part)]
     if links:
-        n = len(items(part, "transfers"))
+        n = len(part.transfers)
         below += "<h4>Transfers</h4>" + table(
             ["from", "to", "copies", "bytes", "time on link", "of makespan"], "llrrrr", links,
             "part-links")
@@ -265,7 +271,7 @@ def partition_panel(plan: Mapping[str, Any], colors: Mapping[str, str] | None = 
                           "part-xfer") + "</div>")
     elif below:
         below = f'<div class="scroll">{below}</div>'
-    hint = f"{part.get('strategy') or '?'} · makespan {fmt_seconds(part.get('makespan_s'))}"
+    hint = f"{part.strategy} · makespan {fmt_seconds(part.makespan_s)}"
     return (f'<section class="panel part"><h3>Partition across devices<span class="hint">'
             f'{esc(hint)}</span></h3><div class="ptop"><div>{left}</div><div class="scroll">'
             f'{right}</div></div>{timeline}'

@@ -1,14 +1,23 @@
 """The accuracy guard's per-node sensitivity in a report: per guarded pass, how it was measured
-(runs, sessions, samples) and its most sensitive nodes with their numbers (the ONNX backend's
-``guard[*].sensitivity``, :mod:`graphopt.backends.onnx.sensitivity`). Every measured node also
-carries its numbers on its decision (``sensitivity``). Shared by the Markdown and HTML reports.
+(runs, sessions, samples) and its most sensitive nodes with their numbers (the run's
+``guard[*].sensitivity``: the ONNX guard's :class:`~graphopt.ir.plan_run.OnnxSensitivity`, or
+the torch quantize guard's :class:`~graphopt.ir.plan_run.TorchSensitivity`). Every measured node
+also carries its numbers on its decision (``sensitivity``). Shared by the Markdown and HTML
+reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from graphopt.ir.plan_run import (
+    Number,
+    OnnxGuard,
+    OnnxOptimization,
+    OnnxSensitivity,
+    OnnxSensitivityRow,
+    TorchGuard,
+    TorchOptimization,
+    TorchSensitivityRow,
+)
 from graphopt.report.format import fmt_count, fmt_err, md_code, md_table, md_text
 from graphopt.report.html_text import esc, table
 
@@ -23,50 +32,54 @@ _NOTE = ("local: the relative error the node adds from exact inputs; cumulative:
          "it causes (max abs / output scale); share: its part of all the nodes' contributions")
 
 
-def _num(value: Any) -> str:
+def _num(value: Number | None) -> str:
     return value if value in ("overflow", "inf") else fmt_err(value)
 
 
-def _share(node: Mapping[str, Any], total: float) -> str:
-    share = node.get("share")
+def _row(n: TorchSensitivityRow | OnnxSensitivityRow, total: float) -> list[str]:
+    """One node's cells; the torch guard measures no cumulative error, the ONNX guard runs one
+    format and gives no share (it is then this node's part of ``total``)."""
+    torch = isinstance(n, TorchSensitivityRow)
+    share = n.share if torch else None
     if not isinstance(share, (int, float)):
-        c = node.get("contribution")
+        c = n.contribution
         share = c / total if isinstance(c, (int, float)) and total > 0 else None
-    return "" if share is None else f"{share:.1%}"
+    return [str(n.rank), n.node, n.format if torch else "", _num(n.local),
+            _num(None if torch else n.cumulative), _num(n.contribution),
+            "" if share is None else f"{share:.1%}", "yes" if n.kept else "no"]
 
 
-def sensitivity_sections(opt: Mapping[str, Any]) -> list[tuple[str, str, list[list[str]]]]:
+def _summary(g: TorchGuard | OnnxGuard) -> str:
+    sens = g.sensitivity
+    onnx = isinstance(sens, OnnxSensitivity)
+    skipped = sens.not_measured if onnx else 0
+    runs = (f"{fmt_count(sens.runs)} run(s) of {fmt_count(sens.sessions)} ONNX Runtime "
+            "session(s)" if onnx else
+            f"{fmt_count(sens.runs)} forward run(s) of the torch module with its real kernels")
+    listed = len(sens.top)
+    shown = ("" if listed >= sens.nodes else
+             f" (the {listed} most sensitive listed; each node's decision has its numbers)")
+    declined = g.declined if isinstance(g, TorchGuard) else None
+    return (f"{fmt_count(sens.nodes)} node(s) measured{shown} in {runs} on "
+            f"{fmt_count(sens.samples)} sample(s); {fmt_count(sens.kept)} kept in higher "
+            "precision" + (f"; {fmt_count(skipped)} not measured" if skipped else "")
+            + (f"; nothing lowered: {declined}" if declined else ""))
+
+
+def sensitivity_sections(opt: TorchOptimization | OnnxOptimization
+                         ) -> list[tuple[str, str, list[list[str]]]]:
     """(pass, summary, rows of ``HEADER``) per guarded pass that measured nodes."""
     out = []
-    for g in opt.get("guard") or []:
-        sens = g.get("sensitivity") if isinstance(g, Mapping) else None
-        if not isinstance(sens, Mapping) or not sens.get("nodes"):
+    for g in opt.guard:
+        if not g.sensitivity.nodes:
             continue
-        skipped = sens.get("not_measured") or 0
-        runs = (f"{fmt_count(sens.get('runs'))} forward run(s) of the torch module with its real "
-                "kernels" if sens.get("runner") == "torch" else
-                f"{fmt_count(sens.get('runs'))} run(s) of {fmt_count(sens.get('sessions'))} "
-                "ONNX Runtime session(s)")
-        listed = len(sens.get("top") or [])
-        shown = ("" if not isinstance(sens.get("nodes"), int) or listed >= sens["nodes"] else
-                 f" (the {listed} most sensitive listed; each node's decision has its numbers)")
-        summary = (f"{fmt_count(sens.get('nodes'))} node(s) measured{shown} in {runs} on "
-                   f"{fmt_count(sens.get('samples'))} sample(s); "
-                   f"{fmt_count(sens.get('kept'))} kept in higher precision"
-                   + (f"; {fmt_count(skipped)} not measured" if skipped else "")
-                   + (f"; nothing lowered: {g['declined']}" if g.get("declined") else ""))
-        top = [n for n in sens.get("top") or [] if isinstance(n, Mapping)]
-        total = sum(n["contribution"] for n in top
-                    if isinstance(n.get("contribution"), (int, float)))
-        rows = [[str(n.get("rank", "")), str(n.get("node", "?")), str(n.get("format") or ""),
-                 _num(n.get("local")), _num(n.get("cumulative")), _num(n.get("contribution")),
-                 _share(n, total), "yes" if n.get("kept") else "no"]
-                for n in top]
-        out.append((str(g.get("pass", "?")), summary, rows))
+        top = g.sensitivity.top
+        total = sum(n.contribution for n in top if isinstance(n.contribution, (int, float)))
+        out.append((g.name, _summary(g), [_row(n, total) for n in top]))
     return out
 
 
-def sensitivity_md(opt: Mapping[str, Any], h: str) -> list[str]:
+def sensitivity_md(opt: TorchOptimization | OnnxOptimization, h: str) -> list[str]:
     sections = sensitivity_sections(opt)
     if not sections:
         return []
@@ -78,7 +91,7 @@ def sensitivity_md(opt: Mapping[str, Any], h: str) -> list[str]:
     return out
 
 
-def sensitivity_html(opt: Mapping[str, Any]) -> str:
+def sensitivity_html(opt: TorchOptimization | OnnxOptimization) -> str:
     parts = []
     for name, summary, rows in sensitivity_sections(opt):
         cls = ["num", "mono", "", "num", "num", "num", "num", ""]

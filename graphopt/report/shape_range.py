@@ -3,68 +3,71 @@ alignment hints, and the numbers checked at the range's ends (Markdown and HTML)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
+from graphopt.ir.plan_run import TorchOptimization
 from graphopt.ir.shape_range import CHECK_BUDGET
 from graphopt.report.format import fmt_seconds, md_table, md_text
 from graphopt.report.html_text import esc
 
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import Plan
+
 __all__ = ["range_rows", "shape_range_html", "shape_range_md"]
 
-_POINTS = ("min", "opt", "max")
 
-
-def range_rows(plan: Mapping[str, Any]) -> list[list[str]]:
+def range_rows(plan: Plan) -> list[list[str]]:
     """One row per dynamic dim (min, opt, max, source), then the estimated latency row."""
-    rng = plan.get("shape_range")
-    if not isinstance(rng, Mapping):
+    rng = plan.shape_range
+    if rng is None:
         return []
-    rows = [[str(d.get("name")), str(d.get("min")), str(d.get("opt")),
-             "inf" if d.get("max") is None else str(d.get("max")), str(d.get("source") or "")]
-            for d in rng.get("dims") or [] if isinstance(d, Mapping)]
-    est = rng.get("est_latency_s") or {}
-    rows.append(["est. latency", *(fmt_seconds(est.get(p)) for p in _POINTS), "cost model"])
+    rows = [[d.name, str(d.min), str(d.opt), "inf" if d.max is None else str(d.max), d.source]
+            for d in rng.dims]
+    est = rng.est_latency_s
+    rows.append(["est. latency", fmt_seconds(est.min), fmt_seconds(est.opt), fmt_seconds(est.max),
+                 "cost model"])
     return rows
 
 
-def _checks(plan: Mapping[str, Any]) -> list[str]:
+def _checks(plan: Plan) -> list[str]:
     """"min at (1, 4, 288): within tolerance" for each range end the optimized module was
-    checked at."""
-    opt = plan.get("optimization")
-    checks = opt.get("range_checks") if isinstance(opt, Mapping) else None
+    checked at (only the torch backend checks the ends)."""
+    opt = plan.optimization
+    if not isinstance(opt, TorchOptimization):
+        return []
     out = []
-    for c in checks or []:
-        if not isinstance(c, Mapping):
-            continue
-        dims = ", ".join(f"{k}={v}" for k, v in (c.get("dims") or {}).items())
-        scaled = (f" (scaled down from the range's {c.get('point')}: a check holds at most "
-                  f"{CHECK_BUDGET}x the example's elements)" if c.get("scaled_down") else "")
-        out.append(f"{c.get('point')} at {dims}, inputs {c.get('input_shapes')}{scaled}: "
-                   f"{'within' if c.get('within') else 'OUT OF'} tolerance")
+    for c in opt.range_checks or ():
+        dims = ", ".join(f"{k}={v}" for k, v in c.dims.items())
+        scaled = (f" (scaled down from the range's {c.point}: a check holds at most "
+                  f"{CHECK_BUDGET}x the example's elements)" if c.scaled_down else "")
+        out.append(f"{c.point} at {dims}, inputs {c.input_shapes}{scaled}: "
+                   f"{'within' if c.within else 'OUT OF'} tolerance")
     return out
 
 
-def shape_range_md(plan: Mapping[str, Any], h: str) -> list[str]:
+def _hints(plan: Plan) -> tuple[str, ...]:
+    return () if plan.shape_range is None else plan.shape_range.hints or ()
+
+
+def shape_range_md(plan: Plan, h: str) -> list[str]:
     rows = range_rows(plan)
     if not rows:
         return []
     out = [f"{h} Shape range", "", *md_table(["dim", "min", "opt", "max", "source"], rows,
                                              "lrrrl")]
-    hints = (plan.get("shape_range") or {}).get("hints") or []
+    hints, checks = _hints(plan), _checks(plan)
     out += [f"- {md_text(x)}" for x in hints]
-    out += [f"- checked {md_text(x)}" for x in _checks(plan)]
-    return out + ([""] if hints or _checks(plan) else [])
+    out += [f"- checked {md_text(x)}" for x in checks]
+    return out + ([""] if hints or checks else [])
 
 
-def shape_range_html(plan: Mapping[str, Any]) -> str:
+def shape_range_html(plan: Plan) -> str:
     rows = range_rows(plan)
     if not rows:
         return ""
     body = "".join("<tr>" + "".join(f'<td class="{"mono" if i == 0 else "num"}">{esc(c)}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    notes = [*((plan.get("shape_range") or {}).get("hints") or []),
-             *(f"checked {c}" for c in _checks(plan))]
+    notes = [*_hints(plan), *(f"checked {c}" for c in _checks(plan))]
     items = "".join(f"<li>{esc(n)}</li>" for n in notes)
     return ('<div class="panel"><h3>Shape range<span class="hint">planned at opt, costed at '
             'min and max</span></h3><table><thead><tr><th>dim</th><th>min</th><th>opt</th>'

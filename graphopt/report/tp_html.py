@@ -7,21 +7,22 @@ the one-group ``parallelize_module`` plan."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
+from graphopt.ir.plan_parallel import ParallelizePlan, ParallelizeUnavailable
 from graphopt.report.format import fmt_seconds
 from graphopt.report.html_text import esc, table
 from graphopt.report.tp_md import (
     candidate_rows,
     split_rows,
     stage2d_rows,
-    strategy_of,
     tp_device_rows,
-    tp_of,
     two_d_code,
     two_d_facts,
 )
+
+if TYPE_CHECKING:  # ir.plan imports the report package (its emitters): no import at run time
+    from graphopt.ir.plan import Plan
 
 __all__ = ["tp_panel"]
 
@@ -35,21 +36,21 @@ def _table(head: list[str], align: str, rows: list[list[str]], cls: str,
     return f'<div class="scroll">{table(head, align, body, cls)}</div>'
 
 
-def tp_panel(plan: Mapping[str, Any]) -> str:
+def tp_panel(plan: Plan) -> str:
     """The full-width panel, or "" when the plan has neither section."""
-    st, tp = strategy_of(plan), tp_of(plan)
-    if not st and not tp:
+    st, tp = plan.strategy, plan.tensor_parallel
+    if st is None and tp is None:
         return ""
     out = []
-    if st:
-        out.append(f'<p><b>picked {esc(st.get("winner", "?"))}</b> by '
-                   f'{esc(st.get("picked_by", "?"))}: {esc(st.get("why", ""))}</p>')
+    if st is not None:
+        out.append(f"<p><b>picked {esc(st.winner)}</b> by {esc(st.picked_by)}: "
+                   f"{esc(st.why)}</p>")
         out.append(_table(["strategy", "latency (one request)", "throughput (stream)",
                            "fits memory", "note"], "lrrll", candidate_rows(st), "tp-cands"))
-    if tp:
-        out.append(f"<h4>Tensor parallelism<span class=\"hint\">{esc(tp.get('strategy'))} · "
-                   f"degree {esc(tp.get('degree'))} · latency "
-                   f"{esc(fmt_seconds(tp.get('makespan_s')))}</span></h4>")
+    if tp is not None:
+        out.append(f"<h4>Tensor parallelism<span class=\"hint\">{esc(tp.strategy)} · "
+                   f"degree {esc(tp.degree)} · latency "
+                   f"{esc(fmt_seconds(tp.makespan_s))}</span></h4>")
         out.append(_table(["device", "group", "memory used", "usable", "parameters",
                            "activations", "busy", "collectives"], "lrrrrrrr",
                           [list(r[:8]) for r in tp_device_rows(tp)], "tp-dev"))
@@ -63,19 +64,17 @@ def tp_panel(plan: Mapping[str, Any]) -> str:
             out.append("<h4>Block splits</h4>" + _table(
                 ["block", "kind", "degree", "column split", "row split", "stage",
                  "compute split / whole", "collective"], "llrllrrr", splits, "tp-splits"))
-        pm = tp.get("parallelize_module")
-        pm = pm if isinstance(pm, Mapping) else {}
+        pm = tp.parallelize_module
         facts = two_d_facts(tp)
         if facts:
             code = two_d_code(tp)
             out.append("<h4>2-D plan (pipeline stages × tensor parallel)</h4><ul>"
                        + "".join(f"<li><b>{esc(k)}:</b> {esc(v)}</li>" for k, v in facts)
                        + "</ul>" + (f'<pre class="tpcode">{esc(code)}</pre>' if code else ""))
-        elif pm.get("code"):
-            out.append(f'<h4>parallelize_module plan</h4><pre class="tpcode">'
-                       f"{esc(pm['code'])}</pre>")
-        elif pm.get("unavailable"):
-            out.append(f'<p class="faint">No parallelize_module plan: '
-                       f"{esc(pm['unavailable'])}</p>")
+        elif isinstance(pm, ParallelizePlan) and pm.code:
+            out.append(f'<h4>parallelize_module plan</h4><pre class="tpcode">{esc(pm.code)}'
+                       "</pre>")
+        elif isinstance(pm, ParallelizeUnavailable) and pm.unavailable:
+            out.append(f'<p class="faint">No parallelize_module plan: {esc(pm.unavailable)}</p>')
     return ('<section class="panel tp"><h3>Strategy and tensor parallelism</h3>'
             + "".join(out) + "</section>")

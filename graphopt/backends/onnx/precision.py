@@ -263,7 +263,7 @@ class _Rewriter:
             if node.op_type == "CastLike" and len(node.input) > 1 and node.output:
                 self.cur[node.output[0]] = self.cur.get(node.input[1], self.orig(node.input[1]))
             out_nodes.append(node)
-            detail = PrecisionDetail("fp16" if low else "fp32", role=role.value)
+            detail = PrecisionDetail("fp16" if low else "fp32", role=role)
             self.ctx.decide(node.name, detail, why, applied=low)
         self._convert_weak(weak_low, weak_fp32_readers)
         return out_nodes, casts, roles

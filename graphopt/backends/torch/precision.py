@@ -111,7 +111,7 @@ class _Assigner:
     def __init__(self, gm: fx.GraphModule, ctx: RewriteContext, low: torch.dtype) -> None:
         self.gm, self.ctx, self.low, self.fmt = gm, ctx, low, _NAME[low]
         self.dtype: dict[fx.Node, torch.dtype | None] = {}
-        self.role: dict[fx.Node, str] = {}
+        self.role: dict[fx.Node, Role] = {}
         self.reason: dict[fx.Node, str] = {}
         self._consts: dict[fx.Node, Const] = {}
 

@@ -52,28 +52,13 @@ from typing import Any, NamedTuple
 
 from graphopt.decisions.precision.by_op import island_reason, node_decision
 from graphopt.decisions.precision.islands import SIGNIFICAND_BITS
+from graphopt.ir.decision_details import PrecisionRole as Role
 from graphopt.ir.ops import KNOWN_OPS
 from graphopt.ir.plan import NodePlan
 
 __all__ = ["BACKEND_FORMATS", "FORMAT_MAX", "OP_TABLE_EXCEPTIONS", "RULES", "Backend", "Const",
            "NodeFacts", "OpClass", "OpTables", "Outcome", "Role", "Rule", "assign_role",
            "constant_fits", "mean_limit", "outcome"]
-
-
-class Role(StrEnum):
-    """What a pass does with a node (the values are the strings the passes always used)."""
-
-    LOW = "low"  # runs in the reduced format
-    ISLAND = "island"  # fp32: numerically sensitive, or an edit this backend cannot make
-    WIDE = "wide"  # fp32 for another reason (an fp32 input, a constant that does not fit)
-    KEEP = "keep"  # no fp32 result: reads its inputs at their original dtypes
-    FIXED = "fixed"  # torch: an explicit cast, or one this pass inserted
-    ITEM = "item"  # torch: getitem, at its producer's dtype
-    WEAK = "weak"  # torch: a parameter/constant, converted to what its readers need
-    ASSERT = "assert"  # torch: export's dtype check, updated to the new dtypes
-    SKIP = "skip"  # torch: inputs, outputs, shape queries
-    ANY = "any"  # ONNX: casts and shape queries read any dtype
-    TF32 = "tf32"  # torch: an fp32 GEMM-like node on tf32 tensor cores (recorded only)
 
 
 class OpClass(StrEnum):
