@@ -26,7 +26,7 @@ PACKAGE = Path(graphopt.__file__).parent
 
 #: the stage of each top-level part of the package
 STAGES = {
-    "graphopt": "face", "api": "face", "cli": "face",
+    "graphopt": "face", "__main__": "face", "api": "face", "cli": "face",
     "frontends": "frontends", "ir": "ir", "analysis": "analysis", "cost": "cost",
     "hardware": "hardware", "decisions": "decisions", "backends": "backends",
     "partition": "partition", "measure": "measure", "report": "report", "files": "files",

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 
+from graphopt._version import __version__
 from graphopt.cli import calibrate, cost, lint, llm, optimize, plan, profile, targets
 from graphopt.cli.args import add_reports
 from graphopt.cli.terminal import SafeFormatter, SafeStream, terminal_safe
@@ -19,12 +20,34 @@ from graphopt.files.progress import set_quiet
 __all__ = ["build_parser", "main"]
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default, where it has one worth saying (not None, not a
+    flag's False): a user reads ``--target`` is h100 without opening the docs."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default in (None, False, argparse.SUPPRESS)
+                or "default" in text.lower()):  # the help already says it
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every subcommand's parser shows its defaults (:class:`DefaultsFormatter`)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="graphopt", description="Plan and optimize ML models.")
+    p = _Parser(prog="graphopt", description="Plan and optimize ML models.")
+    p.add_argument("--version", action="version", version=f"graphopt {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log what each pass does")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress lines on stderr for long steps (tracing, export, save)")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     plan.add_parser(sub)
     lint.add_parser(sub)
     optimize.add_parser(sub)

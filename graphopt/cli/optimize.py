@@ -219,6 +219,15 @@ def _optimize_folder(args: argparse.Namespace, target: Any, options: Options,
     return 0 if row is None or row.within is not False else 1
 
 
+#: what each pass option decides (auto: graphopt decides per node, by cost, within the budget)
+_HELP = {"precision": "compute format (auto: by cost per node, fp32 islands kept)",
+         "pad": "pad GEMM and conv channels to tensor-core multiples (auto: where it pays)",
+         "layout": "channels_last for convs (auto: by region, where the gain beats the "
+                   "conversions)",
+         "quantize": "weight/activation quantization (auto: per node where it pays and stays "
+                     "in budget; int8 = int8_dynamic)"}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the subcommand on the CLI's subparsers."""
     po = sub.add_parser("optimize", help="optimize a model for a target and write it as ONNX "
@@ -237,7 +246,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     po.add_argument("--target", default=DEFAULT_TARGET, help="target name (see `graphopt targets`)")
     add_no_calibrate(po)
     for option, choices in CHOICES.items():  # graphopt.ir.options: one table for every backend
-        po.add_argument(f"--{option}", default="auto", choices=choices)
+        po.add_argument(f"--{option}", default="auto", choices=choices, help=_HELP[option])
     po.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
                     help="time each auto-decided pass here and revert it if slower (default: "
                          "only when --target is this machine's CPU)")
