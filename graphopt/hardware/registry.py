@@ -21,7 +21,7 @@ from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import is_profile_path, load_profile
 
-__all__ = ["ALIASES", "DEFAULT_TARGET", "TargetSpec", "get_target", "is_this_machine",
+__all__ = ["ALIASES", "DEFAULT_TARGET", "TargetSpec", "aliases_of", "get_target", "is_this_machine",
            "list_targets", "not_a_target", "resolve_targets", "target_names"]
 
 #: the target plan, optimize, plan_llm and the CLI use when none is given (profile and
@@ -88,13 +88,48 @@ def target_names() -> list[str]:
     return [*GPU_PROFILES, *CPU_PROFILES, "cpu"]
 
 
+#: names of hardware the database does not hold, by what they are: a suggestion from another
+#: vendor's table (``mi300x`` -> ``3090``) would be wrong, so the error says so plainly
+_NOT_COVERED = (
+    (re.compile(r"^(mi\d|instinct|radeon|rx\d|navi|cdna|rdna)"), "AMD GPUs (Instinct, Radeon)"),
+    (re.compile(r"^(gaudi|habana|arc|max\d|ponte)"), "Intel accelerators (Gaudi, Arc, Max)"),
+    (re.compile(r"^(tpu|v[45]e|v5p)"), "Google TPUs"),
+    (re.compile(r"^(trainium|trn\d|inferentia|inf\d)"), "AWS Trainium and Inferentia"),
+    (re.compile(r"^(apple|m[1-4](pro|max|ultra)?$)"), "Apple silicon"),
+)
+#: name patterns -> the part of the table a near miss should come from
+_FAMILIES = (
+    (re.compile(r"^(xeon|epyc|graviton|neoverse|ryzen|core|zen|milan|genoa|icelake|spr)"),
+     "cpu"),
+    (re.compile(r"^(nvidia|tesla|geforce|rtx|gtx|quadro|[abhlvtg]\d)"), "gpu"),
+)
+
+
+def aliases_of(name: str) -> list[str]:
+    """The other spellings ``get_target`` takes for the canonical target ``name``."""
+    return [alias for alias, target in ALIASES.items() if target == name]
+
+
+def _suggestion(name: str) -> str:
+    """A near miss from the same kind of hardware, or a plain word that it is not covered."""
+    key = name.strip().lower()
+    for pattern, what in _NOT_COVERED:
+        if pattern.match(key):
+            return (f"graphopt's database has no {what}: it covers NVIDIA GPUs and x86/Arm "
+                    "CPUs; give a profile file (`graphopt calibrate` writes one for a CPU), or")
+    kind = next((k for pattern, k in _FAMILIES if pattern.match(key)), None)
+    table = _table()
+    spellings = [n for n in [*table, *ALIASES]
+                 if kind is None or table[ALIASES.get(n, n)].kind == kind]
+    close = difflib.get_close_matches(key, spellings, n=1, cutoff=0.5 if kind else 0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
 def _unknown(name: str, fix: str | None = None) -> UnknownTargetError:
     known = target_names()
-    spellings = [*known, *ALIASES, "host", "gpu"]
-    close = difflib.get_close_matches(name.strip().lower(), spellings, n=1, cutoff=0.5)
     if fix is None:
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        fix = f"{hint}run `graphopt targets` to list them"
+        hint = _suggestion(name)
+        fix = f"{hint + ' ' if hint else ''}run `graphopt targets` to list them (aliases too)"
     return UnknownTargetError(f"unknown target {name!r}; known targets: {', '.join(known)}", fix)
 
 
