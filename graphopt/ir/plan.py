@@ -26,6 +26,7 @@ from graphopt.ir.plan_llm import LLMSection
 from graphopt.ir.plan_memory import MemoryPlan, QuantizationPlan, RuntimeSettings
 from graphopt.ir.plan_parallel import TensorParallelPlan, TwoDParallelPlan
 from graphopt.ir.plan_partition import PartitionPlan, StrategyChoice
+from graphopt.ir.plan_repr import plan_repr, plan_set_repr
 from graphopt.ir.plan_run import OnnxExport, OnnxOptimization, TorchOptimization
 from graphopt.ir.plan_sections import FusionPlan, RangePoints, RewritesPlan, ShapeRangePlan
 from graphopt.ir.plan_summary import ModelInfo, Summary
@@ -219,6 +220,9 @@ class Plan(ReportEmitters):
     def input_files(self) -> tuple[str, ...]:
         return self.inputs
 
+    def __repr__(self) -> str:  # the dataclass repr prints every node: ~60 kB for a small model
+        return plan_repr(self)
+
     def with_decisions(self, decisions: Mapping[str, Mapping[str, Decision]]) -> Plan:
         """This plan with ``decisions`` (node -> kind -> Decision) over the planner's: what a
         backend's passes applied or declined overrides what the planner would do."""
@@ -270,6 +274,9 @@ class PlanSet(ReportEmitters):
     """The same model planned for several targets, reported side by side."""
 
     plans: tuple[Plan, ...]
+
+    def __repr__(self) -> str:
+        return plan_set_repr(self)
 
     @property
     def input_files(self) -> tuple[str, ...]:
