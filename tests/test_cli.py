@@ -49,8 +49,15 @@ def test_targets_json_fields(capsys):
 def test_targets_table_and_detect(capsys):
     assert main(["targets"]) == 0
     assert "h100-sxm" in capsys.readouterr().out
-    assert main(["detect"]) == 0
-    assert "cpu" in json.loads(capsys.readouterr().out)
+    assert main(["detect", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "cpu" in report
+    assert main(["detect"]) == 0  # a table for a person: the same facts, no JSON
+    text = capsys.readouterr().out
+    assert not text.lstrip().startswith("{")
+    assert report["cpu"]["model"] in text and report["host_profile"]["display_name"] in text
+    assert " ".join(report["cpu"]["isa"]) in text and "GPUs     none usable" in text or \
+        all(g["name"] in text for g in report["gpus"])
 
 
 @pytest.mark.parametrize(
@@ -94,3 +101,23 @@ def test_plan_with_devices_reports_the_partition(tmp_path, capsys):
     capsys.readouterr()
     rc = main(["plan", f"{spec}:build", "--devices", "cuda:0=h100:999TB"])
     assert rc == 2 and "fix:" in capsys.readouterr().err
+
+
+def test_detect_table_names_each_gpu_and_its_profile():
+    """The GPU rows, from a report as detect_report writes it for a machine with two GPUs."""
+    from graphopt.cli.targets import detect_lines
+    from graphopt.hardware.detect import detect_report
+
+    report = detect_report()
+    report["gpus"] = [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+         "sm_count": 132, "memory_bytes": 80 * 2**30, "l2_bytes": 50 * 2**20,
+         "generation": "hopper", "profile": "h100-sxm", "estimated": False},
+        {"index": 1, "name": "Some GPU", "compute_capability": "12.7", "sm_count": 10,
+         "memory_bytes": None, "l2_bytes": None, "generation": None, "profile": None,
+         "error": "compute capability 12.7 is newer than graphopt's table"}]
+    lines = detect_lines(report)
+    assert any(line.startswith("GPU 0") and "target h100-sxm" in line and "80 GiB" in line
+               for line in lines)
+    assert any(line.startswith("GPU 1") and "no profile: compute capability 12.7" in line
+               for line in lines)

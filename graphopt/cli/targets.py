@@ -10,7 +10,7 @@ from graphopt.hardware import list_targets
 from graphopt.hardware.detect import detect_report
 from graphopt.hardware.registry import aliases_of
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "detect_lines"]
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
@@ -38,8 +38,42 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
-    print(json.dumps(detect_report(), indent=1, sort_keys=True))
+    report = detect_report()
+    if args.json:
+        print(json.dumps(report, indent=1, sort_keys=True))
+        return 0
+    for line in detect_lines(report):
+        print(line)
     return 0
+
+
+def _gb(nbytes: float | None) -> str:
+    return "?" if not nbytes else f"{nbytes / 2**30:.0f} GiB"
+
+
+def detect_lines(report: dict[str, Any]) -> list[str]:
+    """``graphopt detect`` for a person: the CPU, its ISA and the target it plans as, each GPU
+    and the profile it maps to (``--json`` prints the full report)."""
+    cpu, host = report["cpu"], report["host_profile"]
+    caches = ", ".join(f"{k} {v // 1024} KiB" for k, v in sorted(cpu.get("caches", {}).items()))
+    peak = max(host["peak_flops"].values(), default=0)
+    out = [f"CPU      {cpu['model']} ({cpu['vendor']}, {cpu['arch']}): "
+           f"{cpu['physical_cores']} cores / {cpu['logical_cores']} threads, "
+           f"{cpu['clock_hz'] / 1e9:.2f} GHz ({cpu['clock_source']}), "
+           f"{_gb(cpu['ram_bytes'])} RAM",
+           f"ISA      {' '.join(cpu['isa']) or 'none detected'}",
+           f"caches   {caches or 'unknown'}",
+           f"target   cpu = {host['display_name']} ({host['generation']}): "
+           f"{peak / 1e9:.0f} GFLOP/s peak, {host['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s"]
+    if not report["gpus"]:
+        out.append("GPUs     none usable (no CUDA device, or torch without CUDA)")
+    for g in report["gpus"]:
+        maps = (f"target {g['profile']}" + (" (estimated: not in the table)"
+                                            if g.get("estimated") else "")
+                if g.get("profile") else f"no profile: {g.get('error', '?')}")
+        out.append(f"GPU {g['index']:<4} {g['name']}: cc {g['compute_capability']}, "
+                   f"{g['sm_count']} SMs, {_gb(g['memory_bytes'])}; {maps}")
+    return out
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,4 +82,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--json", action="store_true", help="print JSON")
     pt.set_defaults(func=_cmd_targets)
     pd = sub.add_parser("detect", help="describe this machine's CPU and GPUs")
+    pd.add_argument("--json", action="store_true", help="print the full report as JSON")
     pd.set_defaults(func=_cmd_detect)
