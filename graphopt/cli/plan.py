@@ -15,6 +15,7 @@ from graphopt.cli.args import (
     fmt_time,
 )
 from graphopt.cli.dynamic_spec import parse_dynamic
+from graphopt.cli.split_summary import split_lines
 from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
 from graphopt.frontends.python_spec import is_python_spec
@@ -52,6 +53,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         for n in s.costliest_nodes[:5]:
             print(f"  {n.share:6.1%}  {fmt_time(n.est_time_s):>10}  "
                   f"{n.kernel_class:<13} {n.name}")
+        for line in split_lines(p):
+            print(line)
     for path in written:
         print(f"wrote {path}")
     return 0
