@@ -17,10 +17,11 @@ def test_parse_declared_devices_profiles_caps_and_links():
     names = [d.name for d in ds.devices]
     assert names == ["cuda:0", "cuda:1", "cpu"]
     h100, a100, cpu = ds.devices
-    assert h100.profile.name == "h100-sxm" and a100.profile.name == "a100-80gb"
+    # a100:40GB is the A100 40GB (its own bandwidth), not the 80 GB card capped
+    assert h100.profile.name == "h100-sxm" and a100.profile.name == "a100-40gb"
     assert cpu.profile is get_target("cpu")
     assert h100.memory_bytes == usable_memory(h100.profile)  # no cap: the reserve policy
-    assert a100.memory_bytes == 40 * 10**9  # the cap, below the reserve-adjusted 73.6 GiB
+    assert a100.memory_bytes == min(40 * 10**9, usable_memory(a100.profile))
     assert cpu.memory_bytes == min(4 * 10**9, usable_memory(cpu.profile))
     assert ds.link("cuda:0", "cuda:1").name.startswith("nvlink")  # both have NVLink
     assert ds.link("cuda:0", "cpu").name.startswith("pcie")
@@ -29,6 +30,18 @@ def test_parse_declared_devices_profiles_caps_and_links():
     assert ds.transfer_time_s(1e9, "cuda:0", "cuda:0") == 0.0
     nv = ds.transfer_time_s(1e9, "cuda:0", "cuda:1")
     assert nv < ds.transfer_time_s(1e9, "cuda:1", "cpu")  # NVLink beats PCIe
+
+
+@pytest.mark.parametrize("spec, profile, capped", [
+    ("cuda:0=a100:40GB", "a100-40gb", False), ("cuda:0=a100:40GiB", "a100-40gb", False),
+    ("a100:40GB", "a100-40gb", False), ("cuda:0=a100:80GB", "a100-80gb", False),
+    ("cuda:0=a100-80gb:40GB", "a100-80gb", True),  # the named card, capped
+    ("cuda:0=a100:30GB", "a100-80gb", True),  # no 30 GB A100: the flagship, capped
+    ("cuda:0=h100:40GB", "h100-sxm", True)])
+def test_a_family_with_a_memory_names_that_card(spec: str, profile: str, capped: bool) -> None:
+    device = parse_devices(spec).devices[0]
+    assert device.profile.name == profile
+    assert (device.memory_bytes < usable_memory(device.profile)) == capped
 
 
 def test_two_cards_of_one_model_get_a_real_link():

@@ -21,7 +21,8 @@ from graphopt.hardware.gpus import GPU_PROFILES, gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import is_profile_path, load_profile
 
-__all__ = ["ALIASES", "DEFAULT_TARGET", "TargetSpec", "aliases_of", "get_target", "is_this_machine",
+__all__ = ["ALIASES", "DEFAULT_TARGET", "TargetSpec", "aliases_of", "get_target",
+           "memory_variant", "is_this_machine",
            "list_targets", "not_a_target", "resolve_targets", "target_names"]
 
 #: the target plan, optimize, plan_llm and the CLI use when none is given (profile and
@@ -162,6 +163,23 @@ def get_target(name: str) -> HardwareProfile:
     if canonical is None:
         raise _unknown(name)
     return _table()[canonical]
+
+
+def memory_variant(name: str, nbytes: int) -> HardwareProfile | None:
+    """The table's own model of a family alias with ``nbytes`` of memory: ``a100`` with 40 GB
+    is the A100 40GB (its own bandwidth), not the 80 GB card capped. None when ``name`` is
+    not a family alias (``a100-80gb:40GB`` caps that card) or no variant has that memory
+    (within 10%: a datasheet's 40 GB is 40 GiB, and either spelling names the card)."""
+    canonical = ALIASES.get(name.strip().lower())
+    if canonical is None or not nbytes:
+        return None
+    family = _table()[canonical]
+    prefix = canonical.split("-")[0]
+    for key, p in _table().items():
+        if (key.split("-")[0] == prefix and p.generation == family.generation
+                and abs(p.memory_bytes - nbytes) <= 0.1 * nbytes):
+            return p
+    return None
 
 
 def is_this_machine(profile: HardwareProfile) -> bool:

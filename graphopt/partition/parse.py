@@ -40,6 +40,7 @@ from graphopt.errors import GraphoptError
 from graphopt.hardware import get_target, host_cpu_profile
 from graphopt.hardware.detect import detect_gpus, gpu_profile_for
 from graphopt.hardware.profile import HardwareProfile, Link
+from graphopt.hardware.registry import memory_variant
 from graphopt.partition.devices import Device, DeviceSet, check_device_count
 
 __all__ = ["detect_devices", "make_device_set", "parse_bandwidth", "parse_devices", "parse_size"]
@@ -103,12 +104,12 @@ def _split_item(item: str) -> tuple[str, str | None, str | None]:
     return item.strip(), None, None
 
 
-def _profile_for(name: str, target: str | None) -> HardwareProfile:
-    if target:
-        return get_target(target)
-    if name.lower().startswith("cpu") or name.lower() == "host":
+def _profile_for(name: str, target: str | None, cap: int | None = None) -> HardwareProfile:
+    named = target or name
+    if not target and (name.lower().startswith("cpu") or name.lower() == "host"):
         return host_cpu_profile()
-    return get_target(name)  # cuda:N / gpu (this machine) or a target name; raises if unknown
+    # a100:40GB is the A100 40GB where the table has it, not the 80 GB card capped
+    return (cap is not None and memory_variant(named, cap)) or get_target(named)
 
 
 def _device(name: str, profile: HardwareProfile, cap: int | None) -> Device:
@@ -208,7 +209,7 @@ def parse_devices(spec: str | Sequence[str]) -> DeviceSet:
             cap = parse_size(cap_text) if cap_text is not None else None
         except GraphoptError as e:
             raise GraphoptError(f"device {item.strip()!r}: {e.problem}", e.fix) from None
-        devices.append(_device(name, _profile_for(name, target), cap))
+        devices.append(_device(name, _profile_for(name, target, cap), cap))
         hosts[name] = host.strip()
     ds = make_device_set(devices, hosts, net)
     logger.info("devices: %s", ", ".join(
