@@ -16,9 +16,11 @@ from graphopt.ir.decision_details import (
     ExecPath,
     ExecPathDetail,
     FoldDetail,
+    GroupsCarryDetail,
     LayoutDetail,
     LayoutFormat,
     PaddingCarryDetail,
+    PaddingDetail,
     PaddingSkip,
     PrecisionDetail,
 )
@@ -192,7 +194,32 @@ def test_fmt_pct_and_decision_head() -> None:
     (Decision("r", PaddingSkip(), applied=False), "not applied"),
     (Decision("r", FoldDetail(into="conv_1")), "conv_1"),  # its one field
     (Decision("r", PaddingCarryDetail(real=3, padded=8, clean=True), applied=False),
-     "real=3 (not applied)"),  # no value field: the first
+     "carries 3 → 8 channels (not applied)"),
+    (Decision("r", PaddingCarryDetail(real=3, padded=8, clean=False)),
+     "carries 3 → 8 channels (junk in the padding, read as zeros)"),
+    # a padding decision reads as a sentence, never a dict (issue 35, item 5)
+    (Decision("r", PaddingDetail(old={"C_in": 3, "C_out": 30}, new={"C_in": 3, "C_out": 32},
+                                 multiple=8, waste_pct=6.25, predicted_gain=1.12)),
+     "padded C_out 30 → 32: 1.12x predicted"),
+    (Decision("r", PaddingDetail(old={"K": 37}, new={"K": 37}, multiple=8, waste_pct=0.0,
+                                 predicted_gain=0.58, candidate={"K": 40}), applied=False),
+     "K 37 → 40: 0.58x predicted (not applied)"),
+    (Decision("r", PaddingDetail(old={"K": 288}, new={"K": 288}, multiple=8, waste_pct=0.0,
+                                 predicted_gain=1.0), applied=False), "kept K=288 (not applied)"),
+    (Decision("r", GroupsCarryDetail(old={"groups": 30}, new={"groups": 32})),
+     "padded groups 30 → 32"),
 ])
 def test_decision_summary(decision: Decision, expected: str) -> None:
     assert decision_summary(decision) == expected
+
+
+def test_nested_notes_stay_in_the_json() -> None:
+    """A pass's nested notes (the device pass's per-graph changes) show as a count, never as a
+    Python dict on the page (issue 35, item 5); flat ones still read as key=value."""
+    from graphopt.report.optimization import note_items
+
+    counts, texts = note_items({"devices": {"<root>": {"rewritten": ["a", "b"]}},
+                                "buffers": ["x"], "runtime": {"allow_tf32": False}})
+    assert ("devices", "1") in counts and ("buffers", "1") in counts
+    assert texts == [("runtime", "allow_tf32=False")]
+    assert not any("{" in t for _, t in texts)

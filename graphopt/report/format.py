@@ -142,7 +142,36 @@ def decision_summary(decision: Decision | Mapping[str, Any]) -> str:
     return _summary(_detail_json(decision), applied)
 
 
+def _dims_text(dims: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={dims[k]}" for k in sorted(dims, key=str))
+
+
+def _resize_sentence(fields: Mapping[str, Any], applied: Any) -> str | None:
+    """A padding-like decision (old and new dims) as words: ``padded C_out 30 → 32: 1.12x
+    predicted``; one not taken as ``C_out 37 → 40: 0.58x predicted``, or ``kept K=288, N=864``
+    when nothing was tried; a channel carry as ``carries 30 → 32 channels``. None for any
+    other decision."""
+    if "real" in fields and "padded" in fields:
+        dirty = "" if fields.get("clean", True) else " (junk in the padding, read as zeros)"
+        return f"carries {fields['real']} → {fields['padded']} channels{dirty}"
+    old, new = fields.get("old"), fields.get("new")
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return None
+    gain = finite(fields.get("predicted_gain"))
+    said = f": {gain:.2f}x predicted" if gain is not None else ""
+    candidate = fields.get("candidate")
+    to = new if new != old or not isinstance(candidate, Mapping) else candidate
+    changed = [f"{k} {old.get(k, '?')} → {to[k]}" for k in sorted(to, key=str)
+               if old.get(k) != to[k]]
+    if not changed:
+        return f"kept {_dims_text(old)}" if old else None
+    return ("padded " if applied is not False else "") + ", ".join(changed) + said
+
+
 def _summary(fields: Mapping[str, Any], applied: Any) -> str:
+    sentence = _resize_sentence(fields, applied)
+    if sentence is not None:
+        return f"{sentence} (not applied)" if applied is False else sentence
     key = next((k for k in _VALUE_KEYS if k in fields), None)
     if key is not None or len(fields) == 1:
         value = str(fields[key if key is not None else next(iter(fields))])

@@ -97,6 +97,9 @@ def note_items(group: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]
             counts.append((label, fmt_count(len(v))))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             counts.append((label, fmt_value(v) if isinstance(v, float) else fmt_count(v)))
+        elif isinstance(v, Mapping) and any(isinstance(x, (Mapping, list, tuple))
+                                            for x in v.values()):
+            counts.append((label, fmt_count(len(v))))  # its internals stay in the JSON
         elif isinstance(v, Mapping):
             texts.append((label, ", ".join(f"{k}={fmt_value(v[k])}" for k in sorted(v, key=str))))
         elif v is not None and v != "":
