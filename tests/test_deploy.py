@@ -9,6 +9,7 @@ never asserted beyond being positive: which artifact wins depends on the machine
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from dataclasses import replace
@@ -35,6 +36,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWa
 
 #: Inductor's CPU backend compiles C++: without a compiler torch.compile fails at its first call
 HAS_CXX = bool(shutil.which("c++") or shutil.which("g++"))
+#: OpenVINO is optional (the cpu and dev extras install it)
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 
 SPEC = """
 import torch
@@ -154,9 +157,10 @@ def test_measured_here_every_candidate_runs_and_the_choice_matches_the_original(
     d = opt.deploy
     assert d.measured and d.original_s and d.original_s > 0
     assert [r.artifact for r in d.candidates] == list(ARTIFACTS)
+    cannot = {"torch.compile": not HAS_CXX, "openvino": not HAS_OPENVINO}
     for r in d.candidates:
-        if r.artifact == "torch.compile" and not HAS_CXX:  # reported, never chosen
-            assert r.error and d.artifact != "torch.compile", r
+        if cannot.get(r.artifact):  # reported, never chosen
+            assert r.error and d.artifact != r.artifact, r
             continue
         assert r.error is None and r.within is True and r.seconds and r.seconds > 0, r
     assert "interleaved rounds" in d.method and d.artifact in d.reason
@@ -183,7 +187,9 @@ def test_measured_here_every_candidate_runs_and_the_choice_matches_the_original(
 
 @pytest.mark.parametrize("artifact", [
     a if a != "torch.compile" else pytest.param(a, marks=pytest.mark.skipif(
-        not HAS_CXX, reason="Inductor needs a C++ compiler")) for a in ARTIFACTS])
+        not HAS_CXX, reason="Inductor needs a C++ compiler")) for a in ARTIFACTS
+    if a != "openvino"] + [pytest.param("openvino", marks=pytest.mark.skipif(
+        not HAS_OPENVINO, reason="openvino is not installed"))])
 def test_each_artifact_writes_a_folder_that_loads_and_runs(artifact: str, tmp_path: Path
                                                            ) -> None:
     m, x = mlp()
@@ -193,7 +199,8 @@ def test_each_artifact_writes_a_folder_that_loads_and_runs(artifact: str, tmp_pa
     names = sorted(p.name for p in written)
     expected = {"torch": ["deploy.json", "model.pt2"],
                 "torch.compile": ["deploy.json", "model.pt2"],
-                "onnxruntime": ["deploy.json", "model.graphopt.json", "model.onnx"]}[artifact]
+                "onnxruntime": ["deploy.json", "model.graphopt.json", "model.onnx"],
+                "openvino": ["deploy.json", "model.onnx", "model.openvino.json"]}[artifact]
     assert names == expected
     loaded = graphopt.load(tmp_path / "d")
     with torch.no_grad():

@@ -142,7 +142,7 @@ def test_the_key_follows_threads_and_versions(calls, monkeypatch):
     one, two = host_cache.cache_key(1), host_cache.cache_key(2)
     assert one != two and host_cache.cache_path(one) != host_cache.cache_path(two)
     assert set(one) == {"calibration", "cpu", "isa", "threads", "python", "torch",
-                        "onnxruntime"}
+                        "onnxruntime", "openvino"}
     assert one["isa"] == sorted(host_cpu_profile().capabilities)
     real = host_cache.importlib.metadata.version
     monkeypatch.setattr(host_cache.importlib.metadata, "version",

@@ -5,9 +5,12 @@ On the host CPU with ``measure`` on, the candidates are built and timed interlea
 (:mod:`graphopt.measure.deploy_runs`) beside the user's own model: the torch module (under its
 runtime settings), ``torch.compile`` of it (compiled once before timing; its compile seconds
 are reported), and an ONNX Runtime session of the optimized ONNX export (in its session
-config). Each candidate's outputs are compared with the original model's first; the choice
-itself is :func:`graphopt.decisions.deploy.artifact.pick_measured`'s. Elsewhere the choice is
-predicted (:func:`graphopt.decisions.deploy.artifact.predict_deploy`) and says so.
+config), and OpenVINO compiling that same ONNX model (``backends/openvino``; bf16 where the
+CPU computes it natively, checked at bf16's budget then; without ``openvino`` installed its row
+says so and names the fix). Each candidate's outputs are compared with the original model's
+first; the choice itself is :func:`graphopt.decisions.deploy.artifact.pick_measured`'s.
+Elsewhere the choice is predicted (:func:`graphopt.decisions.deploy.artifact.predict_deploy`)
+and says so.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import numpy as np
 from graphopt.backends.driver import measure_here
 from graphopt.backends.onnx.ort_runner import OrtModel
 from graphopt.backends.onnx.session import session_settings
+from graphopt.backends.openvino.config import CompileConfig
+from graphopt.backends.openvino.runner import OpenVinoModel, cpu_capabilities, openvino_version
 from graphopt.decisions.deploy.artifact import (
     Artifact,
     ArtifactTiming,
@@ -32,6 +37,7 @@ from graphopt.decisions.deploy.artifact import (
     predict_deploy,
     unsettled,
 )
+from graphopt.decisions.deploy.openvino import inference_precision, reduced_budget
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError, first_line
 from graphopt.hardware.registry import is_this_machine
@@ -52,7 +58,10 @@ _REORDER_REL = 1e-4
 
 class Deployed:
     """The recommended artifact, ready to run: ``module`` (torch, torch.compile) or ``session``
-    (an ``onnxruntime.InferenceSession``); calling it runs either on torch tensors."""
+    (an ``onnxruntime.InferenceSession``, or the OpenVINO artifact's
+    :class:`~graphopt.backends.openvino.runner.OpenVinoModel`, shaped like one). Calling it
+    runs either on torch tensors; a session also on numpy arrays, and then returns numpy
+    arrays."""
 
     def __init__(self, artifact: str, module: Any = None, session: Any = None,
                  input_names: list[str] | None = None) -> None:
@@ -60,30 +69,38 @@ class Deployed:
         self._names = list(input_names or [])
 
     def feeds(self, *inputs: Any) -> dict[str, np.ndarray]:
-        """{session input name: numpy array} for the positional torch inputs (tensors only,
-        in the model's order, as the ONNX export named them)."""
+        """{session input name: numpy array} for the positional inputs (torch tensors or numpy
+        arrays only, in the model's order, as the ONNX export named them)."""
         if self.session is None:
             raise GraphoptError(f"the deployed artifact is {self.artifact}, not an ONNX Runtime "
                                 "session", "call it with torch tensors instead")
         wanted = [i.name for i in self.session.get_inputs()]
-        tensors = [a for a in inputs if hasattr(a, "detach")]
+        tensors = [a for a in inputs if hasattr(a, "detach") or isinstance(a, np.ndarray)]
         named = dict(zip(self._names, inputs, strict=False)) if self._names else {}
         if all(n in named for n in wanted):
-            return {n: named[n].detach().cpu().numpy() for n in wanted}
+            return {n: _numpy(named[n]) for n in wanted}
         if len(tensors) != len(wanted):
             raise GraphoptError(f"the session takes {len(wanted)} input(s) ({', '.join(wanted)})"
                                 f", {len(tensors)} tensor(s) were given",
                                 "pass the model's inputs as it was optimized with")
-        return {n: t.detach().cpu().numpy() for n, t in zip(wanted, tensors, strict=True)}
+        return {n: _numpy(t) for n, t in zip(wanted, tensors, strict=True)}
 
     def __call__(self, *inputs: Any) -> Any:
-        import torch
-
         if self.session is None:
+            import torch
+
             with torch.inference_mode():
                 return self.module(*inputs)
-        outs = [torch.from_numpy(o) for o in self.session.run(None, self.feeds(*inputs))]
+        outs = self.session.run(None, self.feeds(*inputs))
+        if not (inputs and all(isinstance(a, np.ndarray) for a in inputs)):
+            import torch
+
+            outs = [torch.from_numpy(o) for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value if isinstance(value, np.ndarray) else value.detach().cpu().numpy()
 
 
 def choose_deploy(opt: Any) -> DeployChoice:
@@ -147,7 +164,8 @@ def _measure(opt: Any) -> DeployChoice:
     runners = {"torch": Deployed("torch", opt.module)}
     with opt.runtime():
         for artifact, build in ((Artifact.TORCH_COMPILE, _compiled),
-                                (Artifact.ONNXRUNTIME, _session)):
+                                (Artifact.ONNXRUNTIME, _session),
+                                (Artifact.OPENVINO, _openvino)):
             try:
                 runner, note, tol = build(opt, args)
                 within, numbers = _check(reference, runner(*args), tol)
@@ -222,13 +240,48 @@ def _session(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]
     """An ORT session of the optimized ONNX export, in its session config."""
     start = time.perf_counter()
     runner = _ort_runner(opt)
+    onnx_info = _checked_onnx(opt)
+    applied = ", ".join(onnx_info.passes_applied) or "none"
+    return (runner, f"exported and optimized in {time.perf_counter() - start:.1f} s "
+                    f"(passes: {applied})", _relaxed(onnx_info.tolerance))
+
+
+def _checked_onnx(opt: Any) -> Any:
+    """The ONNX artifact's run record, once its guard kept it within tolerance."""
     onnx_info = opt.onnx_info
     if not all(n.within for n in onnx_info.numerics):
         raise GraphoptError("the optimized ONNX model left its tolerance in the accuracy guard "
                             "(the report's ONNX optimization section says where)")
-    applied = ", ".join(onnx_info.passes_applied) or "none"
-    return (runner, f"exported and optimized in {time.perf_counter() - start:.1f} s "
-                    f"(passes: {applied})", _relaxed(onnx_info.tolerance))
+    return onnx_info
+
+
+def _openvino(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]:
+    """OpenVINO compiling the same optimized ONNX model; at bf16 inference precision it is
+    checked at bf16's budget (``decisions/deploy/openvino``), and the note says so."""
+    opt.ensure_onnx()  # the export is the ONNX Runtime candidate's: timed there, not here
+    start = time.perf_counter()
+    runner = _ov_runner(opt)
+    onnx_info = _checked_onnx(opt)
+    model = runner.session
+    tol = _relaxed(onnx_info.tolerance)
+    note = (f"OpenVINO {openvino_version()} on the optimized ONNX model, {model.precision} "
+            f"inference precision, compiled in {time.perf_counter() - start:.2f} s")
+    if model.precision == "bf16":
+        tol = reduced_budget(tol, opt.source_options)
+        note += (f"; checked at bf16's budget ({tol.rel_to_scale:g} of scale, cosine >= "
+                 f"{tol.min_cosine:g})")
+    return runner, note, tol
+
+
+def _ov_runner(opt: Any) -> Deployed:
+    """The optimized ONNX model compiled by OpenVINO at the precision this CPU and the run's
+    ``precision`` option allow (GraphoptError naming the fix without ``openvino``)."""
+    model = opt.ensure_onnx()
+    options = opt.source_options
+    precision, why = inference_precision(cpu_capabilities(),
+                                         None if options is None else options.precision)
+    compiled = OpenVinoModel(model, CompileConfig(precision, reason=why))
+    return Deployed("openvino", session=compiled, input_names=opt.input_names)
 
 
 def _ort_runner(opt: Any) -> Deployed:
@@ -245,5 +298,5 @@ def deployed(opt: Any) -> Deployed:
         opt.deployed_runners[artifact] = (
             Deployed("torch", opt.module) if artifact == "torch" else
             Deployed("torch.compile", _compile(opt)[0]) if artifact == "torch.compile" else
-            _ort_runner(opt))
+            _ov_runner(opt) if artifact == "openvino" else _ort_runner(opt))
     return opt.deployed_runners[artifact]

@@ -7,7 +7,14 @@ The folder holds, by the artifact ``deploy.json`` names:
   shape range and plan inside); for torch.compile, ``deploy.json`` gives the compile mode and
   :func:`load` compiles the module with it;
 - onnxruntime: ``model.onnx`` and ``model.graphopt.json`` (its session config:
-  ``graphopt.ort_session`` loads both).
+  ``graphopt.ort_session`` loads both);
+- openvino: ``model.onnx`` (the same optimized ONNX model) and ``model.openvino.json`` (its
+  compile config: the inference precision it was checked at). The ONNX model, not OpenVINO's
+  IR: it is the very file the guard checked and the ONNX Runtime artifact ships (one writer,
+  one external-data rule for models past 2 GiB), ONNX opsets stay readable by later OpenVINO
+  releases while an IR is OpenVINO's own format, and the precision is a compile setting that
+  no model file holds, so a config travels either way. The cost: OpenVINO converts the ONNX
+  model at each load (under a second for small models).
 
 The file names are fixed: ``deploy.json`` names the artifact, never a path, so a folder from
 elsewhere cannot point the loader at another file. Every field of ``deploy.json`` is checked
@@ -23,9 +30,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from graphopt.api.deploy import Deployed, deployed
 from graphopt.api.deploy_record import DEPLOY_FILE, FILES, read_record
 from graphopt.backends.onnx.save import claim_onnx, stage_onnx
 from graphopt.backends.onnx.session import config_path, ort_session
+from graphopt.backends.openvino.config import compile_config_path, render_compile_config
+from graphopt.backends.openvino.runner import load_openvino
 from graphopt.errors import GraphoptError
 from graphopt.files.outputs import OutputSet
 
@@ -59,6 +69,7 @@ def claim_deploy(outputs: OutputSet, folder: str | os.PathLike[str]) -> Path:
     onnx_file = base / FILES["onnxruntime"]
     for path, what in ((base / FILES["torch"], "saved model"), (onnx_file, "model"),
                        (config_path(onnx_file), "session config"),
+                       (compile_config_path(onnx_file), "compile config"),
                        (onnx_file.with_name(f"{onnx_file.name}.data"), "model data")):
         outputs.reserve(path, what)
     return outputs.hold(base / DEPLOY_FILE, "deploy record")
@@ -84,6 +95,15 @@ def stage_deploy(opt: Any, outputs: OutputSet, folder: str | os.PathLike[str]
         stage_onnx(outputs, model, artifact_path, opt.onnx_session)
         record["session_config"] = config_path(artifact_path).name
         paths = [artifact_path, config_path(artifact_path)]
+    elif choice.artifact == "openvino":
+        compiled = deployed(opt).session  # the precision it was checked (or is built) at
+        model = opt.ensure_onnx()
+        claim_onnx(outputs, artifact_path, model)
+        stage_onnx(outputs, model, artifact_path)
+        cfg_path = compile_config_path(artifact_path)
+        outputs.write(cfg_path, render_compile_config(compiled.config), "compile config")
+        record["compile_config"] = cfg_path.name
+        paths = [artifact_path, cfg_path]
     else:
         stage(opt, outputs, artifact_path)
         paths = [artifact_path]
@@ -97,19 +117,28 @@ def stage_deploy(opt: Any, outputs: OutputSet, folder: str | os.PathLike[str]
 def load(path: str | os.PathLike[str], device: Any = None) -> Any:
     """What graphopt wrote at ``path``, ready to run: a ``.pt2`` file's module
     (``graphopt.backends.torch.load``), or a deploy folder's recommended artifact: the torch
-    module, that module compiled with ``torch.compile`` in the recorded mode, or an
-    ``onnxruntime.InferenceSession`` in its session config. ``device`` moves a torch artifact
-    there, and picks an ONNX session's provider (``backends.onnx.session.device_providers``):
-    a device ONNX Runtime here cannot run on is an error, never a CPU session."""
-    from graphopt.backends.torch.load import load as load_pt2
-
+    module, that module compiled with ``torch.compile`` in the recorded mode, an
+    ``onnxruntime.InferenceSession`` in its session config, or for OpenVINO a
+    :class:`~graphopt.api.deploy.Deployed` (called with torch tensors or numpy arrays; its
+    ``session`` has ``run(None, feeds)`` as ORT's) compiled with its compile config.
+    ``device`` moves a torch artifact there, and picks an ONNX session's provider
+    (``backends.onnx.session.device_providers``): a device ONNX Runtime here cannot run on is
+    an error, never a CPU session; OpenVINO runs on the CPU only."""
     folder = Path(path)
-    if not folder.is_dir():
-        return load_pt2(folder, device)
-    record = read_record(folder, _MAX_BYTES, _REWRITE)
-    artifact = record["artifact"]
+    record = read_record(folder, _MAX_BYTES, _REWRITE) if folder.is_dir() else {}
+    artifact = record.get("artifact")
     if artifact == "onnxruntime":
         return ort_session(folder / FILES[artifact], device=device)
+    if artifact == "openvino":  # torch is never imported: it runs on numpy arrays too
+        if device is not None and str(device) != "cpu":
+            raise GraphoptError(f"device {str(device)[:60]!r}: graphopt's OpenVINO artifact "
+                                "runs on this machine's CPU", "load it with device='cpu' (or "
+                                "none), or deploy another artifact for that device")
+        return Deployed("openvino", session=load_openvino(folder / FILES[artifact]))
+    from graphopt.backends.torch.load import load as load_pt2
+
+    if artifact is None:
+        return load_pt2(folder, device)
     module = load_pt2(folder / FILES[artifact], device)
     if artifact == "torch":
         return module

@@ -1,6 +1,8 @@
 """``deploy.json``, read back: every field graphopt writes there, checked for its type and range.
 
-The loader acts on two fields (``artifact``, ``compile_mode``); the rest say what was decided
+The loader acts on two fields (``artifact``, ``compile_mode``); the file names it reads are
+fixed by the artifact (``file``, and ``session_config`` or ``compile_config``, the OpenVINO
+artifact's inference precision, checked in its own file); the rest say what was decided
 and why. Each is checked all the same: a folder moved between machines, or edited, must not
 load with a field that says one thing while the loader does another (``"file": "../x.pt2"``:
 the file is fixed by the artifact), and a field graphopt never writes (``"device": "cuda"``)
@@ -22,9 +24,14 @@ __all__ = ["COMPILE_MODES", "DEPLOY_FILE", "FILES", "read_record"]
 
 DEPLOY_FILE = "deploy.json"
 #: each artifact's file in a deploy folder (fixed: deploy.json never names a path)
-FILES = {"torch": "model.pt2", "torch.compile": "model.pt2", "onnxruntime": "model.onnx"}
+FILES = {"torch": "model.pt2", "torch.compile": "model.pt2", "onnxruntime": "model.onnx",
+         "openvino": "model.onnx"}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _SESSION_CONFIG = "model.graphopt.json"
+_COMPILE_CONFIG = "model.openvino.json"
+#: a settings file beside the model -> (its fixed name, the one artifact that has it)
+_SETTINGS = {"session_config": (_SESSION_CONFIG, "onnxruntime"),
+             "compile_config": (_COMPILE_CONFIG, "openvino")}
 
 
 def _text(v: Any) -> bool:
@@ -87,19 +94,22 @@ def read_record(folder: Path, limit: int, fix: str) -> dict[str, Any]:
     if record.get("compile_mode", "default") not in COMPILE_MODES:
         raise GraphoptError(f"{path}: compile_mode {str(record.get('compile_mode'))[:60]!r} is "
                             f"not a torch.compile mode ({', '.join(COMPILE_MODES)})", fix)
-    fixed = {"file": FILES[artifact], "session_config": _SESSION_CONFIG}
+    fixed = {"file": FILES[artifact], **{k: name for k, (name, _) in _SETTINGS.items()}}
     for key, value in record.items():
         if key in ("artifact", "compile_mode"):
             continue
+        if key in _SETTINGS and _SETTINGS[key][1] != artifact:
+            raise GraphoptError(f"{path}: {key} is {_short(value)}; the {artifact} artifact "
+                                f"has none (only {_SETTINGS[key][1]}'s has a {key})", fix)
         if key in fixed:
-            if value != fixed[key] or (key == "session_config" and artifact != "onnxruntime"):
+            if value != fixed[key]:
                 raise GraphoptError(f"{path}: {key} is {_short(value)}; the {artifact} "
                                     f"artifact's is {fixed[key]!r} (the names are fixed, never "
                                     "read from the record)", fix)
         elif key not in _FIELDS:
             raise GraphoptError(f"{path}: field {_short(key)} is not one graphopt writes",
                                 f"remove it (the fields are: artifact, file, compile_mode, "
-                                f"session_config, {', '.join(_FIELDS)}), or {fix}")
+                                f"{', '.join(_SETTINGS)}, {', '.join(_FIELDS)}), or {fix}")
         elif not _FIELDS[key][0](value):
             raise GraphoptError(f"{path}: {key} is {_short(value)}, not {_FIELDS[key][1]}", fix)
     return record

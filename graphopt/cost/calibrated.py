@@ -10,7 +10,9 @@
    (``launch_overhead_s``).
 2. **The runtime.** The table is eager torch's; ONNX Runtime's own per-node costs sit beside
    it under ``ort:<OpType>``, and :func:`for_runtime` makes them the table for a plan of an
-   ONNX graph.
+   ONNX graph; OpenVINO's (where ``openvino`` was installed at calibration) under
+   ``ov:<OpType>``, for the deploy choice's OpenVINO estimate, with its fixed cost per call
+   (``ov:@call``: a compiled model's inference request pays ~20 us around its nodes).
 3. **Achievable rates.** Where the profile measured a rate (``measured_rates``: GEMM and
    conv FLOP/s per dtype, DRAM bytes/s) it replaces datasheet peak x efficiency.
 """
@@ -25,12 +27,19 @@ from graphopt.analysis.kernel_class import KernelClass
 from graphopt.analysis.record import NodeAnalysis
 from graphopt.hardware.profile import HardwareProfile
 
-__all__ = ["ORT_PREFIX", "fixed_cost", "for_runtime", "measured_bandwidth",
-           "measured_matrix_rate", "runtime_tables", "view_cost"]
+__all__ = ["CALL_KEY", "ORT_PREFIX", "OV_PREFIX", "call_cost", "fixed_cost", "for_runtime",
+           "measured_bandwidth", "measured_matrix_rate", "runtime_tables", "view_cost"]
 
 #: a calibrated profile's fixed-cost key for an ONNX Runtime op type (``ort:MatMul``); keys
 #: without it are eager torch's (``graphopt calibrate`` measures both)
 ORT_PREFIX = "ort:"
+#: the same for an OpenVINO op type (``ov:MatMul``)
+OV_PREFIX = "ov:"
+#: runtime -> the prefix of its keys (eager torch's have none)
+_PREFIXES = {"onnxruntime": ORT_PREFIX, "openvino": OV_PREFIX}
+#: a runtime's fixed cost per call of the whole model, beside its per-op table (``ov:@call``);
+#: no op type starts with "@", and no table holds it
+CALL_KEY = "@call"
 
 
 def fixed_cost(a: NodeAnalysis, profile: HardwareProfile) -> float:
@@ -80,22 +89,29 @@ def measured_bandwidth(profile: HardwareProfile) -> float | None:
 
 
 def runtime_tables(costs: Mapping[str, float]) -> dict[str, dict[str, float]]:
-    """A calibrated profile's fixed costs split by runtime: ``"torch"`` (eager) and
-    ``"onnxruntime"`` (the ``ort:*`` entries, prefix dropped)."""
-    tables: dict[str, dict[str, float]] = {"torch": {}, "onnxruntime": {}}
+    """A calibrated profile's fixed costs split by runtime: ``"torch"`` (eager),
+    ``"onnxruntime"`` (the ``ort:*`` entries, prefix dropped) and ``"openvino"`` (``ov:*``)."""
+    tables: dict[str, dict[str, float]] = {"torch": {}, **{r: {} for r in _PREFIXES}}
     for key, value in costs.items():
-        if key.startswith(ORT_PREFIX):
-            tables["onnxruntime"][key[len(ORT_PREFIX):]] = value
-        else:
-            tables["torch"][key] = value
+        runtime = next((r for r, p in _PREFIXES.items() if key.startswith(p)), "torch")
+        op = key[len(_PREFIXES.get(runtime, "")):]
+        if op != CALL_KEY:
+            tables[runtime][op] = value
     return tables
+
+
+def call_cost(profile: HardwareProfile, runtime: str) -> float | None:
+    """A runtime's measured fixed cost per call of a compiled model (``ov:@call``), or None."""
+    return profile.op_overhead_s.get(_PREFIXES.get(runtime, "") + CALL_KEY)
 
 
 def for_runtime(profile: HardwareProfile, source: str) -> HardwareProfile:
     """``profile`` as the runtime that executes a ``source`` graph sees it: for ``"onnx"``,
-    ONNX Runtime's fixed costs (``ort:*``) in place of eager torch's. Profiles without them
-    are returned unchanged."""
-    ort = runtime_tables(profile.op_overhead_s)["onnxruntime"]
-    if source != "onnx" or not ort:
+    ONNX Runtime's fixed costs (``ort:*``) in place of eager torch's; for ``"openvino"``,
+    OpenVINO's (``ov:*``). Profiles without them are returned unchanged."""
+    runtime = {"onnx": "onnxruntime", "openvino": "openvino"}.get(source)
+    table = runtime_tables(profile.op_overhead_s)[runtime] if runtime else {}
+    if not table:
         return profile
-    return replace(profile, op_overhead_s=ort, launch_overhead_s=statistics.median(ort.values()))
+    return replace(profile, op_overhead_s=table,
+                   launch_overhead_s=statistics.median(table.values()))

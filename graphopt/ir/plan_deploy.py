@@ -22,10 +22,12 @@ class Artifact(StrEnum):
     TORCH = "torch"
     TORCH_COMPILE = "torch.compile"
     ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
 
 
-#: every artifact graphopt can hand over, simplest to deploy first
-ARTIFACTS = (Artifact.TORCH, Artifact.TORCH_COMPILE, Artifact.ONNXRUNTIME)
+#: every artifact graphopt can hand over, simplest to deploy first (OpenVINO last: a second
+#: runtime, an optional package, and a compile at load)
+ARTIFACTS = (Artifact.TORCH, Artifact.TORCH_COMPILE, Artifact.ONNXRUNTIME, Artifact.OPENVINO)
 
 
 @dataclass(frozen=True)

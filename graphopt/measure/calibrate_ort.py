@@ -20,13 +20,14 @@ from typing import Any
 from graphopt.cost.calibrated import ORT_PREFIX
 from graphopt.measure.ort_runs import node_times_per_run, profile_options
 
-__all__ = ["ort_fixed_costs"]
+__all__ = ["bench_model", "ort_fixed_costs"]
 _COPIES = 4
 
 
-def _model() -> tuple[Any, dict[str, Any]]:
+def bench_model() -> tuple[Any, dict[str, Any]]:
     """(the bench model, its feeds): every op reads graph inputs or initializers, so the
-    copies are independent and each node's time is its own."""
+    copies are independent and each node's time is its own; node ``<Op>_<i>`` is copy ``i``
+    of op type ``Op`` (OpenVINO's calibration times the same model)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -98,7 +99,7 @@ def ort_fixed_costs(rounds: int = 60, warmup: int = 5, threads: int | None = Non
     import onnxruntime as ort
 
 
-    model, feeds = _model()
+    model, feeds = bench_model()
     with tempfile.TemporaryDirectory() as tmp:
         session = ort.InferenceSession(model.SerializeToString(),
                                        profile_options(str(Path(tmp) / "ort"), threads),

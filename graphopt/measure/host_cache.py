@@ -15,7 +15,9 @@ line on stderr) and read on every later one. The rules:
    a profile file (``hardware.profile_file``) with the key beside its fields (``host_cache``).
 3. **The key** is what changes the numbers: graphopt's calibration version
    (``calibrate.CALIBRATION_VERSION``), the CPU model and its ISA flags, the intra-op thread
-   count, and the Python, torch and ONNX Runtime versions.
+   count, and the Python, torch, ONNX Runtime and OpenVINO versions (None: not installed;
+   OpenVINO's fixed costs are measured where it is, ``calibrate_openvino``, so installing it
+   remakes the calibration with its costs).
 4. **Trust.** The file is read with the bounded, validated profile reader; one that is
    missing, unreadable, damaged, of another format, another key or not a calibration of this
    CPU is remade, never used. A calibration made while the CPU was busy (a load average above
@@ -55,6 +57,7 @@ from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import profile_text, read_profile_file
 from graphopt.hardware.registry import HOST_NAMES, TargetSpec, is_this_machine
 from graphopt.measure import calibrate as calibration
+from graphopt.measure.calibrate_openvino import with_openvino_costs
 
 __all__ = ["NO_CALIBRATE_ENV", "cache_folder", "cache_key", "cache_path", "cached_host_profile",
            "calibration_wanted", "default_threads", "host_calibration", "host_target"]
@@ -151,7 +154,8 @@ def cache_key(threads: int) -> dict[str, Any]:
             "isa": sorted(host.capabilities), "threads": int(threads),
             "python": ".".join(platform.python_version_tuple()[:2]),
             "torch": _version("torch"),
-            "onnxruntime": _version("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino")}
+            "onnxruntime": _version("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino"),
+            "openvino": _version("openvino")}
 
 
 def cache_folder() -> Path:
@@ -237,8 +241,9 @@ def _stale(made: Any) -> str | None:
 
 
 def _measure(threads: int) -> HardwareProfile:
-    """The calibration itself (tests replace it)."""
-    return calibration.calibrate(threads=threads)
+    """The calibration itself, OpenVINO's costs included where it is installed (tests replace
+    it)."""
+    return with_openvino_costs(calibration.calibrate(threads=threads), threads)
 
 
 def _make(path: Path, key: dict[str, Any]) -> HardwareProfile | None:

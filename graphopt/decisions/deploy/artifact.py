@@ -1,7 +1,8 @@
-"""Which of graphopt's artifacts to deploy: the torch module, ``torch.compile`` of it, or an ONNX
-Runtime session of its ONNX export, and by how much it beats the others.
+"""Which of graphopt's artifacts to deploy: the torch module, ``torch.compile`` of it, an ONNX
+Runtime session of its ONNX export, or OpenVINO compiling that export, and by how much it beats
+the others.
 
-1. Candidates: from a torch model, all three; from an ONNX model, the ONNX Runtime session only
+1. Candidates: from a torch model, all four; from an ONNX model, the ONNX Runtime session only
    (there is no torch module to run). A candidate that failed to build (an export or a compile
    error) or whose outputs left its tolerance is shown with why, never chosen.
 2. Measured (the target is this machine's CPU, ``measure`` on; ``api/deploy.py`` times them
@@ -15,16 +16,19 @@ Runtime session of its ONNX export, and by how much it beats the others.
    (each op its own kernel, eager's fixed cost per op); torch.compile: the same with the plan's
    fusion groups (Inductor fuses patterns, GEMM epilogues and pointwise chains,
    ``cost/fusion.py``); ONNX Runtime: each op at ORT's fixed cost instead of eager's, where the
-   target's calibration measured both (``cost/calibrated.for_runtime``), else not estimated.
-   The cheapest wins only by at least :data:`PREDICTED_MARGIN`, the roofline's uncertainty;
-   the report says the choice was not measured.
+   target's calibration measured both (``cost/calibrated.for_runtime``), else not estimated;
+   OpenVINO: the same with OpenVINO's fixed costs, plus its fixed cost per call (this host's
+   cached calibration, made with ``openvino`` installed; never a GPU). The cheapest wins only by at
+   least :data:`PREDICTED_MARGIN`, the roofline's uncertainty, over the torch module, and
+   OpenVINO by as much over the pick of the others; the report says the choice was not
+   measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from graphopt.cost.calibrated import fixed_cost, for_runtime
+from graphopt.cost.calibrated import call_cost, fixed_cost, for_runtime
 from graphopt.decisions.deploy.confidence import clears, speedup_interval
 from graphopt.ir.plan import Plan
 from graphopt.ir.plan_deploy import ARTIFACTS, Artifact, ArtifactTiming, DeployChoice
@@ -128,34 +132,58 @@ def predict_deploy(plan: Plan, *, torch_model: bool, not_measured: str) -> Deplo
                                    / float(fusion.est_latency_unfused_s),
                                    note=f"{fusion.kernels_fused} fused kernels for "
                                         f"{fusion.nodes} nodes (cost/fusion.py)"))
-    ort = _ort_estimate(plan, eager)
+    ort = _runtime_estimate(plan, eager, "onnx")
     rows.append(ArtifactTiming(Artifact.ONNXRUNTIME, ort,
                                note="each op at ONNX Runtime's measured fixed cost" if ort else
                                "not estimated: the target has no measured ONNX Runtime fixed "
                                "costs (graphopt calibrate measures them on a CPU)"))
     timed = [r for r in rows if r.seconds]
+    rows.append(_openvino_row(plan, eager))
     if not timed:  # an empty batch: nothing to run, nothing to choose between
         return DeployChoice.of(Artifact.TORCH, False, "the plan estimates no time (no work to "
                                "run): the torch module, the simplest artifact", tuple(rows),
                                method)
     best = min(timed, key=lambda r: r.seconds or 0.0)
-    est = ", ".join(f"{r.artifact} {r.seconds * 1e3:.3g} ms" for r in timed)
+    est = ", ".join(f"{r.artifact} {r.seconds * 1e3:.3g} ms" for r in rows if r.seconds)
     if best.artifact != Artifact.TORCH and (best.seconds or 0.0) > eager * (1 - PREDICTED_MARGIN):
         best = rows[0]
         why = (f"estimated {est}: no other artifact is predicted {PREDICTED_MARGIN:.0%} faster "
                "than the torch module")
     else:
         why = f"estimated {est}: {best.artifact} is predicted fastest"
+    ov = rows[-1]
+    if ov.seconds and ov.seconds < (best.seconds or 0.0) * (1 - PREDICTED_MARGIN):
+        best, why = ov, (f"estimated {est}: {ov.artifact} is predicted fastest, "
+                         f"{PREDICTED_MARGIN:.0%} faster than the best of the others")
+    elif ov.seconds:
+        why += f" ({ov.artifact} is not predicted {PREDICTED_MARGIN:.0%} faster than it)"
     return DeployChoice.of(best.artifact, False, why, tuple(rows), method)
 
 
-def _ort_estimate(plan: Plan, eager_s: float) -> float | None:
-    """The plan's estimate with each op's fixed cost as ONNX Runtime's (case 3), or None when
-    the target has no measured ORT costs (``for_runtime`` returns it unchanged)."""
+def _openvino_row(plan: Plan, eager_s: float) -> ArtifactTiming:
+    """OpenVINO's predicted row: the plan with OpenVINO's fixed costs per op and per call, or
+    why there is no estimate."""
+    if plan.target.is_gpu:
+        return ArtifactTiming(Artifact.OPENVINO, None, note="not a candidate: graphopt deploys "
+                              "OpenVINO on CPUs")
+    ov = _runtime_estimate(plan, eager_s, "openvino")
+    if ov is None:
+        return ArtifactTiming(Artifact.OPENVINO, None, note="not estimated: the target has no "
+                              "measured OpenVINO fixed costs (target 'cpu' is calibrated with "
+                              "them where openvino is installed)")
+    return ArtifactTiming(Artifact.OPENVINO, ov + (call_cost(plan.target, "openvino") or 0.0),
+                          note="each op at OpenVINO's measured fixed cost, plus its fixed cost "
+                               "per call")
+
+
+def _runtime_estimate(plan: Plan, eager_s: float, source: str) -> float | None:
+    """The plan's estimate with each op's fixed cost as the runtime running a ``source`` graph
+    pays it (``"onnx"``: ONNX Runtime, ``"openvino"``), or None when the target has no measured
+    costs of that runtime (``for_runtime`` returns it unchanged)."""
     target = plan.target
-    ort = for_runtime(target, "onnx")
-    if ort is target or target.is_gpu:
+    costs = for_runtime(target, source)
+    if costs is target or target.is_gpu:
         return None
-    delta = sum(fixed_cost(n.analysis, ort) - n.cost.overhead_s for n in plan.nodes
+    delta = sum(fixed_cost(n.analysis, costs) - n.cost.overhead_s for n in plan.nodes
                 if n.cost.overhead_s > 0)
     return max(eager_s + delta, 0.0) or None
