@@ -11,14 +11,13 @@ is refused rather than silently ignored.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from graphopt.decisions.deploy.artifact import ARTIFACTS
 from graphopt.errors import GraphoptError
-from graphopt.files.read import read_small_file
+from graphopt.files.read import read_small_json
 
 __all__ = ["COMPILE_MODES", "DEPLOY_FILE", "FILES", "read_record"]
 
@@ -80,12 +79,7 @@ def read_record(folder: Path, limit: int, fix: str) -> dict[str, Any]:
         raise GraphoptError(f"{folder} is a folder without {DEPLOY_FILE}: not a graphopt deploy "
                             "folder", "give the .pt2 file, or a folder graphopt optimize -o DIR/ "
                             "wrote")
-    raw = read_small_file(path, limit, f"the deploy record {path}", fix, "a few kB")
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise GraphoptError(f"cannot read {path}: {type(e).__name__}: {str(e)[:200]}",
-                            fix) from None
+    record = read_small_json(path, limit, f"the deploy record {path}", fix, "a few kB")
     if not isinstance(record, dict) or record.get("artifact") not in ARTIFACTS:
         got = record.get("artifact") if isinstance(record, dict) else type(record).__name__
         raise GraphoptError(f"{path} names no artifact graphopt writes ({str(got)[:60]!r}; "

@@ -10,13 +10,15 @@ reader): what the path is, from a stat, without opening it.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from graphopt.errors import GraphoptError
 
-__all__ = ["check_regular", "path_kind", "read_small_file"]
+__all__ = ["check_regular", "path_kind", "read_small_file", "read_small_json"]
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -107,3 +109,14 @@ def read_small_file(path: Path, limit: int, what: str, fix: str, typical: str) -
     if size > limit:  # grew after the stat
         raise too_big
     return b"".join(chunks)
+
+
+def read_small_json(path: Path, limit: int, what: str, fix: str, typical: str) -> Any:
+    """The JSON value in ``path`` (:func:`read_small_file`'s checks, then parsed); text that is
+    not UTF-8 JSON, or nests too deep to parse, is a GraphoptError naming ``what``."""
+    raw = read_small_file(path, limit, what, fix, typical)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise GraphoptError(f"cannot read {what}: {type(e).__name__}: {str(e)[:200]}",
+                            fix) from None

@@ -29,7 +29,7 @@ from graphopt.decisions.memory_runtime.ort_session import (
 )
 from graphopt.decisions.rewrites import DryRunContext
 from graphopt.errors import GraphoptError
-from graphopt.files.read import check_regular, read_small_file
+from graphopt.files.read import check_regular, read_small_json
 
 __all__ = ["config_path", "decide_session", "device_providers", "host_cpus", "ort_session",
            "record_layout", "render_config", "session_settings"]
@@ -184,18 +184,13 @@ def _load_config(path: Path) -> SessionConfig | None:
     when it is not one graphopt wrote (not a regular file, too big, not JSON, malformed)."""
     fix = (f"delete {path} (ORT's defaults then apply) or write it again with graphopt "
            "(optimize ... -o model.onnx)")
-    if not path.exists():  # none: ORT's defaults (read_small_file says what else it is)
+    if not path.exists():  # none: ORT's defaults (read_small_json says what else it is)
         if path.is_symlink():
             raise GraphoptError(f"the session config {path} is a link to nothing, not a "
                                 "regular file", fix)
         return None
-    raw = read_small_file(path, _CONFIG_MAX_BYTES, f"the session config {path}", fix,
-                          "graphopt writes a few hundred bytes")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise GraphoptError(f"cannot read the session config {path}: "
-                            f"{type(e).__name__}: {str(e)[:200]}", fix) from None
+    data = read_small_json(path, _CONFIG_MAX_BYTES, f"the session config {path}", fix,
+                           "graphopt writes a few hundred bytes")
     try:
         return SessionConfig.from_dict(data)
     except GraphoptError as e:

@@ -18,7 +18,7 @@ from typing import Any
 
 from graphopt.decisions.deploy.openvino import OV_PRECISIONS
 from graphopt.errors import GraphoptError
-from graphopt.files.read import read_small_file
+from graphopt.files.read import read_small_json
 
 __all__ = ["CONFIG_SUFFIX", "MAX_THREADS", "CompileConfig", "compile_config_path",
            "read_compile_config", "render_compile_config"]
@@ -94,11 +94,6 @@ def read_compile_config(path: Path) -> CompileConfig:
     if not path.exists() and not path.is_symlink():
         raise GraphoptError(f"the OpenVINO compile config {path} is missing (a graphopt "
                             "OpenVINO folder always has one: its inference precision)", fix)
-    raw = read_small_file(path, _MAX_BYTES, f"the OpenVINO compile config {path}", fix,
-                          "graphopt writes a few hundred bytes")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise GraphoptError(f"cannot read the OpenVINO compile config {path}: "
-                            f"{type(e).__name__}: {str(e)[:200]}", fix) from None
+    data = read_small_json(path, _MAX_BYTES, f"the OpenVINO compile config {path}", fix,
+                           "graphopt writes a few hundred bytes")
     return CompileConfig.from_dict(data, f"the OpenVINO compile config {path}")
