@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from graphopt.errors import first_line  # the product's own: "Type: first line"
+
 _ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 #: graphopt's deploy check (api/deploy.py) allows this much reordering whatever the budget
 REORDER = (1e-4, 0.9999)
@@ -126,11 +128,6 @@ class Option:
     times: list[float] = field(default_factory=list)  # best seconds per round
     #: entered around the option's calls in each round (graphopt's runtime settings)
     context: Callable[[], AbstractContextManager[Any]] | None = None
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
 
 
 def session(model: onnx.ModelProto | str | Path, threads: int) -> ort.InferenceSession:
