@@ -62,19 +62,16 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import logging
 import os
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from torch import nn
 
@@ -83,18 +80,19 @@ from peers_common import (  # noqa: E402 - this folder is the script's
     REORDER,
     Option,
     against_peers,
+    bench_args,
     budget,
     checked,
     compare,
     first_line,
     fmt,
     interleaved,
-    machine,
     openvino_peers,
     ort_fp32,
     ort_int8,
     print_notes,
     print_table,
+    quiet_and_say_how,
     within,
 )
 
@@ -325,31 +323,11 @@ def summary(rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS),
-                    help=f"comma-separated, from {','.join(MODELS)}")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 0.2 s: a smoke run")
-    ap.add_argument("--skip-graphopt", action="store_true",
-                    help="time the peers only (no graphopt.optimize)")
-    ap.add_argument("--no-bf16", action="store_true", help="leave out the bf16 peers")
-    ap.add_argument("--no-openvino", action="store_true", help="leave out the OpenVINO peers")
-    args = ap.parse_args()
-    args.rounds = args.rounds or (2 if args.quick else 5)
-    budget_s = 0.2 if args.quick else 0.5
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in names:
-        if m not in MODELS:
-            raise SystemExit(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    args, names, budget_s = bench_args(__doc__, MODELS, lambda ap: ap.add_argument(
+        "--no-bf16", action="store_true", help="leave out the bf16 peers"))
     torch.set_num_threads(args.threads)
-    ort.set_default_logger_severity(3)  # the quantizer's and ORT's serialization warnings
-    logging.getLogger().setLevel(logging.ERROR)
-    warnings.simplefilter("ignore")
-    print(f"machine: {machine(args.threads)}")
-    print(f"timing: {args.rounds} interleaved rounds, best-of {budget_s} s (>= 3 calls) per "
-          "option per round; ms of the best round; ratios: best rounds (median of paired "
-          "rounds)\n", flush=True)
+    quiet_and_say_how(args, budget_s)
+    print()
     rows = []
     for m in names:
         rows.append(bench_model(m, args, budget_s))

@@ -13,6 +13,7 @@ a compile failing) is printed with the reason and left out.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import io
@@ -22,6 +23,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -321,3 +323,38 @@ def against_peers(options: list[Option], rounds: int) -> dict[str, Any]:
     if ort32 is not None and ort32.times:
         row["ort"] = ratio(ort32.times, go.times)
     return row
+
+
+def bench_args(doc: str, models: Sequence[str],
+               more: Callable[[argparse.ArgumentParser], None]) -> tuple[Any, list[str], float]:
+    """The peer benchmarks' shared command line (``more`` adds a script's own flags): the
+    parsed arguments, the models asked for (checked), and the per-round time budget."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--models", default=",".join(models),
+                    help=f"comma-separated, from {','.join(models)}")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 0.2 s: a smoke run")
+    ap.add_argument("--skip-graphopt", action="store_true",
+                    help="time the peers only (no graphopt.optimize)")
+    ap.add_argument("--no-openvino", action="store_true", help="leave out the OpenVINO peers")
+    more(ap)
+    args = ap.parse_args()
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in names:
+        if m not in models:
+            raise SystemExit(f"unknown model {m!r}; choose from {', '.join(models)}")
+    return args, names, 0.2 if args.quick else 0.5
+
+
+def quiet_and_say_how(args: Any, budget_s: float) -> None:
+    """Library warnings off (the quantizer's, ORT's serialization), then the machine and the
+    timing method, the header of every run."""
+    ort.set_default_logger_severity(3)
+    logging.getLogger().setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+    print(f"machine: {machine(args.threads)}")
+    print(f"timing: {args.rounds} interleaved rounds, best-of {budget_s} s (>= 3 calls) per "
+          "option per round; ms of the best round; ratios: best rounds (median of paired "
+          "rounds)", flush=True)
