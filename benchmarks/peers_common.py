@@ -358,3 +358,21 @@ def quiet_and_say_how(args: Any, budget_s: float) -> None:
     print(f"timing: {args.rounds} interleaved rounds, best-of {budget_s} s (>= 3 calls) per "
           "option per round; ms of the best round; ratios: best rounds (median of paired "
           "rounds)", flush=True)
+
+
+def artifact_verdict(info: Any, session: Any, ref: Any, out: Any
+                     ) -> tuple[tuple[float, float], tuple[float, float], str]:
+    """(error, tolerance, verdict) of graphopt's artifact against the reference, at the budget
+    its own report states (``info``: ``opt.info`` or ``opt.onnx_info``; an OpenVINO session at
+    bf16 gets bf16's), and at the deploy check's reorder floor when only that holds."""
+    tol = (float(info.tolerance.rel_to_scale), float(info.tolerance.min_cosine))
+    if getattr(session, "precision", None) == "bf16":  # OpenVINO at bf16: that budget
+        tol = max(tol, budget("bf16"))
+    err = compare(ref, out)
+    verdict = "within"
+    if not within(err, *tol):
+        # graphopt's deploy check allows a compiler's or exporter's reordering on top
+        floor = (max(tol[0], REORDER[0]), min(tol[1], REORDER[1]))
+        verdict = (f"within only at the deploy check's reorder floor {floor[0]:g} / "
+                   f"{floor[1]:g}" if within(err, *floor) else "OUT OF TOLERANCE")
+    return err, tol, verdict
