@@ -102,7 +102,8 @@ class Optimized:
     def deployed(self) -> Any:
         """The recommended artifact (:attr:`deploy`), ready to run: a
         ``graphopt.api.deploy.Deployed`` with ``.module`` (torch, torch.compile) or
-        ``.session`` (an ONNX Runtime session); call it with the model's inputs."""
+        ``.session`` (an ONNX Runtime session, or the OpenVINO runner shaped like one); call
+        it with the model's inputs."""
         return deployed(self)
 
     def save_deploy(self, folder: str | os.PathLike[str]) -> list[Path]:
