@@ -26,12 +26,11 @@ main{padding:18px 28px 40px;max-width:1680px;margin:0 auto}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(150px,1fr));gap:12px;
 margin:0 0 16px}
 .card,.panel{background:var(--panel);border:1px solid var(--line);border-radius:8px}
-.card{padding:11px 14px}
+.card{padding:11px 14px;min-width:0;overflow-wrap:anywhere}
 .card .k{font-size:11px;text-transform:uppercase;letter-spacing:.05em;color:var(--muted)}
 .card .v{font-size:19px;font-weight:600;margin-top:2px;font-variant-numeric:tabular-nums}
 .card .s{color:var(--muted);font-size:12px;margin-top:1px}
-.card .v.sm{font-size:16px;line-height:29px;white-space:nowrap;overflow:hidden;
-text-overflow:ellipsis}
+.card .v.sm{font-size:16px;line-height:21px;padding:4px 0 3px}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:16px;
 margin:0 0 16px}
 .panel{padding:14px 16px;min-width:0}
@@ -63,6 +62,8 @@ th{font-size:11.5px;font-weight:600;color:var(--muted);background:var(--panel)}
 .faint{color:var(--faint)}
 .jump{cursor:pointer}.jump:hover{color:var(--accent);text-decoration:underline}
 .trunc{max-width:360px;overflow:hidden;text-overflow:ellipsis}
+.panel td.trunc{max-width:none;white-space:normal;overflow-wrap:anywhere}
+.panel th{white-space:normal}
 #nodes{font-size:12.5px}
 #nodes th,#nodes td{padding:5px 6px}
 #nodes td.trunc{max-width:18vw}#nodes td.op{max-width:8vw}#nodes td.dims{max-width:10vw}
@@ -142,7 +143,9 @@ margin:14px 0 6px}
 dl.facts{margin:10px 0 0;display:grid;grid-template-columns:max-content 1fr;gap:3px 14px}
 dl.facts dt{color:var(--muted)}dl.facts dd{margin:0;overflow-wrap:anywhere}
 dl.facts dd .faint{font-size:12px}
-td.wrap{white-space:normal;min-width:180px}
+td.wrap{white-space:normal;min-width:180px;overflow-wrap:break-word}
+.split{display:flex;flex-wrap:wrap;gap:4px 28px}.split>div{flex:1 1 320px;min-width:0}
+.split>div+div{flex:2 1 540px}.panel.quant{margin:0 0 16px}
 .stack span.nz{min-width:3px}
 span.y{color:var(--yes-fg);font-weight:600}span.n{color:var(--bad-fg);font-weight:600}
 .mem-table td .sw{vertical-align:0}
@@ -151,6 +154,7 @@ p.why{margin:8px 0 0;color:var(--muted);font-size:12.5px}
 table.alts tr.pick td{background:var(--yes);font-weight:600}
 table.alts tr.faint td{color:var(--faint)}
 table.rt td:first-child,table.notes-t td:first-child{color:var(--fg)}
+table.rt td{white-space:normal}
 table.numerics tr.bad-row td{background:var(--bad)}
 .cmps{display:flex;flex-direction:column;gap:16px;margin:0 0 16px}
 .cmps .panel{overflow-x:auto}

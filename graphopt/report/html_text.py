@@ -10,7 +10,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["esc", "table"]
+__all__ = ["breakable", "esc", "table"]
 
 
 def esc(value: Any) -> str:
@@ -18,10 +18,21 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def breakable(value: Any) -> str:
+    """``esc(value)`` with a line break allowed after each ``/`` and ``+``: a long node or fused
+    kernel name (an ONNX path, nodes joined by +) then wraps at its steps, not mid-word."""
+    text = esc(value)
+    for sep in "/+":
+        text = text.replace(sep, sep + "<wbr>")
+    return text
+
+
 def table(head: Sequence[str], align: str, rows: Sequence[str], cls: str = "") -> str:
     """A table of already rendered ``<tr>`` rows; a header cell is right-aligned where
-    ``align`` has an ``r`` (left where ``align`` is shorter than ``head``)."""
+    ``align`` has an ``r`` (left where ``align`` is shorter than ``head``). It sits in a
+    ``scroll`` box: a table too wide for its panel (a long name, a narrow window) scrolls inside
+    the panel instead of spilling out of it."""
     ths = "".join(f'<th{" class=num" if a == "r" else ""}>{esc(h)}</th>'
                   for h, a in zip(head, align.ljust(len(head), "l"), strict=False))
-    return (f'<table class="{cls}"><thead><tr>{ths}</tr></thead><tbody>{"".join(rows)}'
-            f"</tbody></table>")
+    return (f'<div class="scroll"><table class="{cls}"><thead><tr>{ths}</tr></thead><tbody>'
+            f'{"".join(rows)}</tbody></table></div>')

@@ -31,7 +31,7 @@ from graphopt.report.format import (
     fmt_si,
     fmt_value,
 )
-from graphopt.report.html_text import esc, table
+from graphopt.report.html_text import breakable, esc, table
 from graphopt.report.llm_section import llm_html
 from graphopt.report.optimization import (
     ARTIFACTS,
@@ -160,7 +160,7 @@ def _costliest_kernels(kernels: Sequence[CostlyKernel]) -> str:
     if not kernels:
         return ""
     rows = [f'<tr><td class="num faint">{i}</td><td class="mono trunc" '
-            f'title="{esc(", ".join(k.nodes))}">{esc(k.name)}</td>'
+            f'title="{esc(", ".join(k.nodes))}">{breakable(k.name)}</td>'
             f'<td>{esc(k.kernel_class)}</td>'
             f'<td class="num">{esc(fmt_seconds(k.est_time_s))}</td>'
             f'<td class="num faint">{esc(fmt_seconds(k.unfused_s))}</td>'
@@ -181,7 +181,7 @@ def issues(plan: Plan, index: dict[str, int]) -> tuple[str, str]:
             ' class="mono trunc"'
         frac = finite(n.share) or share(n.est_time_s, s.est_latency_s)
         rows.append(f'<tr><td class="num faint">{i}</td><td{jump} title="{esc(name)}">'
-                    f'{esc(name)}</td>'
+                    f'{breakable(name)}</td>'
                     f'<td>{esc(n.kernel_class)}</td><td class="num">'
                     f'{esc(fmt_seconds(n.est_time_s))}</td><td class="num">{100 * frac:.1f}%'
                     f'<span class="sharebar"><span style="width:{100 * min(frac, 1.0):.1f}%">'
@@ -241,7 +241,8 @@ def _quantization(q: QuantizationPlan) -> str:
         ["format", "bits/weight", "est. memory", "fits", "native", "eligible", "note"], "lrr",
         rows, "alts") if rows else "")
     return (f'<div class="panel quant"><h3>Quantization<span class="hint">model-level weight '
-            f'format</span></h3>{_facts(quant_facts(q))}{reason}{alts}</div>')
+            f'format</span></h3><div class="split"><div>{_facts(quant_facts(q))}{reason}</div>'
+            f'<div>{alts}</div></div></div>')
 
 
 def _runtime(rt: RuntimeSettings) -> str:
@@ -284,16 +285,21 @@ def _optimization(opt: TorchOptimization | OnnxOptimization, title: str = "Optim
 
 def deployment(plan: Plan, collapsed: bool = False,
                colors: Mapping[str, str] | None = None) -> str:
-    """Memory + quantization, then runtime settings + optimization, as a two-column grid; the
-    partition across devices and the LLM phases (if any) full width below it. ``colors``: the
-    kernel-class colours of the page (default: those of this plan alone)."""
+    """Memory and runtime settings (with the optimization, if any) as a two-column grid; the
+    quantization, the partition across devices and the LLM phases (if any) full width below it:
+    the formats table's notes need the width, in a column it spilled out of its panel.
+    ``colors``: the kernel-class colours of the page (default: those of this plan alone)."""
     mem, q, rt, llm = plan.memory, plan.quantization, plan.runtime_settings, plan.llm
-    left = (_memory(mem) if mem is not None else "") + (_runtime(rt) if rt is not None else "")
-    right = "".join(_optimization(opt, title) for key, title in ARTIFACTS
-                    if (opt := getattr(plan, key)) is not None)
-    right += _quantization(q) if q is not None else ""
+    memory = _memory(mem) if mem is not None else ""
+    runtime = _runtime(rt) if rt is not None else ""
+    opts = "".join(_optimization(opt, title) for key, title in ARTIFACTS
+                   if (opt := getattr(plan, key)) is not None)
+    left, right = (memory + runtime, opts) if opts else (memory, runtime)
+    if not left:  # one panel alone takes the left column
+        left, right = right, ""
     split = partition_panel(plan, colors) + tp_panel(plan)
-    part = split + (llm_html(llm) if llm is not None else "")
+    part = (_quantization(q) if q is not None else "") + split \
+        + (llm_html(llm) if llm is not None else "")
     choice = deploy_html(plan)
     if not left and not right and not part and not choice:
         return ""

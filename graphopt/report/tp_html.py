@@ -29,11 +29,14 @@ __all__ = ["tp_panel"]
 
 def _table(head: list[str], align: str, rows: list[list[str]], cls: str,
            mono: int = 1) -> str:
-    body = ["<tr>" + "".join(f'<td class="{"num" if a == "r" else "mono" if i < mono else ""}">'
+    """``align``: ``r`` right, ``l`` left, ``w`` left and wrapping (a sentence, which on one
+    line would make the table wider than its panel)."""
+    kind = {"r": "num", "w": "wrap"}
+    body = ["<tr>" + "".join(f'<td class="{kind.get(a) or ("mono" if i < mono else "")}">'
                              f"{esc(c)}</td>" for i, (c, a) in enumerate(zip(r, align,
                                                                               strict=True)))
             + "</tr>" for r in rows]
-    return f'<div class="scroll">{table(head, align, body, cls)}</div>'
+    return table(head, align, body, cls)
 
 
 def tp_panel(plan: Plan) -> str:
@@ -46,7 +49,7 @@ def tp_panel(plan: Plan) -> str:
         out.append(f"<p><b>picked {esc(st.winner)}</b> by {esc(st.picked_by)}: "
                    f"{esc(st.why)}</p>")
         out.append(_table(["strategy", "latency (one request)", "throughput (stream)",
-                           "fits memory", "note"], "lrrll", candidate_rows(st), "tp-cands"))
+                           "fits memory", "note"], "lrrlw", candidate_rows(st), "tp-cands"))
     if tp is not None:
         out.append(f"<h4>Tensor parallelism<span class=\"hint\">{esc(tp.strategy)} · "
                    f"degree {esc(tp.degree)} · latency "
