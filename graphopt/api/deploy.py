@@ -2,15 +2,17 @@
 artifact ready to run (:class:`Deployed`).
 
 On the host CPU with ``measure`` on, the candidates are built and timed interleaved
-(:mod:`graphopt.measure.deploy_runs`) beside the user's own model: the torch module (under its
-runtime settings), ``torch.compile`` of it (compiled once before timing; its compile seconds
-are reported), and an ONNX Runtime session of the optimized ONNX export (in its session
-config), and OpenVINO compiling that same ONNX model (``backends/openvino``; bf16 where the
-CPU computes it natively, checked at bf16's budget then; without ``openvino`` installed its row
-says so and names the fix). Each candidate's outputs are compared with the original model's
-first; the choice itself is :func:`graphopt.decisions.deploy.artifact.pick_measured`'s.
-Elsewhere the choice is predicted (:func:`graphopt.decisions.deploy.artifact.predict_deploy`)
-and says so.
+(:mod:`graphopt.measure.deploy_runs`, within its time budget) beside the user's own model:
+the torch module (under its runtime settings), an ONNX Runtime session of the optimized ONNX
+export (in its session config), OpenVINO compiling that same ONNX model (``backends/openvino``;
+bf16 where the CPU computes it natively, checked at bf16's budget then; without ``openvino``
+installed its row says so and names the fix), and ``torch.compile`` of the module, built only
+where a probe of the others says it could win (:data:`COMPILE_REACH`: it compiles for seconds
+to minutes). An ONNX input has two candidates, its optimized model in ONNX Runtime and in
+OpenVINO, timed beside the original file. Each candidate's outputs are compared with the
+original model's first; the choice itself is
+:func:`graphopt.decisions.deploy.artifact.pick_measured`'s. Elsewhere the choice is predicted
+(:func:`graphopt.decisions.deploy.artifact.predict_deploy`) and says so.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from graphopt.backends.driver import measure_here
-from graphopt.backends.onnx.ort_runner import OrtModel
+from graphopt.backends.onnx.numerics import compare
+from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options
 from graphopt.backends.onnx.session import session_settings
 from graphopt.backends.openvino.config import CompileConfig
 from graphopt.backends.openvino.runner import OpenVinoModel, cpu_capabilities, openvino_version
+from graphopt.backends.timing import best_time
 from graphopt.decisions.deploy.artifact import (
+    ARTIFACTS,
     Artifact,
     ArtifactTiming,
     DeployChoice,
@@ -40,9 +44,10 @@ from graphopt.decisions.deploy.artifact import (
 from graphopt.decisions.deploy.openvino import inference_precision, reduced_budget
 from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError, first_line
+from graphopt.files.progress import progress
 from graphopt.hardware.registry import is_this_machine
 from graphopt.ir.plan_run import ToleranceBudget
-from graphopt.measure.deploy_runs import ROUNDS, interleaved_rounds
+from graphopt.measure.deploy_runs import MAX_TIMING_S, ORIGINAL, Settled, settled_rounds
 
 __all__ = ["NO_DEPLOY_MEASURE_ENV", "Deployed", "choose_deploy", "deployed"]
 
@@ -109,8 +114,8 @@ def choose_deploy(opt: Any) -> DeployChoice:
     torch_model = opt.module is not None
     options = opt.source_options
     why = None
-    if not torch_model:
-        why = "an ONNX input: nothing to compare its session with"
+    if not torch_model and opt.onnx_run is None:
+        why = "an ONNX model given as a plan result: nothing to compare its session with"
     elif not is_this_machine(target):
         why = (f"the target ({target.display_name}) is not this machine's CPU: a timing here "
                "says nothing about it")
@@ -120,7 +125,7 @@ def choose_deploy(opt: Any) -> DeployChoice:
         why = f"{NO_DEPLOY_MEASURE_ENV} is set"
     if why is not None:
         return predict_deploy(opt.plan, torch_model=torch_model, not_measured=why)
-    return _measure(opt)
+    return _measure(opt) if torch_model else _measure_onnx(opt)
 
 
 def _relaxed(tol: ToleranceBudget) -> Tolerance:
@@ -142,12 +147,17 @@ def _check(reference: Any, outputs: Any, tol: Tolerance) -> tuple[bool, str]:
     return all(c.within for c in result), worst.describe()
 
 
-#: the most interleaved rounds the deploy timing takes before it says the machine is too busy
-MAX_ROUNDS = 28
+#: torch.compile is built only where it could win: where the torch module's measured time
+#: times the plan's fused/unfused estimate, divided by this, beats the fastest other candidate.
+#: The fusion model predicts 0.94-0.98 of eager on the zoo; torch.compile measured 0.78-0.95
+#: of the torch module on an AMX Xeon (RESULTS.md, issue 24) and 0.62 on BERT here under load:
+#: 2 covers the most it has beaten the prediction by, with room.
+COMPILE_REACH = 2.0
 
 
 def _measure(opt: Any) -> DeployChoice:
-    """Case 2 of ``decisions/deploy/artifact.py``: build, check and time every candidate."""
+    """Case 2 of ``decisions/deploy/artifact.py``: build, check and time every candidate;
+    torch.compile (the slowest to build) only where a probe says it could win."""
     import torch
 
     from graphopt.backends.torch.isolation import clone_inputs, private_copy, run_isolated
@@ -156,62 +166,136 @@ def _measure(opt: Any) -> DeployChoice:
     reference = run_isolated(model, inputs)
     args = clone_inputs(inputs)
     shadow = private_copy(model)  # timing runs forward many times: never on the user's model
-    calls: dict[str, Callable[[], Any]] = {"original": lambda: shadow(*args),
+    calls: dict[str, Callable[[], Any]] = {ORIGINAL: lambda: shadow(*args),
                                            "torch": lambda: opt.module(*args)}
     rows = {Artifact.TORCH: ArtifactTiming(
         Artifact.TORCH, None, all(n.within for n in opt.info.numerics),
         note="the optimized module, under its runtime settings (checked by optimize)")}
     runners = {"torch": Deployed("torch", opt.module)}
+
+    def check(runner: Deployed, tol: Tolerance) -> tuple[bool, str]:
+        return _check(reference, runner(*args), tol)
+
+    def call_of(runner: Deployed) -> Callable[[], Any]:
+        return _call(runner, args)
+
     with opt.runtime():
-        for artifact, build in ((Artifact.TORCH_COMPILE, _compiled),
-                                (Artifact.ONNXRUNTIME, _session),
-                                (Artifact.OPENVINO, _openvino)):
-            try:
-                runner, note, tol = build(opt, args)
-                within, numbers = _check(reference, runner(*args), tol)
-            except GraphoptError as e:
-                rows[artifact] = ArtifactTiming(artifact, None, None, error=e.problem[:300])
-                continue
-            except Exception as e:  # a compiler or runtime failure: reported, never a crash
-                rows[artifact] = ArtifactTiming(artifact, None, None, error=first_line(e)[:300])
-                continue
-            rows[artifact] = ArtifactTiming(artifact, None, within, note=f"{note}; {numbers}")
-            if within:
-                runners[artifact] = runner
-                calls[artifact] = _call(runner, args)
+        for artifact, build in ((Artifact.ONNXRUNTIME, _session), (Artifact.OPENVINO, _openvino)):
+            _candidate(artifact, lambda b=build: b(opt, args), check, rows, runners, calls,
+                       call_of)
         with torch.inference_mode():
-            per_round, timed = _timed_until_settled(calls, rows)
-    rounds = len(per_round["original"])
-    method = (f"{rounds} interleaved rounds on {opt.plan.target.display_name} (best of each, "
-              f"paired: a 95% interval per choice), torch {torch.get_num_threads()} thread(s)")
-    if rounds >= MAX_ROUNDS and unsettled(timed):
-        method += ("; the machine is too busy to separate the candidates in "
-                   f"{MAX_ROUNDS} rounds: the simpler artifact stays")
+            why_not = _compile_out_of_reach(opt, calls)
+        if why_not:
+            rows[Artifact.TORCH_COMPILE] = ArtifactTiming(Artifact.TORCH_COMPILE, None, None,
+                                                          error=why_not)
+        else:
+            _candidate(Artifact.TORCH_COMPILE, lambda: _compiled(opt, args), check, rows,
+                       runners, calls, call_of)
+        with torch.inference_mode(), progress(f"timing {len(calls) - 1} candidate(s)"):
+            settled = settled_rounds(calls, {a: rows[a] for a in ARTIFACTS if a in rows})
     opt.deployed_runners = runners
-    return pick_measured(timed, method, min(per_round["original"]))
+    method = (f"{settled.rounds} interleaved rounds in {settled.seconds:.1f} s on "
+              f"{opt.plan.target.display_name} (best of each, paired: a 95% interval per "
+              f"choice), torch {torch.get_num_threads()} thread(s)")
+    return pick_measured(settled.rows, _busy(method, settled), settled.original_s)
 
 
-def _timed_until_settled(calls: dict[str, Callable[[], Any]],
-                         rows: dict[str, ArtifactTiming]
-                         ) -> tuple[dict[str, list[float]], tuple[ArtifactTiming, ...]]:
-    """Interleaved rounds, more of them while a choice's interval straddles the margin (the
-    noise decides how many), up to :data:`MAX_ROUNDS`."""
-    per_round: dict[str, list[float]] = {name: [] for name in calls}
-    while True:
-        for name, times in interleaved_rounds(calls, rounds=ROUNDS).items():
-            per_round[name] += times
-        timed = tuple(replace(r, seconds=min(per_round[a]), rounds=tuple(per_round[a]))
-                      if a in per_round else r for a, r in rows.items())
-        if len(per_round["original"]) >= MAX_ROUNDS or not unsettled(timed):
-            return per_round, timed
+def _busy(method: str, settled: Settled) -> str:
+    if unsettled(settled.rows):
+        method += ("; the machine is too busy to separate the candidates in "
+                   f"{settled.rounds} rounds ({MAX_TIMING_S:g} s at most): the simpler "
+                   "artifact stays")
+    return method
 
 
+def _candidate(artifact: str, build: Callable[[], tuple[Deployed, str, Tolerance]],
+               check: Callable[[Deployed, Tolerance], tuple[bool, str]],
+               rows: dict[str, ArtifactTiming], runners: dict[str, Deployed],
+               calls: dict[str, Callable[[], Any]],
+               call_of: Callable[[Deployed], Callable[[], Any]]) -> None:
+    """Build one candidate and check its outputs: its row says how it went; a candidate
+    within tolerance joins the timed calls."""
+    try:
+        with progress(f"building the {artifact} candidate"):
+            runner, note, tol = build()
+            within, numbers = check(runner, tol)
+    except GraphoptError as e:
+        rows[artifact] = ArtifactTiming(artifact, None, None, error=e.problem[:300])
+        return
+    except Exception as e:  # a compiler or runtime failure: reported, never a crash
+        rows[artifact] = ArtifactTiming(artifact, None, None, error=first_line(e)[:300])
+        return
+    rows[artifact] = ArtifactTiming(artifact, None, within, note=f"{note}; {numbers}")
+    if within:
+        runners[artifact] = runner
+        calls[artifact] = call_of(runner)
 
-def _call(runner: Deployed, args: tuple[Any, ...]) -> Callable[[], Any]:
+
+def _compile_out_of_reach(opt: Any, calls: dict[str, Callable[[], Any]]) -> str | None:
+    """Why torch.compile is not built (None: it could win): a probe of the torch module and
+    of each other candidate, and the plan's fused/unfused estimate (:data:`COMPILE_REACH`)."""
+    fusion = opt.plan.fusion
+    others = {n: c for n, c in calls.items() if n not in (ORIGINAL, "torch")}
+    if not others or fusion is None or not fusion.est_latency_unfused_s:
+        return None
+    ratio = float(fusion.est_latency_fused_s) / float(fusion.est_latency_unfused_s)
+    torch_s = best_time(calls["torch"], budget_s=0.0, min_runs=2, max_runs=2)
+    best, best_s = min(((n, best_time(c, budget_s=0.0, min_runs=2, max_runs=2))
+                        for n, c in others.items()), key=lambda x: x[1])
+    reach = torch_s * ratio / COMPILE_REACH
+    if reach <= best_s:
+        return None
+    return (f"not built: the torch module's {torch_s * 1e3:.3g} ms times the plan's fusion "
+            f"estimate ({ratio:.2f}) is {torch_s * ratio * 1e3:.3g} ms; even at "
+            f"{COMPILE_REACH:g}x better than that it would not reach {best}'s "
+            f"{best_s * 1e3:.3g} ms (best of two calls each, after a warm-up)")
+
+
+def _measure_onnx(opt: Any) -> DeployChoice:
+    """Case 2 for an ONNX input: its optimized model in ONNX Runtime (the guard checked it)
+    against OpenVINO compiling that model, checked on the guard's inputs against the original's
+    outputs, both timed beside the original file in a default ONNX Runtime session."""
+    run = opt.onnx_run
+    feeds, reference = list(run.feeds), [list(r) for r in run.reference]
+    names = [o.name for o in run.original.graph.output]
+    info = opt.info
+    rows = {Artifact.ONNXRUNTIME: ArtifactTiming(
+        Artifact.ONNXRUNTIME, None, all(n.within for n in info.numerics),
+        note="the optimized ONNX model in its session config (checked by optimize)")}
+    runners = {Artifact.ONNXRUNTIME: _ort_runner(opt)}
+    original = OrtModel(run.original, what="the original model", options=quiet_options())
+    first = feeds[0]
+    calls: dict[str, Callable[[], Any]] = {
+        ORIGINAL: lambda: original.session.run(None, first),
+        Artifact.ONNXRUNTIME: _call(runners[Artifact.ONNXRUNTIME], (), first)}
+
+    def check(runner: Deployed, tol: Tolerance) -> tuple[bool, str]:
+        got = [runner.session.run(None, f) for f in feeds]
+        errors = compare(reference, got, names, tol)
+        worst = max(errors, key=lambda e: e.max_abs / max(e.scale, 1e-30))
+        return all(e.within for e in errors), worst.describe()
+
+    # both runtimes are timed on the first of the guard's inputs
+    _candidate(Artifact.OPENVINO, lambda: _openvino(opt, ()), check, rows, runners, calls,
+               lambda runner: _call(runner, (), first))
+    with progress(f"timing {len(calls) - 1} candidate(s)"):
+        settled = settled_rounds(calls, {a: rows[a] for a in ARTIFACTS if a in rows})
+    opt.deployed_runners = runners
+    method = (f"{settled.rounds} interleaved rounds in {settled.seconds:.1f} s on "
+              f"{opt.plan.target.display_name} against the original model in a default ONNX "
+              "Runtime session (best of each, paired: a 95% interval per choice), on the "
+              "first of the guard's inputs")
+    return pick_measured(settled.rows, _busy(method, settled), settled.original_s)
+
+
+def _call(runner: Deployed, args: tuple[Any, ...],
+          feeds: dict[str, np.ndarray] | None = None) -> Callable[[], Any]:
     if runner.session is None:
         return lambda: runner.module(*args)
-    feeds = runner.feeds(*args)  # made once: a deployed session is fed numpy arrays
-    return lambda: runner.session.run(None, feeds)
+    if feeds is None:
+        feeds = runner.feeds(*args)  # made once: a deployed session is fed numpy arrays
+    session, fed = runner.session, feeds
+    return lambda: session.run(None, fed)
 
 
 def _compiled(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]:
@@ -248,7 +332,7 @@ def _session(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]
 
 def _checked_onnx(opt: Any) -> Any:
     """The ONNX artifact's run record, once its guard kept it within tolerance."""
-    onnx_info = opt.onnx_info
+    onnx_info = opt.onnx_info or opt.info  # an ONNX input's run report is its info
     if not all(n.within for n in onnx_info.numerics):
         raise GraphoptError("the optimized ONNX model left its tolerance in the accuracy guard "
                             "(the report's ONNX optimization section says where)")

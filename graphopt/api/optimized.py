@@ -88,6 +88,10 @@ class Optimized:
         self.deploy: DeployChoice | None = None
         #: artifact -> ``graphopt.api.deploy.Deployed`` built while measuring (reused)
         self.deployed_runners: dict[str, Any] = {}
+        #: an ONNX input's options, and its guard run (``OnnxResult``: feeds, the original's
+        #: outputs on them, the original model) while the deploy choice checks and times
+        self.onnx_options: Options | None = None
+        self.onnx_run: Any = None
 
     @property
     def source_model(self) -> Any:
@@ -96,8 +100,9 @@ class Optimized:
 
     @property
     def source_options(self) -> Any:
-        """The ``graphopt.ir.options.Options`` optimize ran with (torch input), else None."""
-        return None if self.torch_source is None else self.torch_source.options
+        """The ``graphopt.ir.options.Options`` optimize ran with (None only for a result
+        built by hand)."""
+        return self.onnx_options if self.torch_source is None else self.torch_source.options
 
     def deployed(self) -> Any:
         """The recommended artifact (:attr:`deploy`), ready to run: a
@@ -312,7 +317,10 @@ def _optimize_onnx_model(model: Any, target: str | HardwareProfile, options: Any
     result = Optimized(None, done.plan, (), done.report, onnx_model=done.model,
                        session=done.session,
                        onnx_path=model if isinstance(model, (str, os.PathLike)) else None)
-    return _with_deploy(result)
+    result.onnx_options, result.onnx_run = options, done
+    _with_deploy(result)
+    result.onnx_run = None  # the original model and the guard's data: not kept past the choice
+    return result
 
 
 def _with_deploy(result: Optimized) -> Optimized:

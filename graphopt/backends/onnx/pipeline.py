@@ -382,4 +382,5 @@ def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[OnnxGuard]
                    warnings=(*setup.plan.warnings, *warnings), optimization=info)
     logger.info("optimize_onnx: %s applied, %d fallback(s), %.2fs", applied or "nothing",
                 len(info.fallbacks), timings["total_s"])
-    return OnnxResult(current, plan, info, session, tuple(warnings))
+    return OnnxResult(current, plan, info, session, tuple(warnings), tuple(runs),
+                      tuple(setup.reference), setup.base)

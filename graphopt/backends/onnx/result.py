@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -27,6 +28,10 @@ class OnnxResult:
         session: the ONNX Runtime session settings written beside the model.
         warnings: what the user asked for and did not get (an explicit quantize that
             quantized nothing), also in the plan's warnings.
+        feeds: the inputs the guard ran ({input: array} each; the example's, made-up, or
+            calibration batches) and ``reference``: the original model's outputs on them
+            (a list per feed), for the deploy choice to check other runtimes against;
+            ``original``: the model as loaded, which gave them.
     """
 
     model: onnx.ModelProto
@@ -34,6 +39,9 @@ class OnnxResult:
     report: OnnxOptimization
     session: SessionConfig
     warnings: tuple[str, ...] = ()
+    feeds: tuple[dict[str, Any], ...] = ()
+    reference: tuple[list[Any], ...] = ()
+    original: onnx.ModelProto | None = None
 
     @property
     def within_tolerance(self) -> bool:

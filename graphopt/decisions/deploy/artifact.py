@@ -2,9 +2,10 @@
 Runtime session of its ONNX export, or OpenVINO compiling that export, and by how much it beats
 the others.
 
-1. Candidates: from a torch model, all four; from an ONNX model, the ONNX Runtime session only
-   (there is no torch module to run). A candidate that failed to build (an export or a compile
-   error) or whose outputs left its tolerance is shown with why, never chosen.
+1. Candidates: from a torch model, all four (torch.compile only where it could win); from
+   an ONNX model, ONNX Runtime and OpenVINO (there is no torch module to run). A candidate
+   that failed to build (an export or a compile error) or whose outputs left its tolerance is
+   shown with why, never chosen.
 2. Measured (the target is this machine's CPU, ``measure`` on; ``api/deploy.py`` times them
    in interleaved rounds): from the simplest (the torch module: no compile at load, no second
    runtime) to the least simple, a candidate replaces the current choice only when the 95%

@@ -1,0 +1,182 @@
+"""The deploy choice within its time (issue 34, item 3): timing rounds fitted to a budget,
+torch.compile built only where it could win, and an ONNX input's measured choice between
+ONNX Runtime and OpenVINO.
+
+Timings are never asserted beyond being positive: which artifact wins depends on the machine.
+Where a test needs one verdict (compile built or not), it pins :data:`COMPILE_REACH`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import graphopt
+from graphopt.api import deploy
+from graphopt.api.deploy import NO_DEPLOY_MEASURE_ENV
+from graphopt.decisions.deploy.artifact import Artifact, ArtifactTiming
+from graphopt.frontends.onnx_export import export_torch
+from graphopt.measure import deploy_runs
+from graphopt.measure.deploy_runs import ORIGINAL, ROUNDS, settled_rounds
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning",
+                                        "ignore::DeprecationWarning")
+
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+
+
+def mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+    return m.eval(), (torch.randn(8, 64),)
+
+
+def sleeper(seconds: float, counter: dict[str, int], name: str):
+    def call() -> None:
+        counter[name] = counter.get(name, 0) + 1
+        time.sleep(seconds)
+    return call
+
+
+def rows(*names: str) -> dict[str, ArtifactTiming]:
+    return {n: ArtifactTiming(Artifact(n), None, True) for n in names}
+
+
+# --- the timing rounds --------------------------------------------------------------------
+
+def test_a_slow_model_is_timed_once_per_round_and_the_original_in_the_first_rounds_only():
+    counts: dict[str, int] = {}
+    calls = {ORIGINAL: sleeper(0.02, counts, ORIGINAL),
+             "torch": sleeper(0.02, counts, "torch"),
+             "onnxruntime": sleeper(0.02, counts, "onnxruntime")}
+    got = settled_rounds(calls, rows("torch", "onnxruntime"), budget_s=0.1, max_s=0.5)
+    assert got.runs_per_round == 1  # 20 ms is more than its share of a 0.1 s budget
+    assert len(got.per_round[ORIGINAL]) == ROUNDS  # the report's comparison, then dropped
+    assert got.rounds >= ROUNDS and len(got.per_round["torch"]) == got.rounds
+    # a probe call, then a warm-up and one timed call per round
+    assert counts["torch"] == 1 + 2 * got.rounds and counts[ORIGINAL] == 1 + 2 * ROUNDS
+    assert got.original_s is not None and got.original_s >= 0.02
+    assert all(r.seconds and r.seconds >= 0.02 and len(r.rounds) == got.rounds
+               for r in got.rows)
+
+
+def test_an_unsettled_choice_stops_at_the_time_limit():
+    """Two candidates of the same speed never separate: rounds stop at ``max_s`` (a batch of
+    rounds may finish past it), not at the round limit."""
+    counts: dict[str, int] = {}
+    calls = {"torch": sleeper(0.005, counts, "torch"),
+             "onnxruntime": sleeper(0.005, counts, "onnxruntime")}
+    start = time.perf_counter()
+    got = settled_rounds(calls, rows("torch", "onnxruntime"), budget_s=0.05, max_s=0.3,
+                         max_rounds=10_000)
+    took = time.perf_counter() - start
+    assert got.seconds >= 0.3 and took < 0.3 + 2.0 and got.rounds < 10_000
+    assert got.original_s is None  # no original among the calls
+
+
+def test_a_fast_model_gets_best_of_several_calls_per_round():
+    counts: dict[str, int] = {}
+    calls = {"torch": sleeper(0.0, counts, "torch"), "onnxruntime": sleeper(0.0, counts, "x")}
+    got = settled_rounds(calls, rows("torch", "onnxruntime"), budget_s=0.2, max_s=1.0)
+    assert got.runs_per_round == 3
+
+
+# --- torch.compile, built where it could win ----------------------------------------------
+
+@pytest.fixture
+def measured(monkeypatch):
+    monkeypatch.setenv(NO_DEPLOY_MEASURE_ENV, "0")
+    monkeypatch.setattr(deploy_runs, "TIMING_BUDGET_S", 0.3)
+
+
+def test_torch_compile_out_of_reach_is_never_built(monkeypatch, measured):
+    def never(opt):
+        raise AssertionError("torch.compile was built")
+
+    monkeypatch.setattr(deploy, "_compile", never)
+    monkeypatch.setattr(deploy, "COMPILE_REACH", 1e-9)  # nothing is ever in reach
+    m, x = mlp()
+    opt = graphopt.optimize(m, x, target="cpu", precision="fp32")
+    row = next(r for r in opt.deploy.candidates if r.artifact == "torch.compile")
+    assert row.error.startswith("not built:") and "fusion estimate" in row.error, row
+    assert opt.deploy.artifact != "torch.compile" and "torch.compile" not in opt.deployed_runners
+    with torch.no_grad():
+        ref = m(*x)
+    torch.testing.assert_close(torch.as_tensor(np.asarray(_first(opt.deployed()(*x)))), ref,
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_torch_compile_in_reach_is_built_checked_and_timed(monkeypatch, measured):
+    monkeypatch.setattr(deploy, "COMPILE_REACH", 1e9)  # always in reach
+    built: list[bool] = []
+    real = deploy._compile
+
+    def spy(opt):
+        built.append(True)
+        return real(opt)
+
+    monkeypatch.setattr(deploy, "_compile", spy)
+    m, x = mlp()
+    opt = graphopt.optimize(m, x, target="cpu", precision="fp32")
+    row = next(r for r in opt.deploy.candidates if r.artifact == "torch.compile")
+    assert built == [True]
+    if row.error is None:  # Inductor needs a C++ compiler; its failure is reported instead
+        assert row.within is True and row.seconds and row.seconds > 0
+
+
+def _first(out):
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+# --- an ONNX input: ONNX Runtime or OpenVINO, measured ------------------------------------
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+def test_an_onnx_input_measures_onnxruntime_against_openvino(measured, tmp_path: Path):
+    m, x = mlp()
+    path = tmp_path / "m.onnx"
+    onnx.save(export_torch(m, x).model, str(path))
+    before = path.read_bytes()
+    opt = graphopt.optimize(str(path), target="cpu")
+    d = opt.deploy
+    assert d.measured and d.original_s and d.original_s > 0
+    assert [r.artifact for r in d.candidates] == ["onnxruntime", "openvino"]
+    assert all(r.within is True and r.seconds and r.seconds > 0 for r in d.candidates), \
+        d.candidates
+    ov = d.candidates[1]
+    assert "OpenVINO" in ov.note and "cosine" in ov.note
+    assert "against the original model in a default ONNX Runtime session" in d.method
+    assert opt.onnx_run is None  # the original and the guard's data are not kept
+    with torch.no_grad():
+        ref = m(*x)
+    for runner in opt.deployed_runners.values():  # both candidates give the original's numbers
+        out = runner.session.run(None, {runner.session.get_inputs()[0].name: x[0].numpy()})
+        np.testing.assert_allclose(out[0], ref.numpy(), rtol=1e-4, atol=1e-5)
+    opt.save_deploy(tmp_path / "out")
+    loaded = graphopt.load(tmp_path / "out")
+    got = _first(loaded(x[0].numpy())) if d.artifact == "openvino" else \
+        loaded.run(None, {loaded.get_inputs()[0].name: x[0].numpy()})[0]
+    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
+    assert path.read_bytes() == before  # the user's file is never changed
+
+
+def test_an_onnx_input_without_openvino_says_why_and_deploys_onnxruntime(monkeypatch, measured,
+                                                                         tmp_path: Path):
+    from graphopt.backends.openvino import runner as ov_runner
+
+    def missing():
+        raise graphopt.GraphoptError("openvino is not installed",
+                                     "pip install openvino (or graphopt[cpu])")
+
+    monkeypatch.setattr(ov_runner, "_core", missing)
+    m, x = mlp()
+    path = tmp_path / "m.onnx"
+    onnx.save(export_torch(m, x).model, str(path))
+    opt = graphopt.optimize(str(path), target="cpu")
+    ov = next(r for r in opt.deploy.candidates if r.artifact == "openvino")
+    assert opt.deploy.artifact == "onnxruntime" and "openvino is not installed" in ov.error
