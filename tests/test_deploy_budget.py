@@ -21,14 +21,17 @@ import graphopt
 from graphopt.api import deploy
 from graphopt.api.deploy import NO_DEPLOY_MEASURE_ENV
 from graphopt.decisions.deploy.artifact import Artifact, ArtifactTiming
+from graphopt.files import progress as prog
 from graphopt.frontends.onnx_export import export_torch
 from graphopt.measure import deploy_runs
 from graphopt.measure.deploy_runs import ORIGINAL, ROUNDS, settled_rounds
+from tests import test_progress
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning",
                                         "ignore::DeprecationWarning")
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+terminal = test_progress.terminal  # the fixture: a terminal as graphopt's stderr
 
 
 def mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
@@ -180,3 +183,25 @@ def test_an_onnx_input_without_openvino_says_why_and_deploys_onnxruntime(monkeyp
     opt = graphopt.optimize(str(path), target="cpu")
     ov = next(r for r in opt.deploy.candidates if r.artifact == "openvino")
     assert opt.deploy.artifact == "onnxruntime" and "openvino is not installed" in ov.error
+
+
+# --- progress from the Python API ---------------------------------------------------------
+
+def test_the_deploy_steps_show_progress_on_a_terminal(monkeypatch, measured, terminal):
+    """``optimize`` from Python says which candidate it builds and that it times them (issue
+    35, item 4): the steps that took most of its time without a word."""
+    monkeypatch.setattr(prog, "DELAY_S", 0.0)
+    monkeypatch.setattr(deploy, "COMPILE_REACH", 1e-9)  # no compile: the test stays short
+    m, x = mlp()
+    graphopt.optimize(m, x, target="cpu", precision="fp32")
+    shown = terminal.getvalue()
+    assert "graphopt: building the onnxruntime candidate" in shown
+    assert "graphopt: timing" in shown and "candidate(s)" in shown
+    prog.set_quiet(True)
+    try:
+        terminal.seek(0)
+        terminal.truncate()
+        graphopt.optimize(m, x, target="cpu", precision="fp32")
+        assert terminal.getvalue() == ""  # quiet: nothing
+    finally:
+        prog.set_quiet(False)
