@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from graphopt._version import __version__
+from graphopt.api import compile_plans as _compile_plans
+from graphopt.api.compile_plans import last_plan
 from graphopt.api.planning import plan
 from graphopt.errors import GraphoptError
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.ir.plan import Decision, NodePlan, Plan, PlanSet
 
 __all__ = ["Decision", "GraphoptError", "HardwareProfile", "NodePlan", "Optimized", "Plan",
-           "PlanSet", "__version__", "calibrate", "load", "optimize", "ort_session", "plan",
-           "plan_llm", "profile"]
+           "PlanSet", "__version__", "calibrate", "last_plan", "load", "optimize", "ort_session",
+           "plan", "plan_llm", "profile"]
+
+# torch.compile(backend="graphopt"): named in dynamo's registry if torch loaded it already (a
+# dict entry, no import); otherwise torch finds the backend through its entry point
+_compile_plans.register_dynamo_backend()
 
 _LAZY = ("Optimized", "calibrate", "load", "optimize", "ort_session", "plan_llm", "profile")
 
