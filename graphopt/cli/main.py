@@ -16,6 +16,7 @@ from graphopt.cli.args import add_reports
 from graphopt.cli.terminal import SafeFormatter, SafeStream, terminal_safe
 from graphopt.errors import GraphoptError, UserCodeExit
 from graphopt.files.progress import set_quiet
+from graphopt.files.quiet import library_quiet, set_verbose
 
 __all__ = ["build_parser", "main"]
 
@@ -44,7 +45,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="graphopt", description="Plan and optimize ML models.")
     p.add_argument("--version", action="version", version=f"graphopt {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what each pass does")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log what each pass does, and show the libraries' own output "
+                   "(profiler, exporter, warnings), which graphopt otherwise drops")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress lines on stderr for long steps (tracing, export, save)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -62,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     set_quiet(args.quiet)
+    set_verbose(args.verbose)
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     """The command, with every way it can end turned into an exit status and a message."""
     try:
-        code = args.func(args)
+        with library_quiet(stderr=False):  # the known library warnings and logs, anywhere
+            code = args.func(args)
         sys.stdout.flush()
         return code
     except BrokenPipeError:

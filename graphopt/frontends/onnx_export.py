@@ -23,8 +23,8 @@ import contextlib
 import inspect
 import io
 import logging
-import os
 import re
+import sys
 import tempfile
 import time
 import warnings
@@ -40,6 +40,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from graphopt.errors import GraphoptError, first_line
+from graphopt.files.quiet import library_quiet, silenced_fds, verbose
 from graphopt.frontends.export_symbolics import dynamo_translations, lent_symbolics
 from graphopt.frontends.onnx_export_check import mismatch_all, stateless_run
 from graphopt.frontends.onnx_export_range import ExportRange, export_range
@@ -124,30 +125,19 @@ def torch_feeds(names: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """The exporters warn (deprecation) and print progress, and the TorchScript exporter's C++
-    side writes the whole graph to file descriptor 1 when it fails; graphopt logs instead."""
-    with (warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()),
-          contextlib.redirect_stderr(io.StringIO()), _silence_fds(1, 2)):
+    """The exporters warn (deprecations) and print progress (``[torch.onnx] ...``), and the
+    TorchScript exporter's C++ side writes the whole graph to file descriptor 1 when it fails;
+    graphopt logs instead. fd 1 is the report's: silenced. fd 2 goes through
+    :func:`library_quiet`'s filter, so graphopt's progress line shows. Verbose
+    (``files.quiet.verbose``): all of it shown, on stderr."""
+    if verbose():
+        with contextlib.redirect_stdout(sys.stderr), silenced_fds(1, to=2):
+            yield
+        return
+    with (library_quiet(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()),
+          contextlib.redirect_stderr(io.StringIO()), silenced_fds(1)):
         warnings.simplefilter("ignore")
         yield
-
-
-@contextlib.contextmanager
-def _silence_fds(*fds: int) -> Iterator[None]:
-    saved: list[tuple[int, int]] = []
-    with open(os.devnull, "w") as null:
-        try:
-            for fd in fds:
-                try:
-                    saved.append((fd, os.dup(fd)))
-                except OSError:  # that descriptor is not open (embedded interpreters)
-                    continue
-                os.dup2(null.fileno(), fd)
-            yield
-        finally:
-            for fd, copy in reversed(saved):
-                os.dup2(copy, fd)
-                os.close(copy)
 
 
 class _ExactCall(torch.nn.Module):

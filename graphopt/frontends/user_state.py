@@ -36,6 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.parameter import UninitializedTensorMixin
 
 from graphopt.errors import GraphoptError, first_line
+from graphopt.files.quiet import library_quiet
 
 __all__ = ["Snapshot", "clone_inputs", "private_copy", "reachable_tensors", "run_and_watch",
            "user_state_guard"]
@@ -190,7 +191,8 @@ def private_copy(obj: Any, *, share_parameters: bool = False) -> Any:
             elif not t.is_leaf:  # deepcopy refuses these; a leaf copies with its views
                 memo[id(t)] = t.detach().clone()
         try:
-            return copy.deepcopy(obj, memo)
+            with library_quiet(stderr=False):  # torch's copyreg FutureWarning on a pytree spec
+                return copy.deepcopy(obj, memo)
         except Exception as e:  # noqa: BLE001 - any object the model holds may refuse
             first = obj[0] if isinstance(obj, tuple) and obj else obj  # (model, inputs)
             raise GraphoptError(f"could not copy {type(first).__name__} with copy.deepcopy "

@@ -44,6 +44,7 @@ from typing import Any
 
 from graphopt.errors import GraphoptError
 from graphopt.files.progress import progress
+from graphopt.files.quiet import library_quiet
 from graphopt.hardware.detect import host_cpu_profile
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import is_profile_path, save_profile
@@ -258,7 +259,7 @@ def _fixed_costs(rounds: int, warmup: int = 5) -> dict[str, float]:
     for _ in range(warmup):
         for _, call in calls:
             call()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with library_quiet(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for r in range(rounds):
             order.shuffle(calls)
             for i, (op, call) in enumerate(calls):

@@ -26,7 +26,6 @@ import contextlib
 import logging
 import statistics
 import time
-import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +38,7 @@ from torch.utils import _pytree as pytree
 
 from graphopt.backends.torch.pipeline import strip_unused
 from graphopt.errors import GraphoptError, first_line
+from graphopt.files.quiet import library_quiet
 from graphopt.frontends.fx_convert import computes_nothing
 from graphopt.frontends.user_state import clone_inputs, private_copy, user_state_guard
 from graphopt.ir.graph import Graph
@@ -185,7 +185,7 @@ def _measure(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
             for _ in range(warmup):
                 _Named(gm).run(*flat)
             sync()
-            with torch.profiler.profile(activities=activities) as prof:
+            with library_quiet(), torch.profiler.profile(activities=activities) as prof:
                 for _ in range(runs):
                     _Named(gm).run(*flat)
                 sync()
@@ -231,8 +231,7 @@ def _emitted(graph: Graph, gm: fx.GraphModule, model: torch.nn.Module) -> Any:
     if not isinstance(graph.source_model, torch.export.ExportedProgram):
         return model
 
-    with warnings.catch_warnings():  # torch's own deprecation in copying a pytree spec
-        warnings.simplefilter("ignore", FutureWarning)
+    with library_quiet(stderr=False):  # torch's own deprecation in copying a pytree spec
         emitted = private_copy(gm)
     strip_unused(emitted)
     for node in list(emitted.graph.nodes):
