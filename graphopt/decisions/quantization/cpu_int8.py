@@ -35,6 +35,16 @@ faster than fp32 from 32x512x512 up (predicted 3.4-4.0x), 0.30x (torch) and 0.93
 (predicted 1.5-2.0x). The issue's measurement on an AVX2-only EPYC (2 threads): ORT
 ``quantize_dynamic`` 1.77x (BERT-base) and 1.95x (Llama) faster than fp32, torch FBGEMM
 dynamic 1.74x (BERT): INT8 pays without VNNI where the GEMMs are large.
+
+[MEASURED] Without VNNI (issue 34, item 2): ``benchmarks/bench_cpu_int8.py --part conv
+--threads 1`` on a 2-vCPU AMD EPYC with AVX2 + FMA only (ONNX Runtime 1.31, a machine shared
+with other jobs, A/A 0.6-1.8x): static ``QLinearConv`` 1.7-2.5x faster than fp32 on ResNet-50's
+3x3 convs, 1.1-1.3x on its 1x1 convs at 56x56 and 28x28 (batch 1) and 1.6-2.3x at 14x14 and
+7x7 (predicted 1.9-2.0x: the AVX2 u8s8 path's 2x fp32 peak), bottlenecks 0.86-3.75x; depthwise
+0.61-1.25x (predicted 0.8-1.5x), so the legality rule of case 1 holds there too; ConvInteger
+0.13-0.38x. Whole models (``benchmarks/bench_conv_int8.py``, 2 threads, QDQ of the dense convs
+as graphopt's pass writes them): ``examples/resnet_like.py`` 1.4-1.9x faster than ORT fp32 in
+ORT (every conv a ``QLinearConv``), and OpenVINO runs the same QDQ file in INT8 (every conv).
 """
 
 from __future__ import annotations
@@ -54,13 +64,14 @@ __all__ = ["CONV_INT8_MEASURED", "GROUPED_CONV_INT8_MEASURED", "MIN_GAIN", "Int8
 MIN_GAIN = 0.10  # case 2
 #: why convolutions never get dynamic INT8 on CPUs, and static QDQ convs are costed [MEASURED]
 CONV_INT8_MEASURED = ("dynamic INT8 convolutions (ONNX Runtime ConvInteger) measured 2.7-5x "
-                      "slower than fp32 at ResNet-50 sizes, static QDQ (QLinearConv) 1.7-4.0x "
-                      "faster (benchmarks/bench_cpu_int8.py)")
+                      "slower than fp32 at ResNet-50 sizes (2.6-7.7x on AVX2 without VNNI), "
+                      "static QDQ (QLinearConv) 1.7-4.0x faster (1.1-2.5x on AVX2) "
+                      "(benchmarks/bench_cpu_int8.py)")
 #: why grouped and depthwise convolutions stay float on CPUs [MEASURED]
 GROUPED_CONV_INT8_MEASURED = ("a grouped/depthwise conv has few input channels per group for the "
                               "int8 dot products to sum over; measured: static QLinearConv "
-                              "0.65-1.18x, dynamic ConvInteger 0.03-0.11x the fp32 speed on "
-                              "depthwise convs (benchmarks/bench_cpu_int8.py)")
+                              "0.65-1.18x (0.61-1.25x on AVX2), dynamic ConvInteger 0.03-0.11x "
+                              "the fp32 speed on depthwise convs (benchmarks/bench_cpu_int8.py)")
 _CLASSES = frozenset({KernelClass.GEMM, KernelClass.GEMV, KernelClass.CONV})
 
 
