@@ -69,9 +69,10 @@ def test_a_slow_model_is_timed_once_per_round_and_the_original_in_the_first_roun
                for r in got.rows)
 
 
-def test_an_unsettled_choice_stops_at_the_time_limit():
-    """Two candidates of the same speed never separate: rounds stop at ``max_s`` (a batch of
-    rounds may finish past it), not at the round limit."""
+def test_an_unsettled_choice_stops_at_the_time_limit(monkeypatch):
+    """A choice that never settles (pinned: real timings settle at random) stops at ``max_s``
+    (a batch of rounds may finish past it), not at the round limit."""
+    monkeypatch.setattr(deploy_runs, "unsettled", lambda rows: True)
     counts: dict[str, int] = {}
     calls = {"torch": sleeper(0.005, counts, "torch"),
              "onnxruntime": sleeper(0.005, counts, "onnxruntime")}
