@@ -10,9 +10,11 @@ here swing by 15%; the ratios within a round far less.
 Why a budget (issue 34, item 3: ``optimize`` within 20 s): rounds of a fixed 0.15 s per
 candidate took 14 s of BERT's 34 s. Now the first :data:`ROUNDS` rounds are fitted into
 :data:`TIMING_BUDGET_S` from one probe call per candidate (a slow model gets fewer calls per
-round, never fewer rounds), and more rounds follow only while a choice is unsettled, up to
-:data:`MAX_ROUNDS` and :data:`MAX_TIMING_S`. The user's original model is timed in the first
-rounds only: it is the report's point of comparison, never a choice.
+round, never fewer rounds), and more rounds follow only while the choice could still change
+(``decisions/deploy/artifact.unsettled``: a tie between two losers does not count), up to
+:data:`MAX_ROUNDS`, and only where the next batch would end within :data:`MAX_TIMING_S`. The
+user's original model is timed in the first rounds only: it is the report's point of
+comparison, never a choice.
 """
 
 from __future__ import annotations
@@ -90,15 +92,18 @@ def settled_rounds(calls: Mapping[str, Callable[[], Any]], rows: Mapping[str, Ar
     per_round: dict[str, list[float]] = {name: [] for name in calls}
     active = dict(calls)
     while True:
+        batch_start = time.perf_counter()
         for name, times in interleaved_rounds(active, rounds=ROUNDS, budget_s=each,
                                               min_runs=runs).items():
             per_round[name] += times
         active.pop(ORIGINAL, None)  # the report's point of comparison: the first rounds do
         timed = tuple(replace(r, seconds=min(per_round[a]), rounds=tuple(per_round[a]))
                       if per_round.get(a) else r for a, r in rows.items())
-        spent = time.perf_counter() - start
+        now = time.perf_counter()
+        spent, batch = now - start, now - batch_start
         done = max(len(t) for t in per_round.values())
-        if done >= max_rounds or spent >= max_s or not unsettled(timed):
+        # another batch only where it would end within max_s (it costs about as much again)
+        if done >= max_rounds or spent + batch > max_s or not unsettled(timed):
             return Settled(per_round, timed, spent, runs)
 
 

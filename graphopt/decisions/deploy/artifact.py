@@ -87,10 +87,22 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
 
 
 def unsettled(rows: tuple[ArtifactTiming, ...]) -> bool:
-    """Whether a choice :func:`pick_measured` makes from ``rows`` rests on an interval that
-    straddles the margin (more rounds would narrow it): the caller times more rounds."""
+    """Whether the choice :func:`pick_measured` makes from ``rows`` could change with more
+    rounds: unless the pick's speedup interval clears the margin over every simpler candidate
+    and no less simple one could clear it over the pick. A tie between two candidates that
+    both lose to the pick does not matter (timing them on would only cost time)."""
     usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
-    return any(low <= 1 + MEASURED_MARGIN < high for _, _, (low, high) in _challenges(usable))
+    if len(usable) < 2:
+        return False
+    pick = usable[0]
+    for _, challenger, interval in _challenges(usable):
+        if clears(interval, MEASURED_MARGIN):
+            pick = challenger
+    at = usable.index(pick)
+    return not (all(clears(_interval(simpler, pick), MEASURED_MARGIN)
+                    for simpler in usable[:at])
+                and all(_interval(pick, other)[1] <= 1 + MEASURED_MARGIN
+                        for other in usable[at + 1:]))
 
 
 def _challenges(usable: list[ArtifactTiming]
