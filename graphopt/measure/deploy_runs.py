@@ -87,8 +87,10 @@ def settled_rounds(calls: Mapping[str, Callable[[], Any]], rows: Mapping[str, Ar
     start = time.perf_counter()
     probe = max(_once(call) for call in calls.values())  # also each one's first warm-up
     each = min(_BUDGET_S, max(_MIN_BUDGET_S, budget_s / (ROUNDS * len(calls))))
-    # a call longer than its share of the round is timed once after its warm-up
+    # a call longer than its share of the round is timed once after its warm-up, whatever
+    # the share (best_time would go on while its budget lasts)
     runs = _MIN_RUNS if probe * _MIN_RUNS <= each else 1
+    each = each if runs > 1 else 0.0
     per_round: dict[str, list[float]] = {name: [] for name in calls}
     active = dict(calls)
     while True:
