@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 OUT := out
+# pip's own notices (running as root, a newer pip) are not graphopt's lines: `make demo` prints
+# graphopt's only
+PIP := PIP_ROOT_USER_ACTION=ignore $(PY) -m pip --disable-pip-version-check
 
 .PHONY: setup demo test test-quick readme-check lint bench gpu clean
 
@@ -10,8 +13,8 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PIP) install -qq --upgrade pip
+	$(PIP) install -qq -c constraints.txt -e ".[dev]"
 	touch $@
 
 demo: setup
