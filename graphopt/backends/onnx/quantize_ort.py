@@ -119,21 +119,62 @@ def _own_constants(model: onnx.ModelProto, nodes: Iterable[str]) -> onnx.ModelPr
     return model
 
 
+#: an initializer at least this large that no quantized node reads is set aside during the
+#: dynamic quantizer (:func:`_set_aside`)
+_ASIDE_BYTES = 1 << 20
+
+
+def _set_aside(model: onnx.ModelProto, nodes: Iterable[str]
+               ) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """A copy of ``model`` whose large initializers that none of ``nodes`` reads are graph
+    inputs of the same type and shape, and those initializers by name. Why: ORT's dynamic
+    quantizer saves and reloads the whole model with shape inference (twice) and copies it;
+    on GPT-2 4L the 154 MB token embedding, which it never quantizes, made each call 3-8 s.
+    Its shape as an input is all the quantizer needs; :func:`_put_back` restores the data."""
+    out = _copy(model)
+    g = out.graph
+    chosen = set(nodes)
+    read = {i for n in g.node if n.name in chosen for i in n.input}
+    inputs = {i.name for i in g.input}
+    aside = {t.name: t for t in g.initializer if t.name not in read and t.name not in inputs
+             and not t.external_data and len(t.raw_data) >= _ASIDE_BYTES}
+    if aside:
+        kept = [t for t in g.initializer if t.name not in aside]
+        del g.initializer[:]
+        g.initializer.extend(kept)
+        g.input.extend(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+                       for name, t in aside.items())
+    return out, aside
+
+
+def _put_back(model: onnx.ModelProto, aside: dict[str, onnx.TensorProto]) -> onnx.ModelProto:
+    """``model`` with the initializers :func:`_set_aside` took out back in place of their
+    stand-in inputs (the same bytes)."""
+    if aside:
+        g = model.graph
+        kept = [i for i in g.input if i.name not in aside]
+        del g.input[:]
+        g.input.extend(kept)
+        g.initializer.extend(aside.values())
+    return model
+
+
 def ort_dynamic_int8(model: onnx.ModelProto, nodes: list[str], *, reduce_range: bool
                      ) -> onnx.ModelProto:
     """Dynamic INT8 MatMuls: weights int8 per channel, activations uint8 per call."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     assert nodes, "an empty node list would quantize every node"
+    light, aside = _set_aside(model, nodes)
     with tempfile.TemporaryDirectory(prefix="graphopt-q-") as d:
         path = Path(d) / "dynamic.onnx"
         with library_quiet(stderr=False):  # its "consider pre-processing" log, twice
-            quantize_dynamic(_copy(model), path, op_types_to_quantize=["MatMul"],
+            quantize_dynamic(light, path, op_types_to_quantize=["MatMul"],
                              nodes_to_quantize=list(nodes), per_channel=True,
                              reduce_range=reduce_range, weight_type=QuantType.QInt8,
-                             use_external_data_format=_large(model),
+                             use_external_data_format=_large(light),
                              extra_options={"MatMulConstBOnly": True})
-        return _load(path)
+        return _put_back(_load(path), aside)
 
 
 def ort_static_qdq(model: onnx.ModelProto, nodes: list[str], op_types: list[str],
