@@ -47,9 +47,9 @@ from graphopt.api.compile_plans import (
     record_graph,
     register_dynamo_backend,
 )
+from graphopt.api.deploy import relaxed
 from graphopt.api.optimized import Optimized, optimize
 from graphopt.backends.torch.verify import compare_outputs
-from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError, first_line
 from graphopt.hardware.detect import detected_gpu_profiles
 from graphopt.hardware.profile import HardwareProfile
@@ -65,9 +65,6 @@ RUNTIMES = ("inductor", "eager", "deploy")
 #: the keys ``options`` takes: graphopt.optimize's own, the runtime, and Inductor's config
 OPTIONS = ("target", "precision", "pad", "layout", "quantize", "tolerance", "measure",
            "runtime", "inductor")
-#: a compiler's float reordering: the handoff check allows at least this much of an output's
-#: scale whatever graphopt's own budget (as the deploy check does, ``api/deploy.py``)
-_REORDER_REL = 1e-4
 _TORCH_DIR = str(Path(torch.__file__).parent)
 _OWN_DIR = str(Path(__file__).parents[1])
 _STDLIB = sysconfig.get_paths()["stdlib"]
@@ -304,10 +301,7 @@ def _check(reference: Any, outputs: Any, opt: Optimized, runtime: str) -> None:
     """The handed-off graph's outputs against dynamo's graph's, within graphopt's stated
     tolerance (at least a compiler's reordering): a handoff that breaks numbers raises, and
     the graph falls back to Inductor as it was."""
-    budget = opt.info.tolerance
-    tol = Tolerance(max(float(budget.rel_to_scale), _REORDER_REL),
-                    min(float(budget.min_cosine), 0.9999))
-    result = compare_outputs(tuple(reference), tuple(outputs), tol)
+    result = compare_outputs(tuple(reference), tuple(outputs), relaxed(opt.info.tolerance))
     if not all(c.within for c in result):
         raise GraphoptError(f"graphopt's graph in {runtime} left the tolerance: "
                             + "; ".join(c.describe() for c in result if not c.within))

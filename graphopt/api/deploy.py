@@ -49,7 +49,7 @@ from graphopt.hardware.registry import is_this_machine
 from graphopt.ir.plan_run import ToleranceBudget
 from graphopt.measure.deploy_runs import MAX_TIMING_S, ORIGINAL, Settled, settled_rounds
 
-__all__ = ["NO_DEPLOY_MEASURE_ENV", "Deployed", "choose_deploy", "deployed"]
+__all__ = ["NO_DEPLOY_MEASURE_ENV", "Deployed", "choose_deploy", "deployed", "relaxed"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,8 @@ def choose_deploy(opt: Any) -> DeployChoice:
     return _measure(opt) if torch_model else _measure_onnx(opt)
 
 
-def _relaxed(tol: ToleranceBudget) -> Tolerance:
+def relaxed(tol: ToleranceBudget) -> Tolerance:
+    """``tol`` with at least a compiler's or exporter's own float reordering allowed."""
     return Tolerance(max(float(tol.rel_to_scale), _REORDER_REL),
                      min(float(tol.min_cosine), 0.9999))
 
@@ -308,7 +309,7 @@ def _compiled(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance
         compiled(*args)
     return (Deployed("torch.compile", compiled),
             f"mode {mode}, compiled in {time.perf_counter() - start:.1f} s",
-            _relaxed(opt.info.tolerance))
+            relaxed(opt.info.tolerance))
 
 
 def _compile(opt: Any) -> tuple[Any, str]:
@@ -327,7 +328,7 @@ def _session(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance]
     onnx_info = _checked_onnx(opt)
     applied = ", ".join(onnx_info.passes_applied) or "none"
     return (runner, f"exported and optimized in {time.perf_counter() - start:.1f} s "
-                    f"(passes: {applied})", _relaxed(onnx_info.tolerance))
+                    f"(passes: {applied})", relaxed(onnx_info.tolerance))
 
 
 def _checked_onnx(opt: Any) -> Any:
@@ -347,7 +348,7 @@ def _openvino(opt: Any, args: tuple[Any, ...]) -> tuple[Deployed, str, Tolerance
     runner = _ov_runner(opt)
     onnx_info = _checked_onnx(opt)
     model = runner.session
-    tol = _relaxed(onnx_info.tolerance)
+    tol = relaxed(onnx_info.tolerance)
     note = (f"OpenVINO {openvino_version()} on the optimized ONNX model, {model.precision} "
             f"inference precision, compiled in {time.perf_counter() - start:.2f} s")
     if model.precision == "bf16":
