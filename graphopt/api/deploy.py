@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,7 @@ from graphopt.errors import GraphoptError, first_line
 from graphopt.files.progress import progress
 from graphopt.hardware.registry import is_this_machine
 from graphopt.ir.plan_run import ToleranceBudget
-from graphopt.measure.deploy_runs import MAX_TIMING_S, ORIGINAL, Settled, settled_rounds
+from graphopt.measure.deploy_runs import MAX_TIMING_S, ORIGINAL, settled_rounds
 
 __all__ = ["NO_DEPLOY_MEASURE_ENV", "Deployed", "choose_deploy", "deployed", "relaxed"]
 
@@ -143,9 +143,14 @@ def _check(reference: Any, outputs: Any, tol: Tolerance) -> tuple[bool, str]:
 
     ref = [t for t in pytree.tree_leaves(reference) if isinstance(t, torch.Tensor)]
     out = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
-    result = compare_outputs(ref, out, tol)
-    worst = max(result, key=lambda c: c.max_abs / max(c.scale, 1e-30))
-    return all(c.within for c in result), worst.describe()
+    return _verdict(compare_outputs(ref, out, tol))
+
+
+def _verdict(errors: Sequence[Any]) -> tuple[bool, str]:
+    """(every output within, the worst one's numbers) of per-output comparisons (torch's
+    ``verify`` or ONNX's ``numerics``: both give ``within``, ``max_abs``, ``scale``)."""
+    worst = max(errors, key=lambda e: e.max_abs / max(e.scale, 1e-30))
+    return all(e.within for e in errors), worst.describe()
 
 
 #: torch.compile is built only where it could win: where the torch module's measured time
@@ -192,21 +197,26 @@ def _measure(opt: Any) -> DeployChoice:
         else:
             _candidate(Artifact.TORCH_COMPILE, lambda: _compiled(opt, args), check, rows,
                        runners, calls, call_of)
-        with torch.inference_mode(), progress(f"timing {len(calls) - 1} candidate(s)"):
-            settled = settled_rounds(calls, {a: rows[a] for a in ARTIFACTS if a in rows})
+        with torch.inference_mode():
+            return _timed_choice(opt, calls, rows, runners, "",
+                                 f", torch {torch.get_num_threads()} thread(s)")
+
+
+def _timed_choice(opt: Any, calls: dict[str, Callable[[], Any]],
+                  rows: dict[str, ArtifactTiming], runners: dict[str, Deployed], against: str,
+                  tail: str) -> DeployChoice:
+    """Time the checked candidates (``measure/deploy_runs``), keep their runners, and pick."""
+    with progress(f"timing {len(calls) - 1} candidate(s)"):
+        settled = settled_rounds(calls, {a: rows[a] for a in ARTIFACTS if a in rows})
     opt.deployed_runners = runners
     method = (f"{settled.rounds} interleaved rounds in {settled.seconds:.1f} s on "
-              f"{opt.plan.target.display_name} (best of each, paired: a 95% interval per "
-              f"choice), torch {torch.get_num_threads()} thread(s)")
-    return pick_measured(settled.rows, _busy(method, settled), settled.original_s)
-
-
-def _busy(method: str, settled: Settled) -> str:
+              f"{opt.plan.target.display_name}{against} (best of each, paired: a 95% interval "
+              f"per choice){tail}")
     if unsettled(settled.rows):
         method += ("; the machine is too busy to separate the candidates in "
                    f"{settled.rounds} rounds ({MAX_TIMING_S:g} s at most): the simpler "
                    "artifact stays")
-    return method
+    return pick_measured(settled.rows, method, settled.original_s)
 
 
 def _candidate(artifact: str, build: Callable[[], tuple[Deployed, str, Tolerance]],
@@ -272,21 +282,13 @@ def _measure_onnx(opt: Any) -> DeployChoice:
 
     def check(runner: Deployed, tol: Tolerance) -> tuple[bool, str]:
         got = [runner.session.run(None, f) for f in feeds]
-        errors = compare(reference, got, names, tol)
-        worst = max(errors, key=lambda e: e.max_abs / max(e.scale, 1e-30))
-        return all(e.within for e in errors), worst.describe()
+        return _verdict(compare(reference, got, names, tol))
 
     # both runtimes are timed on the first of the guard's inputs
     _candidate(Artifact.OPENVINO, lambda: _openvino(opt, ()), check, rows, runners, calls,
                lambda runner: _call(runner, (), first))
-    with progress(f"timing {len(calls) - 1} candidate(s)"):
-        settled = settled_rounds(calls, {a: rows[a] for a in ARTIFACTS if a in rows})
-    opt.deployed_runners = runners
-    method = (f"{settled.rounds} interleaved rounds in {settled.seconds:.1f} s on "
-              f"{opt.plan.target.display_name} against the original model in a default ONNX "
-              "Runtime session (best of each, paired: a 95% interval per choice), on the "
-              "first of the guard's inputs")
-    return pick_measured(settled.rows, _busy(method, settled), settled.original_s)
+    return _timed_choice(opt, calls, rows, runners, " against the original model in a default "
+                         "ONNX Runtime session", ", on the first of the guard's inputs")
 
 
 def _call(runner: Deployed, args: tuple[Any, ...],
