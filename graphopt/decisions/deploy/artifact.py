@@ -60,7 +60,7 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
     """Case 2: the simplest usable candidate (:data:`ARTIFACTS` order), replaced by a less
     simple one only when the 95% interval of its speedup over the current choice clears
     :data:`MEASURED_MARGIN` (``decisions/confidence``); a tie keeps the simpler artifact."""
-    usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
+    usable = _usable(rows)
     if not usable:  # the report shows each one's failure; the torch module stays the answer
         why = ("no candidate ran within tolerance: " + "; ".join(
             f"{r.artifact} ({r.error or r.note})" for r in rows) + "; the torch module, as "
@@ -86,12 +86,17 @@ def pick_measured(rows: tuple[ArtifactTiming, ...], method: str,
     return DeployChoice.of(best.artifact, True, why, rows, method, original_s)
 
 
+def _usable(rows: tuple[ArtifactTiming, ...]) -> list[ArtifactTiming]:
+    """The candidates that ran within tolerance, simplest first (:data:`ARTIFACTS` order)."""
+    return sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
+
+
 def unsettled(rows: tuple[ArtifactTiming, ...]) -> bool:
     """Whether the choice :func:`pick_measured` makes from ``rows`` could change with more
     rounds: unless the pick's speedup interval clears the margin over every simpler candidate
     and no less simple one could clear it over the pick. A tie between two candidates that
     both lose to the pick does not matter (timing them on would only cost time)."""
-    usable = sorted((r for r in rows if r.usable), key=lambda r: ARTIFACTS.index(r.artifact))
+    usable = _usable(rows)
     if len(usable) < 2:
         return False
     pick = usable[0]
