@@ -108,13 +108,15 @@ def _numpy(value: Any) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else value.detach().cpu().numpy()
 
 
-def choose_deploy(opt: Any) -> DeployChoice:
-    """Measured on this machine's CPU when ``measure`` is on, else predicted (module doc)."""
+def choose_deploy(opt: Any, onnx_run: Any = None) -> DeployChoice:
+    """Measured on this machine's CPU when ``measure`` is on, else predicted (module doc);
+    ``onnx_run``: an ONNX input's ``OnnxResult`` (the guard's feeds, the original's outputs on
+    them, the original model), which its measurement checks and times on."""
     target = opt.plan.target
     torch_model = opt.module is not None
     options = opt.source_options
     why = None
-    if not torch_model and opt.onnx_run is None:
+    if not torch_model and onnx_run is None:
         why = "an ONNX model given as a plan result: nothing to compare its session with"
     elif not is_this_machine(target):
         why = (f"the target ({target.display_name}) is not this machine's CPU: a timing here "
@@ -125,7 +127,7 @@ def choose_deploy(opt: Any) -> DeployChoice:
         why = f"{NO_DEPLOY_MEASURE_ENV} is set"
     if why is not None:
         return predict_deploy(opt.plan, torch_model=torch_model, not_measured=why)
-    return _measure(opt) if torch_model else _measure_onnx(opt)
+    return _measure(opt) if torch_model else _measure_onnx(opt, onnx_run)
 
 
 def relaxed(tol: ToleranceBudget) -> Tolerance:
@@ -262,11 +264,10 @@ def _compile_out_of_reach(opt: Any, calls: dict[str, Callable[[], Any]]) -> str 
             f"{best_s * 1e3:.3g} ms (best of two calls each, after a warm-up)")
 
 
-def _measure_onnx(opt: Any) -> DeployChoice:
+def _measure_onnx(opt: Any, run: Any) -> DeployChoice:
     """Case 2 for an ONNX input: its optimized model in ONNX Runtime (the guard checked it)
     against OpenVINO compiling that model, checked on the guard's inputs against the original's
     outputs, both timed beside the original file in a default ONNX Runtime session."""
-    run = opt.onnx_run
     feeds, reference = list(run.feeds), [list(r) for r in run.reference]
     names = [o.name for o in run.original.graph.output]
     info = opt.info

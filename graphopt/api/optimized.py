@@ -88,10 +88,8 @@ class Optimized:
         self.deploy: DeployChoice | None = None
         #: artifact -> ``graphopt.api.deploy.Deployed`` built while measuring (reused)
         self.deployed_runners: dict[str, Any] = {}
-        #: an ONNX input's options, and its guard run (``OnnxResult``: feeds, the original's
-        #: outputs on them, the original model) while the deploy choice checks and times
+        #: an ONNX input's options (a torch input's are in :attr:`torch_source`)
         self.onnx_options: Options | None = None
-        self.onnx_run: Any = None
 
     @property
     def source_model(self) -> Any:
@@ -317,15 +315,15 @@ def _optimize_onnx_model(model: Any, target: str | HardwareProfile, options: Any
     result = Optimized(None, done.plan, (), done.report, onnx_model=done.model,
                        session=done.session,
                        onnx_path=model if isinstance(model, (str, os.PathLike)) else None)
-    result.onnx_options, result.onnx_run = options, done
-    _with_deploy(result)
-    result.onnx_run = None  # the original model and the guard's data: not kept past the choice
-    return result
+    result.onnx_options = options
+    # the guard's run (its feeds, the original's outputs, the original model) serves the
+    # deploy choice only: not kept on the result
+    return _with_deploy(result, done)
 
 
-def _with_deploy(result: Optimized) -> Optimized:
+def _with_deploy(result: Optimized, onnx_run: Any = None) -> Optimized:
     """The deploy choice (``api/deploy.py``), on the result and in its report."""
-    result.deploy = choose_deploy(result)
+    result.deploy = choose_deploy(result, onnx_run)
     result.plan = replace(result.plan, deploy=result.deploy)
     return result
 

@@ -35,7 +35,7 @@ ROUNDS = 7  # paired rounds: enough for a 95% interval (decisions/confidence)
 MAX_ROUNDS = 28
 #: the first ROUNDS rounds of every candidate together aim at this many seconds
 TIMING_BUDGET_S = 3.0
-#: more rounds (an unsettled choice) stop once the timing has spent this long
+#: more rounds (an unsettled choice) only in batches that end within this many seconds
 MAX_TIMING_S = 8.0
 #: the key of the user's original model among the calls (timed in the first rounds only)
 ORIGINAL = "original"
