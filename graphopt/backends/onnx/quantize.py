@@ -1,5 +1,6 @@
 """ONNX quantization: INT8 (dynamic or static QDQ), FP8 QDQ and 4-bit MatMulNBits, applied by
-``onnxruntime.quantization`` to the nodes graphopt's decisions pick.
+``onnxruntime.quantization`` to the nodes graphopt's decisions pick (dynamic INT8 MatMuls: the
+same graph written by graphopt, :mod:`.int8_matmul`, which is faster).
 
 Identity (approximate, hence the accuracy guard, :mod:`graphopt.backends.onnx.guard`):
 ``x @ W ~= (s_x * q_x) @ (s_w * q_w)`` with ``q = round(v / s) (+ zero point)`` saturated to the
@@ -61,6 +62,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphopt.backends.onnx.context import OnnxContext
+from graphopt.backends.onnx.int8_matmul import MIN_OPSET, dynamic_int8_matmuls
 from graphopt.backends.onnx.ort_runner import topological
 from graphopt.backends.onnx.quantize_ort import (
     FP8_CPU_GRAPH_OPTIMIZATION,
@@ -127,6 +129,10 @@ def _blocked(mode: str, node: onnx.NodeProto, w: onnx.TensorProto | None,
         if why is not None:
             return f"onnxruntime's dynamic quantizer has no Gemm, and {why}"
     return method_blocked(mode, op, ctx.target)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, object]:
@@ -204,6 +210,8 @@ def _select(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozen
             m, why = mode, f"quantize={mode!r} requested (plan: {fmt}, {plan_why})"
         w = weights.get(node.input[1]) if len(node.input) > 1 else None
         blocked = _blocked(m, node, w, ctx)
+        if blocked is None and m == "int8_dynamic" and node.input[0] in weights:
+            blocked = "input A is a constant too (dynamic INT8 quantizes an activation per call)"
         if blocked is None and node.name in exclude:
             blocked = "excluded (exclusion set: the accuracy guard keeps it in float)"
         if blocked is not None:
@@ -222,7 +230,7 @@ def _still_float(model: onnx.ModelProto) -> set[str]:
 
 def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
            ) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """Run the ORT quantizers (4-bit first, then QDQ, then dynamic); failures -> reasons."""
+    """Run the quantizers (4-bit first, then QDQ, then dynamic); failures -> reasons."""
     out, failed = model, {}
     by_mode: dict[str, list[str]] = {}
     for name, p in picks.items():
@@ -240,7 +248,8 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
             if mode == "int8_dynamic":
                 gemms = {n for n in nodes if ops[n] == "Gemm"}
                 out = _gemms_as_matmuls(out, gemms) if gemms else out
-                out = ort_dynamic_int8(out, nodes, reduce_range=scheme.reduce_range)
+                dynamic = dynamic_int8_matmuls if _opset(out) >= MIN_OPSET else ort_dynamic_int8
+                out = dynamic(out, nodes, reduce_range=scheme.reduce_range)
             else:
                 assert ctx.calibration
                 out = ort_static_qdq(out, nodes, sorted({ops[n] for n in nodes}),
@@ -249,7 +258,7 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
                                      reduce_range=scheme.reduce_range)
         except Exception as exc:  # ORT's quantizers raise many types: report, do not crash
             logger.warning("quantize %s failed: %s", mode, exc)
-            failed.update({n: f"onnxruntime.quantization failed: {type(exc).__name__}: "
+            failed.update({n: f"the {mode} quantizer failed: {type(exc).__name__}: "
                               f"{str(exc)[:200]}" for n in nodes})
     return out, failed
 
@@ -262,7 +271,7 @@ def _run(model: onnx.ModelProto, ctx: OnnxContext, mode: str, exclude: frozenset
     left = _still_float(out) if picks else set()
     done: dict[str, list[str]] = {}
     for name, p in picks.items():
-        why = failed.get(name) or ("onnxruntime's quantizer left it unchanged"
+        why = failed.get(name) or ("the quantizer left it unchanged"
                                    if name in left else None)
         if why is not None:
             skipped[name] = (_FORMAT[p.mode], why)

@@ -1,0 +1,170 @@
+"""Dynamic INT8 MatMuls written by graphopt: the graph ONNX Runtime's ``quantize_dynamic``
+writes, node for node and byte for byte, without its per-channel Python loop.
+
+Why not call ORT's quantizer (:func:`.quantize_ort.ort_dynamic_int8`, still the reference and
+the path for opset < 11): it quantizes each weight column in a Python call of its own (50,000
+calls, 3.5 s on GPT-2 4L) and saves and reloads the model with shape inference, and the
+accuracy guard calls it again for every fallback round. Here each weight is quantized in a few
+numpy operations. ``tests/test_int8_matmul.py`` checks the result against ORT's: the same
+nodes, names and initializer bytes, and the same outputs.
+
+What ORT writes (onnxruntime 1.31, ``IntegerOps`` mode, ``per_channel=True``, int8 symmetric
+weights, ``MatMulConstBOnly``), for ``y = MatMul(x, W)`` named ``mm``:
+
+* ``x_quantized, x_scale, x_zero_point = DynamicQuantizeLinear(x)`` (``x_QuantizeLinear``),
+  once per activation however many MatMuls read it;
+* ``W_quantized`` (int8), ``W_scale`` (fp32) and ``W_zero_point`` (int8 zeros), one value per
+  output column, once per weight; the fp32 ``W`` goes when nothing else reads it. Per column:
+  ``absmax = max(|min(w, 0)|, max(w, 0))``, ``scale = fp32(2 * absmax / (qmax - qmin))`` in
+  float64, with ``(qmin, qmax) = (-64, 64)`` under ``reduce_range`` else ``(-127, 127)``; a
+  scale below fp32's ``tiny`` becomes 1. ``q = clip(round(w / scale), -128, 127)``;
+* ``mm_quant_scales_mul`` = ``x_scale * W_scale``, ``mm_quant`` = MatMulInteger, a ``Cast``
+  to fp32 and ``mm_quant_output_scale_mul``, which writes ``y``.
+
+ONNX Runtime fuses that pattern into ``DynamicQuantizeMatMul`` when it loads the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = ["MIN_OPSET", "WIDE_SUFFIX", "dynamic_int8_matmuls", "quantized_weight", "wide_weight"]
+
+#: DynamicQuantizeLinear and MatMulInteger are opset 10-11 ops; below, ORT's quantizer
+#: relabels the model's opset, which graphopt leaves to ORT
+MIN_OPSET = 11
+#: the U8U8 copy of a weight is named ``<weight>_u8_quantized`` (and ``_scale``,
+#: ``_zero_point``), so one weight can have both copies
+WIDE_SUFFIX = "_u8"
+
+
+def quantized_weight(w: np.ndarray, reduce_range: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 weights, fp32 scale per column) of a 2-D fp32 ``w``, as ORT computes them."""
+    qmin, qmax = (-64, 64) if reduce_range else (-127, 127)
+    w = np.asarray(w, dtype=np.float32)
+    absmax = np.maximum(np.abs(np.minimum(w.min(axis=0), 0)), np.maximum(w.max(axis=0), 0))
+    scale64 = 2.0 * absmax.astype(np.float64) / float(qmax - qmin)
+    tiny = scale64 < np.finfo(np.float32).tiny
+    scale = np.where(tiny, 1.0, scale64).astype(np.float32)
+    q = np.round(w / scale)
+    np.clip(q, -128, 127, out=q)
+    return q.astype(np.int8), scale
+
+
+def wide_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(uint8 weights, fp32 scale, uint8 zero point per column) of a 2-D fp32 ``w``: ORT's
+    asymmetric per-channel ``QUInt8`` weights (full range, 256 levels)."""
+    w = np.asarray(w, dtype=np.float32)
+    rmin = np.minimum(w.min(axis=0), 0).astype(np.float64)
+    rmax = np.maximum(w.max(axis=0), 0).astype(np.float64)
+    scale64 = (rmax - rmin) / 255.0
+    tiny = scale64 < np.finfo(np.float32).tiny
+    safe = np.where(tiny, 1.0, scale64)
+    zero = np.where(tiny, 0.0, np.round(-rmin / safe)).astype(np.uint8)
+    scale = safe.astype(np.float32)
+    q = np.round(w / scale) + zero
+    np.clip(q, 0, 255, out=q)
+    return q.astype(np.uint8), scale, zero
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _quantize_weight(name: str, w: onnx.TensorProto, reduce_range: bool, wide: bool
+                     ) -> list[onnx.TensorProto]:
+    if wide:
+        q, scale, zero = wide_weight(numpy_helper.to_array(w))
+    else:
+        q, scale = quantized_weight(numpy_helper.to_array(w), reduce_range)
+        zero = np.zeros(scale.shape, np.int8)
+    return [numpy_helper.from_array(scale, f"{name}_scale"),
+            numpy_helper.from_array(zero, f"{name}_zero_point"),
+            numpy_helper.from_array(q, f"{name}_quantized")]
+
+
+def _matmul_nodes(node: onnx.NodeProto, x: str, w: str) -> list[onnx.NodeProto]:
+    """MatMulInteger, Cast and the two Muls standing for ``node`` (names as ORT gives them;
+    ``w`` the quantized weight's base name)."""
+    out = node.output[0]
+    quant = f"{node.name}_quant" if node.name else ""
+    scales = f"{quant}_scales_mul" if quant else f"{x}_scale_{w}_scale_mul"
+    integer = f"{out}_output_quantized"
+    return [
+        helper.make_node("Mul", [f"{x}_scale", f"{w}_scale"], [f"{scales}:0"], scales),
+        helper.make_node("MatMulInteger", [f"{x}_quantized", f"{w}_quantized",
+                                           f"{x}_zero_point", f"{w}_zero_point"],
+                         [integer], quant),
+        helper.make_node("Cast", [integer], [f"{integer}_cast_output"], f"{integer}_cast",
+                         to=onnx.TensorProto.FLOAT),
+        helper.make_node("Mul", [f"{integer}_cast_output", f"{scales}:0"], [out],
+                         f"{quant}_output_scale_mul" if quant else ""),
+    ]
+
+
+def dynamic_int8_matmuls(model: onnx.ModelProto, nodes: Iterable[str], *,
+                         reduce_range: bool, wide: Iterable[str] = ()) -> onnx.ModelProto:
+    """A copy of ``model`` with each MatMul in ``nodes`` (top-level, fp32 2-D initializer
+    weight, activation not an initializer: what :mod:`.quantize` picks) quantized as ORT's
+    dynamic quantizer does (module docstring). Those also in ``wide`` get ORT's ``QUInt8``
+    weights instead (U8U8: :data:`WIDE_SUFFIX` on the weight's names; exact where int8
+    weights need ``reduce_range``)."""
+    if _opset(model) < MIN_OPSET:
+        raise ValueError(f"opset {_opset(model)} < {MIN_OPSET}")
+    chosen, wider = set(nodes), set(wide)
+    inits = {t.name: t for t in model.graph.initializer}
+    graph_inputs = {i.name for i in model.graph.input}
+    new_inits: list[onnx.TensorProto] = []
+    done_w: set[str] = set()
+    done_q: set[str] = set()
+    done_x: set[str] = set()
+    body: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.name not in chosen or node.op_type != "MatMul":
+            body.append(node)
+            continue
+        x, w = node.input[0], node.input[1]
+        if x in inits or w not in inits or w in graph_inputs:
+            raise ValueError(f"MatMul {node.name!r} is not activation x constant weight")
+        if x not in done_x:
+            done_x.add(x)
+            body.append(helper.make_node(
+                "DynamicQuantizeLinear", [x], [f"{x}_quantized", f"{x}_scale", f"{x}_zero_point"],
+                f"{x}_QuantizeLinear"))
+        base = f"{w}{WIDE_SUFFIX}" if node.name in wider else w
+        if base not in done_q:
+            done_q.add(base)
+            new_inits += _quantize_weight(base, inits[w], reduce_range, node.name in wider)
+        done_w.add(w)
+        body += _matmul_nodes(node, x, base)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    del g.node[:]
+    g.node.extend(body)
+    read = _read_names(g) | {o.name for o in g.output}
+    shared = [w for w in sorted(done_w) if w in read and w in done_q]  # read in float too
+    g.node.extend(helper.make_node("DequantizeLinear", [f"{w}_quantized", f"{w}_scale",
+                                                        f"{w}_zero_point"], [w],
+                                   f"{w}_DequantizeLinear", axis=-1) for w in shared)
+    gone = {w for w in done_w if w not in read or w in done_q}  # a U8U8-only weight stays
+    kept = [t for t in g.initializer if t.name not in gone]
+    del g.initializer[:]
+    g.initializer.extend(kept + new_inits)
+    return out
+
+
+def _read_names(g: onnx.GraphProto) -> set[str]:
+    """Every name a node of ``g`` reads, in its subgraphs too (an outer value they use)."""
+    names: set[str] = set()
+    for n in g.node:
+        names.update(n.input)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        a.graphs if a.type == onnx.AttributeProto.GRAPHS else []):
+                names |= _read_names(sub)
+    return names
