@@ -5,9 +5,6 @@ every case the writer handles and on GPT-2 as torch exports it."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -17,11 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
 from graphopt.backends.onnx import quantize
-from graphopt.backends.onnx.int8_matmul import (
-    WIDE_SUFFIX,
-    dynamic_int8_matmuls,
-    quantized_weight,
-)
+from graphopt.backends.onnx.int8_matmul import dynamic_int8_matmuls, quantized_weight
 from graphopt.backends.onnx.quantize import _gemms_as_matmuls
 from graphopt.backends.onnx.quantize_ort import ort_dynamic_int8
 from graphopt.frontends.onnx_export import export_torch
@@ -90,58 +83,6 @@ def test_the_same_graph_as_onnxruntimes_quantizer(reduce_range: bool) -> None:
     assert ops.count("DynamicQuantizeLinear") == 2  # x once for two MatMuls, and r
     assert ops.count("DequantizeLinear") == 2  # w1 and w3 are still read in float
     assert "w1" not in {t.name for t in ours.graph.initializer}
-
-
-def without_suffix(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the U8U8 weights under ORT's names (``w1_u8_scale`` -> ``w1_scale``)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for n in out.graph.node:
-        n.input[:] = [i.replace(WIDE_SUFFIX + "_", "_") for i in n.input]
-    for t in out.graph.initializer:
-        t.name = t.name.replace(WIDE_SUFFIX + "_", "_")
-    return out
-
-
-def test_u8u8_weights_as_onnxruntimes_quint8() -> None:
-    """``wide`` nodes get ORT's asymmetric per-channel QUInt8 weights: with the names mapped
-    back, the same graph, values and outputs as ``quantize_dynamic(weight_type=QUInt8)``."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    model = many_cases()
-    picked = ["mm1", "mm2", "mm3", "mm5"]
-    ours = dynamic_int8_matmuls(model, picked, reduce_range=True, wide=picked)
-    assert {t.name for t in ours.graph.initializer} >= {"w1_u8_quantized", "w1"}
-    theirs_path = Path(tempfile.mkdtemp()) / "u8u8.onnx"
-    quantize_dynamic(model, theirs_path, op_types_to_quantize=["MatMul"],
-                     nodes_to_quantize=picked, per_channel=True, reduce_range=False,
-                     weight_type=QuantType.QUInt8, extra_options={"MatMulConstBOnly": True})
-    theirs = onnx.load(str(theirs_path))
-    # ORT dequantizes w1 for the unnamed MatMul; graphopt keeps a U8U8-only weight in float
-    theirs_nodes = [n for n in theirs.graph.node if n.op_type != "DequantizeLinear"]
-    del theirs.graph.node[:]
-    theirs.graph.node.extend(theirs_nodes)
-    theirs.graph.initializer.append(numpy_helper.from_array(
-        numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w1")), "w1"))
-    rng = np.random.default_rng(4)
-    assert_same(without_suffix(ours), theirs,
-                [{"x": (rng.standard_normal((2, 3, 16)) * s).astype(np.float32)} for s in (1, 9)])
-
-
-def test_one_weight_read_by_an_int8_and_a_u8u8_matmul() -> None:
-    model = many_cases()
-    ours = dynamic_int8_matmuls(model, ["mm3", "mm5"], reduce_range=True, wide=["mm5"])
-    names = {t.name for t in ours.graph.initializer}
-    assert {"w3_quantized", "w3_u8_quantized"} <= names and "w3" not in names
-    x = np.random.default_rng(5).standard_normal((2, 3, 16)).astype(np.float32)
-    got = dict(zip([o.name for o in ours.graph.output], ort.InferenceSession(
-        ours.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}),
-        strict=True))
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    scale = np.abs(want[2]).max()
-    assert np.abs(got["y5"] - want[4]).max() < np.abs(got["y3"] - want[2]).max() + 1e-6
-    assert np.abs(got["y3"] - want[2]).max() < 0.05 * scale
 
 
 def test_weights_quantize_as_onnxruntime_computes_them() -> None:

@@ -32,14 +32,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["MIN_OPSET", "WIDE_SUFFIX", "dynamic_int8_matmuls", "quantized_weight", "wide_weight"]
+__all__ = ["MIN_OPSET", "dynamic_int8_matmuls", "quantized_weight"]
 
 #: DynamicQuantizeLinear and MatMulInteger are opset 10-11 ops; below, ORT's quantizer
 #: relabels the model's opset, which graphopt leaves to ORT
 MIN_OPSET = 11
-#: the U8U8 copy of a weight is named ``<weight>_u8_quantized`` (and ``_scale``,
-#: ``_zero_point``), so one weight can have both copies
-WIDE_SUFFIX = "_u8"
 
 
 def quantized_weight(w: np.ndarray, reduce_range: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -55,41 +52,20 @@ def quantized_weight(w: np.ndarray, reduce_range: bool) -> tuple[np.ndarray, np.
     return q.astype(np.int8), scale
 
 
-def wide_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(uint8 weights, fp32 scale, uint8 zero point per column) of a 2-D fp32 ``w``: ORT's
-    asymmetric per-channel ``QUInt8`` weights (full range, 256 levels)."""
-    w = np.asarray(w, dtype=np.float32)
-    rmin = np.minimum(w.min(axis=0), 0).astype(np.float64)
-    rmax = np.maximum(w.max(axis=0), 0).astype(np.float64)
-    scale64 = (rmax - rmin) / 255.0
-    tiny = scale64 < np.finfo(np.float32).tiny
-    safe = np.where(tiny, 1.0, scale64)
-    zero = np.where(tiny, 0.0, np.round(-rmin / safe)).astype(np.uint8)
-    scale = safe.astype(np.float32)
-    q = np.round(w / scale) + zero
-    np.clip(q, 0, 255, out=q)
-    return q.astype(np.uint8), scale, zero
-
-
 def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def _quantize_weight(name: str, w: onnx.TensorProto, reduce_range: bool, wide: bool
+def _quantize_weight(name: str, w: onnx.TensorProto, reduce_range: bool
                      ) -> list[onnx.TensorProto]:
-    if wide:
-        q, scale, zero = wide_weight(numpy_helper.to_array(w))
-    else:
-        q, scale = quantized_weight(numpy_helper.to_array(w), reduce_range)
-        zero = np.zeros(scale.shape, np.int8)
+    q, scale = quantized_weight(numpy_helper.to_array(w), reduce_range)
     return [numpy_helper.from_array(scale, f"{name}_scale"),
-            numpy_helper.from_array(zero, f"{name}_zero_point"),
+            numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{name}_zero_point"),
             numpy_helper.from_array(q, f"{name}_quantized")]
 
 
 def _matmul_nodes(node: onnx.NodeProto, x: str, w: str) -> list[onnx.NodeProto]:
-    """MatMulInteger, Cast and the two Muls standing for ``node`` (names as ORT gives them;
-    ``w`` the quantized weight's base name)."""
+    """MatMulInteger, Cast and the two Muls standing for ``node`` (names as ORT gives them)."""
     out = node.output[0]
     quant = f"{node.name}_quant" if node.name else ""
     scales = f"{quant}_scales_mul" if quant else f"{x}_scale_{w}_scale_mul"
@@ -107,20 +83,17 @@ def _matmul_nodes(node: onnx.NodeProto, x: str, w: str) -> list[onnx.NodeProto]:
 
 
 def dynamic_int8_matmuls(model: onnx.ModelProto, nodes: Iterable[str], *,
-                         reduce_range: bool, wide: Iterable[str] = ()) -> onnx.ModelProto:
+                         reduce_range: bool) -> onnx.ModelProto:
     """A copy of ``model`` with each MatMul in ``nodes`` (top-level, fp32 2-D initializer
     weight, activation not an initializer: what :mod:`.quantize` picks) quantized as ORT's
-    dynamic quantizer does (module docstring). Those also in ``wide`` get ORT's ``QUInt8``
-    weights instead (U8U8: :data:`WIDE_SUFFIX` on the weight's names; exact where int8
-    weights need ``reduce_range``)."""
+    dynamic quantizer does (module docstring)."""
     if _opset(model) < MIN_OPSET:
         raise ValueError(f"opset {_opset(model)} < {MIN_OPSET}")
-    chosen, wider = set(nodes), set(wide)
+    chosen = set(nodes)
     inits = {t.name: t for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
     new_inits: list[onnx.TensorProto] = []
     done_w: set[str] = set()
-    done_q: set[str] = set()
     done_x: set[str] = set()
     body: list[onnx.NodeProto] = []
     for node in model.graph.node:
@@ -135,24 +108,21 @@ def dynamic_int8_matmuls(model: onnx.ModelProto, nodes: Iterable[str], *,
             body.append(helper.make_node(
                 "DynamicQuantizeLinear", [x], [f"{x}_quantized", f"{x}_scale", f"{x}_zero_point"],
                 f"{x}_QuantizeLinear"))
-        base = f"{w}{WIDE_SUFFIX}" if node.name in wider else w
-        if base not in done_q:
-            done_q.add(base)
-            new_inits += _quantize_weight(base, inits[w], reduce_range, node.name in wider)
-        done_w.add(w)
-        body += _matmul_nodes(node, x, base)
+        if w not in done_w:
+            done_w.add(w)
+            new_inits += _quantize_weight(w, inits[w], reduce_range)
+        body += _matmul_nodes(node, x, w)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     del g.node[:]
     g.node.extend(body)
     read = _read_names(g) | {o.name for o in g.output}
-    shared = [w for w in sorted(done_w) if w in read and w in done_q]  # read in float too
+    shared = [w for w in sorted(done_w) if w in read]  # still read by a float node
     g.node.extend(helper.make_node("DequantizeLinear", [f"{w}_quantized", f"{w}_scale",
                                                         f"{w}_zero_point"], [w],
                                    f"{w}_DequantizeLinear", axis=-1) for w in shared)
-    gone = {w for w in done_w if w not in read or w in done_q}  # a U8U8-only weight stays
-    kept = [t for t in g.initializer if t.name not in gone]
+    kept = [t for t in g.initializer if t.name not in done_w]
     del g.initializer[:]
     g.initializer.extend(kept + new_inits)
     return out
