@@ -9,8 +9,9 @@ therefore measures a fp16 model as an fp32 model in which every tensor the model
 is rounded by an explicit ``Cast(fp16) -> Cast(fp32)`` pair, which ORT keeps: each op computes
 in fp32 and rounds its result to fp16, as GPU fp16 kernels with fp32 accumulation do.
 
-Sessions are built from bytes; a model past protobuf's 2 GB limit is written with external
-data to a temporary folder first (``_PROTO_LIMIT``). Every ORT failure becomes a GraphoptError
+Sessions are built from the graph's bytes with the large weights handed over in memory
+(:mod:`.ort_load`); a model past protobuf's 2 GB limit is written with external data to a
+temporary folder first (``_PROTO_LIMIT``). Every ORT failure becomes a GraphoptError
 that names the op ORT could not run.
 """
 
@@ -29,6 +30,7 @@ import onnx
 import onnx.shape_inference
 from onnx import numpy_helper
 
+from graphopt.backends.onnx.ort_load import in_memory_session
 from graphopt.errors import GraphoptError
 from graphopt.ir.order import stable_topo_order
 
@@ -68,9 +70,8 @@ class OrtModel:
                 onnx.save_model(model, str(path), save_as_external_data=True,
                                 location="model.data")
                 self.session = ort.InferenceSession(str(path), options, providers=provs)
-            else:
-                self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                                    providers=provs)
+            else:  # the weights in memory, not serialized (ort_load)
+                self.session = in_memory_session(model, options, provs)
         except Exception as e:  # ORT raises Fail/InvalidGraph/NotImplemented...: one message
             raise GraphoptError(f"ONNX Runtime cannot load {what}: {_ort_message(e)}",
                                 _ort_fix(e)) from None
