@@ -24,15 +24,11 @@ from typing import Any
 
 from graphopt.decisions.deploy.confidence import clears, speedup_interval
 
-__all__ = ["NOISE", "SLOW_CALL_S", "Measured", "best_time", "compare_paired", "not_slower"]
+__all__ = ["NOISE", "Measured", "best_time", "compare_paired", "not_slower"]
 
 #: a candidate's speedup must clear this margin with 95% confidence to change a default, and
 #: the deploy choice's margin between artifacts (a timer's and scheduler's noise on a host)
 NOISE = 0.03
-#: after the first round, candidates whose calls both take this long are timed once per round
-#: (issue 34, item 3: three calls per round were 4 s of GPT-2's optimize); the interval over
-#: the rounds still carries the noise, and the rounds are not fewer
-SLOW_CALL_S = 0.02
 
 
 def best_time(call: Callable[[], Any], *, budget_s: float, min_runs: int, max_runs: int
@@ -80,8 +76,7 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
                    margin: float = NOISE, min_rounds: int = 5, max_rounds: int = 15,
                    budget_s: float = 2.0, runs: int = 3) -> Measured:
     """Paired rounds (module doc) until the interval clears ``1 + margin`` or 1, or the
-    rounds or ``budget_s`` run out; ``keep`` is the verdict ``faster``. ``runs`` calls per
-    candidate and round, one once both take :data:`SLOW_CALL_S`."""
+    rounds or ``budget_s`` run out; ``keep`` is the verdict ``faster``."""
     before(), after()  # warm-up: caches, allocator, prepacked weights, thread pool
     pairs: tuple[list[float], list[float]] = ([], [])
     start = time.perf_counter()
@@ -96,8 +91,6 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
                 got[k] = min(got[k], time.perf_counter() - t)
         pairs[0].append(got[0])
         pairs[1].append(got[1])
-        if min(got) >= SLOW_CALL_S:
-            runs = 1
         low, high = speedup_interval(*pairs)
         settled = clears((low, high), margin) or high < 1
         if i + 1 >= min_rounds and (settled or time.perf_counter() - start > budget_s):
