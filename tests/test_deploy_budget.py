@@ -157,6 +157,25 @@ def test_torch_compile_in_reach_is_built_checked_and_timed(monkeypatch, measured
         assert row.within is True and row.seconds and row.seconds > 0
 
 
+def test_the_users_model_as_torch_artifact_is_timed_once(monkeypatch, measured):
+    """When no pass changed the model, the torch artifact is a copy of it: the deploy timing
+    times it once, and its times are the original's."""
+    timed: list[list[str]] = []
+    real = deploy.settled_rounds
+
+    def spy(calls, rows, **kw):
+        timed.append(list(calls))
+        return real(calls, rows, **kw)
+
+    monkeypatch.setattr(deploy, "settled_rounds", spy)
+    m = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()).eval()
+    opt = graphopt.optimize(m, torch.randn(4, 8), target="cpu")
+    assert any(r.name == "all" for r in opt.info.passes_reverted)
+    assert len(timed) == 1 and ORIGINAL not in timed[0] and "torch" in timed[0]
+    torch_row = next(r for r in opt.deploy.candidates if r.artifact == "torch")
+    assert opt.deploy.original_s == torch_row.seconds > 0
+
+
 def _first(out):
     return out[0] if isinstance(out, (list, tuple)) else out
 

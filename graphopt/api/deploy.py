@@ -173,9 +173,10 @@ def _measure(opt: Any) -> DeployChoice:
     model, inputs = opt.source_model, opt.example_inputs
     reference = run_isolated(model, inputs)
     args = clone_inputs(inputs)
-    shadow = private_copy(model)  # timing runs forward many times: never on the user's model
-    calls: dict[str, Callable[[], Any]] = {ORIGINAL: lambda: shadow(*args),
-                                           "torch": lambda: opt.module(*args)}
+    calls: dict[str, Callable[[], Any]] = {"torch": lambda: opt.module(*args)}
+    if not _is_the_model(opt):  # else the torch candidate's times are the original's
+        shadow = private_copy(model)  # timing runs forward many times: never the user's model
+        calls = {ORIGINAL: lambda: shadow(*args), **calls}
     rows = {Artifact.TORCH: ArtifactTiming(
         Artifact.TORCH, None, all(n.within for n in opt.info.numerics),
         note="the optimized module, under its runtime settings (checked by optimize)")}
@@ -204,6 +205,11 @@ def _measure(opt: Any) -> DeployChoice:
                                  f", torch {torch.get_num_threads()} thread(s)")
 
 
+def _is_the_model(opt: Any) -> bool:
+    """The torch artifact is a plain copy of the user's model (nothing graphopt did paid)."""
+    return any(r.name == "all" for r in opt.info.passes_reverted)
+
+
 def _timed_choice(opt: Any, calls: dict[str, Callable[[], Any]],
                   rows: dict[str, ArtifactTiming], runners: dict[str, Deployed], against: str,
                   tail: str) -> DeployChoice:
@@ -218,7 +224,9 @@ def _timed_choice(opt: Any, calls: dict[str, Callable[[], Any]],
         method += ("; the machine is too busy to separate the candidates in "
                    f"{settled.rounds} rounds ({MAX_TIMING_S:g} s at most): the simpler "
                    "artifact stays")
-    return pick_measured(settled.rows, method, settled.original_s)
+    original_s = settled.original_s if ORIGINAL in calls else \
+        min(settled.per_round["torch"])  # the torch artifact is the model itself
+    return pick_measured(settled.rows, method, original_s)
 
 
 def _candidate(artifact: str, build: Callable[[], tuple[Deployed, str, Tolerance]],

@@ -22,6 +22,7 @@ import onnx
 from graphopt.backends.metric import MetricGoal
 from graphopt.backends.onnx.guard import compare, run_samples
 from graphopt.backends.onnx.numerics import OutputError
+from graphopt.backends.onnx.ort_runner import OrtModel
 from graphopt.decisions.tolerance import Tolerance
 
 __all__ = ["HeldOut", "ONE_BATCH"]
@@ -52,7 +53,7 @@ class HeldOut:
         return self.goal.check(pass_name, [(ref, list(out)) for (_, ref), out
                                            in zip(self.metric_on, outputs, strict=True)])
 
-    def errors(self, model: onnx.ModelProto, names: Sequence[str], tol: Tolerance,
+    def errors(self, model: onnx.ModelProto | OrtModel, names: Sequence[str], tol: Tolerance,
                what: str) -> list[OutputError]:
         return compare(self.reference, run_samples(model, self.samples, what), names, tol)
 

@@ -22,20 +22,23 @@ _MIN_RUNS = 5
 _ROUNDS = 5  # interleaved rounds, so drift from other jobs hits both candidates
 
 
-def _session(model: onnx.ModelProto, threads: int | None) -> OrtModel:
+def _session(model: onnx.ModelProto | OrtModel, threads: int | None) -> OrtModel:
     import onnxruntime as ort
 
+    if isinstance(model, OrtModel):  # a session the caller has (default options)
+        return model
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     return OrtModel(model, what="a timing candidate", options=options)
 
 
-def faster_or_equal(before: onnx.ModelProto, after: onnx.ModelProto,
+def faster_or_equal(before: onnx.ModelProto | OrtModel, after: onnx.ModelProto | OrtModel,
                     feeds: dict[str, np.ndarray], threads: int | None = None
                     ) -> Measured:
     """(keep, t_before, t_after) and the speedup's interval: is ``after`` faster than
-    ``before`` with confidence (``backends/timing``)?"""
+    ``before`` with confidence (``backends/timing``)? Either may be a session already made
+    with ORT's default options (``threads`` applies to the ones made here)."""
     a, b = _session(before, threads), _session(after, threads)
     return not_slower(lambda: a.run(feeds), lambda: b.run(feeds), rounds=_ROUNDS,
                       budget_s=_BUDGET_S, min_runs=_MIN_RUNS)

@@ -17,7 +17,7 @@ import onnx.shape_inference
 from graphopt.backends.onnx.save import PROTO_LIMIT
 from graphopt.errors import GraphoptError
 
-__all__ = ["checker_problem", "finalize"]
+__all__ = ["check", "checker_problem", "finalize"]
 
 
 def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -36,18 +36,27 @@ def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.load(str(path))
 
 
+def check(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str | None]:
+    """(``model`` with its shapes inferred, None) when it passes the checker and strict shape
+    inference, else (None, why)."""
+    try:
+        return _checked(model), None
+    except Exception as e:  # noqa: BLE001 - the checker raises ValidationError, C++ errors...
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
 def checker_problem(model: onnx.ModelProto) -> str | None:
     """Why ``model`` fails the checker or strict shape inference, None when it passes."""
-    try:
-        _checked(model)
-    except Exception as e:  # noqa: BLE001 - the checker raises ValidationError, C++ errors...
-        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    return None
+    return check(model)[1]
 
 
-def finalize(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shapes inferred into the model, then ``check_model(full_check=True)``; a failure here
-    is a graphopt bug (every pass was checked), reported as such."""
+def finalize(model: onnx.ModelProto, checked: onnx.ModelProto | None = None
+             ) -> onnx.ModelProto:
+    """Shapes inferred into the model, then ``check_model(full_check=True)`` (``checked``:
+    :func:`check`'s model for this very ``model``, not checked twice); a failure here is a
+    graphopt bug (every pass was checked), reported as such."""
+    if checked is not None:
+        return checked
     try:
         return _checked(model)
     except Exception as e:

@@ -4,10 +4,10 @@ passes, check, and say how to run the result.
 Order: padding (exact), precision (lossy: fp16 islands), quantize (lossy), then the session
 decision (layout as ORT provider options, graph optimization level, threads). The original
 model runs once in ONNX Runtime on the samples (calibration batches, else seeded inputs). The
-loop is :func:`graphopt.backends.driver.run_passes`; this module is its ONNX backend: an exact pass
-must stay within fp32's budget of the original (1e-5 of each output's scale) or is reverted; a
-lossy pass runs under :func:`guard.guard`, which moves nodes back to higher precision until the
-user's tolerance holds. The result passes ``onnx.checker.check_model(full_check=True)`` with
+loop is :func:`graphopt.backends.driver.run_passes` with the ONNX backend (:mod:`.backend`): an
+exact pass must stay within fp32's budget of the original (1e-5 of each output's scale) or is
+reverted; a lossy pass runs under :func:`guard.guard`, which moves nodes back to higher
+precision until the user's tolerance holds. The result passes ``onnx.checker.check_model(full_check=True)`` with
 shapes inferred.
 """
 
@@ -27,36 +27,38 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 
-from graphopt.backends.driver import Pass, PassResult, ToleranceKind, measure_here, run_passes
+from graphopt.backends.driver import Pass, ToleranceKind, measure_here, run_passes
 from graphopt.backends.held_out import split
 from graphopt.backends.metric import NOT_HELD_OUT, MetricGoal
-from graphopt.backends.onnx import measure as onnx_measure
+from graphopt.backends.onnx.backend import OnnxBackend
 from graphopt.backends.onnx.calibration import GUARD_SAMPLES, load_calibration
 from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.fitting import Fit, fit_for, fit_from_feed
-from graphopt.backends.onnx.guard import compare, guard, run_samples
+from graphopt.backends.onnx.guard import compare, run_samples
 from graphopt.backends.onnx.holdout import ONE_BATCH, HeldOut
-from graphopt.backends.onnx.model_check import checker_problem, finalize
-from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options, sample_feeds
+from graphopt.backends.onnx.model_check import finalize
+from graphopt.backends.onnx.ort_runner import (
+    OrtModel,
+    quiet_options,
+    sample_feeds,
+)
 from graphopt.backends.onnx.padding import pad_channels
 from graphopt.backends.onnx.precision import reduce_precision
 from graphopt.backends.onnx.quantize import quantize
 from graphopt.backends.onnx.result import OnnxResult
 from graphopt.backends.onnx.save import save_onnx
 from graphopt.backends.onnx.session import decide_session
-from graphopt.backends.timing import Measured
 from graphopt.decisions.planner import build_plan
 from graphopt.decisions.precision.format import onnx_precision
 from graphopt.decisions.range_plan import at_opt
-from graphopt.decisions.tolerance import Tolerance
 from graphopt.errors import GraphoptError
 from graphopt.frontends.onnx_frontend import load_onnx
 from graphopt.frontends.onnx_range import onnx_range
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.registry import resolve_targets
 from graphopt.ir.options import Options
-from graphopt.ir.plan import Plan, mark_reverted
-from graphopt.ir.plan_run import OnnxGuard, OnnxOptimization, PrecisionChoice
+from graphopt.ir.plan import Plan
+from graphopt.ir.plan_run import OnnxOptimization, PrecisionChoice
 
 __all__ = ["default_passes", "optimize_onnx", "save_onnx"]
 
@@ -126,85 +128,6 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-@dataclass
-class _OnnxBackend:
-    """The driver's ONNX backend: passes are functional, checks run the samples in ORT, and a
-    lossy pass runs under the accuracy guard (apply and check in one: each round is checked)."""
-
-    ctx: OnnxContext
-    original: onnx.ModelProto
-    reference: list[list[np.ndarray]]
-    held: HeldOut = field(default_factory=HeldOut)
-    guard_reports: list[OnnxGuard] = field(default_factory=list)
-
-    def snapshot(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        return model  # an ONNX pass returns a new model and never changes its input
-
-    def apply(self, p: Pass, model: onnx.ModelProto, tol: Tolerance
-              ) -> PassResult[onnx.ModelProto]:
-        """The pass; a lossy one's guard runs its candidates in ONNX Runtime, and when one
-        fails to load or run, the pass is reverted alone (its decisions marked so): the
-        original model ran, so such a failure is the pass's."""
-        saved = {k: dict(v) for k, v in self.ctx.decisions.items()}
-        try:
-            return self._apply(p, model, tol)
-        except GraphoptError as e:
-            if not _ort_failure(e):
-                raise
-            reason = _broke(p, e.problem)
-        self.ctx.decisions = mark_reverted(saved, self.ctx.decisions, reason)
-        return PassResult(model, False, reason)
-
-    def _apply(self, p: Pass, model: onnx.ModelProto, tol: Tolerance
-               ) -> PassResult[onnx.ModelProto]:
-        if not p.lossy:
-            cand = p.run(model, self.ctx)
-            return PassResult(model if cand is None else cand, cand is not None)
-        cand, report = guard(p.name, p.run, model, self.ctx, kind=p.name, tolerance=tol,
-                             original=self.original, reference=self.reference,
-                             samples=self.ctx.samples)
-        self.guard_reports.append(report.record())
-        if cand is not None:
-            return PassResult(cand, True)
-        return PassResult(model, False, report.reason if report.reverted else None)
-
-    def check(self, p: Pass, model: onnx.ModelProto, tol: Tolerance) -> str | None:
-        """Why the driver reverts ``p``: its model fails the ONNX checker or does not run; an
-        exact pass leaves fp32's budget; a lossy one (its guard kept it within ``tol`` on the
-        batches it chose with) leaves it on the held-out batches."""
-        problem = checker_problem(model)
-        if problem is not None:
-            return _broke(p, problem)
-        names = [o.name for o in self.original.graph.output]
-        try:
-            if p.lossy:
-                held = self.held.problem(model, names, tol, p.name)
-                below = self.held.below_metric(model, p.name)  # its value is reported anyway
-                return below if held is None else f"reverted: the {p.name} pass is {held}"
-            errs = compare(self.reference, run_samples(model, self.ctx.samples, p.name),
-                           names, tol)
-        except GraphoptError as e:
-            if not _ort_failure(e):
-                raise
-            return _broke(p, e.problem)
-        if all(e.within for e in errs):
-            return None
-        return f"out of fp32 tolerance: {'; '.join(e.describe() for e in errs if not e.within)}"
-
-    def time(self, before: onnx.ModelProto, after: onnx.ModelProto
-             ) -> Measured:
-        return onnx_measure.faster_or_equal(before, after, self.ctx.samples[0])
-
-
-def _ort_failure(e: GraphoptError) -> bool:
-    """A pass's model that ONNX Runtime cannot load or run (``OrtModel``'s errors)."""
-    return e.problem.startswith(("ONNX Runtime cannot load", "ONNX Runtime failed"))
-
-
-def _broke(p: Pass, problem: str) -> str:
-    return f"the {p.name} pass made a model that does not run or check: {problem}"
-
-
 def _declined_requests(opts: Options, applied: list[str], ctx: OnnxContext) -> list[str]:
     """A warning for an explicit quantize request that changed nothing: the user asked for it,
     so silence would read as success."""
@@ -251,11 +174,12 @@ def optimize_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
                       dim_values=setup.rng.values("opt") if setup.rng else {})
     ctx.notes["precision_choice"] = {"requested": opts.precision, "chosen": compute,
                                      "reason": why}
-    backend = _OnnxBackend(ctx, setup.base, setup.reference, setup.held)
+    backend = OnnxBackend(ctx, setup.base, setup.reference, setup.held,
+                           base_session=setup.session)
     done = run_passes(backend, setup.base, default_passes() if passes is None else passes,
                       measure=measure_here(opts, profile))
     setup.timings.update({f"{name}_s": s for name, s in done.seconds.items()})
-    return _finish(setup, ctx, done, backend.guard_reports, start)
+    return _finish(setup, ctx, done, backend, start)
 
 
 @dataclass
@@ -276,6 +200,8 @@ class _Setup:
     values: dict[str, int] = field(default_factory=dict)
     #: calibration batches the passes never choose with (:mod:`.holdout`)
     held: HeldOut = field(default_factory=HeldOut)
+    #: the original's session, which made ``reference``
+    session: OrtModel | None = None
     #: what the plan's warnings add about the checks (the metric's batches)
     warnings: list[str] = field(default_factory=list)
 
@@ -322,7 +248,7 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
         raise _generated_inputs_failed(e, runs, rng, fit) from None
     held.reference = run_samples(original, held.samples, "the original") if held.samples else []
     return _Setup(at_opt(graph), plan, base, rng, calib, runs, at_ends, reference, timings,
-                  fit.values, held)
+                  fit.values, held, original)
 
 
 def _metric_batches(setup: _Setup, goal: MetricGoal | None) -> None:
@@ -343,18 +269,22 @@ def _metric_batches(setup: _Setup, goal: MetricGoal | None) -> None:
     setup.warnings.append(NOT_HELD_OUT.format(what=goal.on))
 
 
-def _finish(setup: _Setup, ctx: OnnxContext, done: Any, reports: list[OnnxGuard],
+def _finish(setup: _Setup, ctx: OnnxContext, done: Any, backend: OnnxBackend,
             start: float) -> OnnxResult:
     """The session settings, the checked model, its numbers against the original's and the
     run report."""
     opts, applied, timings = ctx.options, done.applied, setup.timings
     session = decide_session(done.model, ctx)
     t0 = time.perf_counter()
-    current = finalize(done.model)
+    prior = backend.checked
+    current = finalize(done.model, prior[1] if prior and prior[0] is done.model else None)
+    reports = backend.guard_reports
     names = [o.name for o in setup.base.graph.output]
-    final = setup.held.errors(current, names, done.tolerance, "the optimized model") \
+    runner = backend.session_of(done.model)  # the same graph as ``current``
+    runner = current if runner is done.model else runner
+    final = setup.held.errors(runner, names, done.tolerance, "the optimized model") \
         if setup.held.samples else \
-        compare(setup.reference, run_samples(current, setup.runs, "the optimized model"),
+        compare(setup.reference, run_samples(runner, setup.runs, "the optimized model"),
                 names, done.tolerance)  # the stated error: the held-out batches' when held
     timings["check_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - start

@@ -61,7 +61,8 @@ from graphopt.ir.plan import Plan, mark_reverted
 from graphopt.ir.plan_memory import MemoryPlan
 from graphopt.ir.plan_run import PassReverted, RangeCheck, TorchGuard, TorchOptimization
 
-__all__ = ["decide_run", "default_passes", "optimize_torch", "prepare", "strip_unused"]
+__all__ = ["NOTHING_APPLIED", "decide_run", "default_passes", "optimize_torch", "prepare",
+           "strip_unused"]
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +240,9 @@ def optimize_torch(model: torch.nn.Module, example_inputs: Any,
     if any(portable.values()):
         ctx.notes["portable"] = portable
     module: torch.nn.Module = gm
-    fallback = _slower_than_original(model, gm, ctx) if measure and not forced else None
+    fallback = None
+    if measure and not forced:  # nothing applied: nothing to time (issue 34, item 3)
+        fallback = _slower_than_original(model, gm, ctx) if applied else NOTHING_APPLIED
     if fallback is not None:  # nothing graphopt does pays here: hand back the model itself
         module = private_copy(model)
         reverted.append(PassReverted("all", fallback))
@@ -319,6 +322,11 @@ def _range_checks(module: torch.nn.Module, ctx: RewriteContext,
                                  all(c.within for c in result),
                                  tuple(c.record() for c in result)))
     return {"shape_range": ctx.shape_range, "range_checks": tuple(checks)}
+
+
+#: why the host gets the model itself when no pass changed it (the traced graph is not timed)
+NOTHING_APPLIED = ("no pass changed the model on this machine: returning the original model, "
+                   "the simpler (nothing to time)")
 
 
 def _slower_than_original(model: torch.nn.Module, gm: fx.GraphModule,
