@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from graphopt.backends.onnx.proto_copy import copy_except
+
 __all__ = ["MIN_OPSET", "dynamic_int8_matmuls", "quantized_weight"]
 
 #: DynamicQuantizeLinear and MatMulInteger are opset 10-11 ops; below, ORT's quantizer
@@ -112,19 +114,16 @@ def dynamic_int8_matmuls(model: onnx.ModelProto, nodes: Iterable[str], *,
             done_w.add(w)
             new_inits += _quantize_weight(w, inits[w], reduce_range)
         body += _matmul_nodes(node, x, w)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g = out.graph
-    del g.node[:]
+    out = copy_except(model, onnx.ModelProto(), "graph")  # the weights are copied once, below
+    g = copy_except(model.graph, out.graph, "node", "initializer")
     g.node.extend(body)
     read = _read_names(g) | {o.name for o in g.output}
     shared = [w for w in sorted(done_w) if w in read]  # still read by a float node
     g.node.extend(helper.make_node("DequantizeLinear", [f"{w}_quantized", f"{w}_scale",
                                                         f"{w}_zero_point"], [w],
                                    f"{w}_DequantizeLinear", axis=-1) for w in shared)
-    kept = [t for t in g.initializer if t.name not in done_w]
-    del g.initializer[:]
-    g.initializer.extend(kept + new_inits)
+    g.initializer.extend(t for t in model.graph.initializer if t.name not in done_w)
+    g.initializer.extend(new_inits)
     return out
 
 

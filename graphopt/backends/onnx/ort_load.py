@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from graphopt.backends.onnx.proto_copy import copy_except
+
 __all__ = ["IN_MEMORY_BYTES", "KEEP_ATTR", "in_memory_session", "split_weights"]
 
 #: a tensor at least this large goes to ORT in memory, not in the serialized proto
@@ -34,19 +36,6 @@ _NUMPY = {_T.FLOAT: np.float32, _T.FLOAT16: np.float16, _T.DOUBLE: np.float64,
           _T.INT8: np.int8, _T.UINT8: np.uint8, _T.INT16: np.int16, _T.UINT16: np.uint16,
           _T.INT32: np.int32, _T.UINT32: np.uint32, _T.INT64: np.int64, _T.UINT64: np.uint64,
           _T.BOOL: np.bool_}
-
-
-def _copy_fields(src: Any, dst: Any, skip: str) -> None:
-    """Every set field of message ``src`` but ``skip`` onto the empty ``dst``."""
-    for f, value in src.ListFields():
-        if f.name == skip:
-            continue
-        if f.is_repeated:
-            getattr(dst, f.name).extend(value)
-        elif f.type == f.TYPE_MESSAGE:
-            getattr(dst, f.name).CopyFrom(value)
-        else:
-            setattr(dst, f.name, value)
 
 
 def _in_memory(t: onnx.TensorProto, inputs: set[str]) -> bool:
@@ -65,9 +54,8 @@ def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
         else []
     if not big:
         return model, {}
-    light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(g, light.graph, skip="initializer")
+    light = copy_except(model, onnx.ModelProto(), "graph")
+    copy_except(g, light.graph, "initializer")
     names = {t.name for t in big}
     arrays: dict[str, np.ndarray] = {}
     for t in g.initializer:

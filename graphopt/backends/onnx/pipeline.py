@@ -7,8 +7,8 @@ model runs once in ONNX Runtime on the samples (calibration batches, else seeded
 loop is :func:`graphopt.backends.driver.run_passes` with the ONNX backend (:mod:`.backend`): an
 exact pass must stay within fp32's budget of the original (1e-5 of each output's scale) or is
 reverted; a lossy pass runs under :func:`guard.guard`, which moves nodes back to higher
-precision until the user's tolerance holds. The result passes ``onnx.checker.check_model(full_check=True)`` with
-shapes inferred.
+precision until the user's tolerance holds. The result passes
+``onnx.checker.check_model(full_check=True)`` with shapes inferred.
 """
 
 from __future__ import annotations
