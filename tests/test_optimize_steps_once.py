@@ -22,15 +22,30 @@ def test_nothing_applied_is_not_timed(monkeypatch) -> None:
         raise AssertionError("the unchanged module was timed")
 
     monkeypatch.setattr(pipeline, "faster_or_equal", timed)
-    model = nn.Sequential(nn.ReLU(), nn.Tanh()).eval()
     x = torch.randn(4, 8)
-    opt = graphopt.optimize(model, x, target="cpu", measure=True)
-    assert opt.info.passes_applied == ()
-    assert [(r.name, r.reason) for r in opt.info.passes_reverted] == \
-        [("all", pipeline.NOTHING_APPLIED)]
-    assert opt.module is not model
-    with torch.no_grad():
-        torch.testing.assert_close(opt.module(x), model(x), rtol=0, atol=0)
+    for model in (nn.Sequential(nn.ReLU(), nn.Tanh()).eval(),  # no pass applies
+                  nn.Sequential(nn.Tanh(), nn.Dropout(0.2)).eval()):  # an eval dropout dropped
+        opt = graphopt.optimize(model, x, target="cpu", measure=True)
+        assert opt.info.passes_applied == ()
+        assert [(r.name, r.reason) for r in opt.info.passes_reverted] == \
+            [("all", pipeline.NOTHING_APPLIED)]
+        assert opt.module is not model
+        with torch.no_grad():
+            torch.testing.assert_close(opt.module(x), model(x), rtol=0, atol=0)
+
+
+def test_a_folded_batchnorm_is_timed(monkeypatch) -> None:
+    calls: list[bool] = []
+    real = pipeline.faster_or_equal
+
+    def timed(*a: object, **k: object) -> object:
+        calls.append(True)
+        return real(*a, **k)
+
+    monkeypatch.setattr(pipeline, "faster_or_equal", timed)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    graphopt.optimize(model, torch.randn(2, 3, 16, 16), target="cpu", measure=True)
+    assert calls == [True]
 
 
 def test_the_final_model_is_checked_once(monkeypatch) -> None:

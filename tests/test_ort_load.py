@@ -1,4 +1,4 @@
-"""Sessions with the large weights handed to ONNX Runtime in memory (``backends/onnx/ort_load``):
+"""Sessions with the large weights handed to ONNX Runtime in memory (``files/ort_load``):
 the same outputs as a session of the whole serialized model, the caller's proto unchanged, and
 the buffers kept alive by the session."""
 
@@ -11,13 +11,13 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from graphopt.backends.onnx.ort_load import (
+from graphopt.backends.onnx.ort_runner import OrtModel
+from graphopt.files.ort_load import (
     IN_MEMORY_BYTES,
     KEEP_ATTR,
     in_memory_session,
     split_weights,
 )
-from graphopt.backends.onnx.ort_runner import OrtModel
 
 
 def model_with_weights() -> onnx.ModelProto:

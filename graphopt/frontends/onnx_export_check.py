@@ -12,6 +12,7 @@ import torch
 
 from graphopt.decisions.tolerance import same_nonfinite
 from graphopt.errors import GraphoptError, first_line
+from graphopt.files.ort_load import in_memory_session
 from graphopt.frontends.onnx_export_range import ExportRange
 from graphopt.frontends.user_state import run_and_watch
 
@@ -45,8 +46,7 @@ def _mismatch(proto: onnx.ModelProto, feeds: dict[str, np.ndarray],
         options = ort.SessionOptions()  # no graph rewrites: check the export as written,
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # fast
         options.log_severity_level = 4  # a failed run is a reason returned here, not a log
-        sess = ort.InferenceSession(proto.SerializeToString(), options,
-                                    providers=["CPUExecutionProvider"])
+        sess = in_memory_session(proto, options, ["CPUExecutionProvider"])
         wanted = {i.name for i in sess.get_inputs()}
         got = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
     except Exception as e:  # ORT raises its own types: fail over, never crash here

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphopt.backends.onnx.proto_copy import copy_except
+from graphopt.files.proto_copy import copy_except
 
 __all__ = ["MIN_OPSET", "dynamic_int8_matmuls", "quantized_weight"]
 

@@ -10,8 +10,8 @@ is rounded by an explicit ``Cast(fp16) -> Cast(fp32)`` pair, which ORT keeps: ea
 in fp32 and rounds its result to fp16, as GPU fp16 kernels with fp32 accumulation do.
 
 Sessions are built from the graph's bytes with the large weights handed over in memory
-(:mod:`.ort_load`); a model past protobuf's 2 GB limit is written with external data to a
-temporary folder first (``_PROTO_LIMIT``). Every ORT failure becomes a GraphoptError
+(:mod:`graphopt.files.ort_load`); a model past protobuf's 2 GB limit is written with external
+data to a temporary folder first (``_PROTO_LIMIT``). Every ORT failure becomes a GraphoptError
 that names the op ORT could not run.
 """
 
@@ -30,8 +30,8 @@ import onnx
 import onnx.shape_inference
 from onnx import numpy_helper
 
-from graphopt.backends.onnx.ort_load import in_memory_session
 from graphopt.errors import GraphoptError
+from graphopt.files.ort_load import in_memory_session
 from graphopt.ir.order import stable_topo_order
 
 __all__ = ["OrtModel", "emulate_fp16", "float_tensors", "quiet_options", "sample_feeds",

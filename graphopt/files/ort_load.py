@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphopt.backends.onnx.proto_copy import copy_except
+from graphopt.files.proto_copy import copy_except
 
 __all__ = ["IN_MEMORY_BYTES", "KEEP_ATTR", "in_memory_session", "split_weights"]
 
