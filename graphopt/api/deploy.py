@@ -159,8 +159,10 @@ def _verdict(errors: Sequence[Any]) -> tuple[bool, str]:
 #: times the plan's fused/unfused estimate, divided by this, beats the fastest other candidate.
 #: The fusion model predicts 0.94-0.98 of eager on the zoo; torch.compile measured 0.78-0.95 of
 #: the torch module on an AMX Xeon (RESULTS.md, issue 24) and 0.92-1.15 on the AVX2 EPYC
-#: (issue 34, bench_optimize_time.py): at most 1.22x better than predicted; 1.5 leaves room.
-COMPILE_REACH = 1.5
+#: (issue 34, bench_optimize_time.py): at most 1.22x better than predicted, model by model;
+#: 1.25 covers that. (It was 1.5: ConvNeXt-T's 44 s compile was built here and lost to ORT
+#: by 1.28x.)
+COMPILE_REACH = 1.25
 
 
 def _measure(opt: Any) -> DeployChoice:
