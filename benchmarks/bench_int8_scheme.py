@@ -8,8 +8,13 @@ graphopt quantizes with ``reduce_range`` where the int8 path sums u8 x s8 pairs 
    weights, zero point 128). A saturating path returns a wrong sum silently.
 2. Speed: U8S8 against U8U8 at a transformer's GEMM (M=128, K=768, N=3072), interleaved rounds
    (the order alternated), best of 5 calls per round; the ratio is U8U8 / U8S8 time.
+3. ``--gpt2``: the whole GPT-2 4L (``bench_host_peers.build("gpt2")``) quantized by ORT's
+   ``quantize_dynamic`` three ways (U8S8 full range, its default; U8S8 ``reduce_range``; U8U8,
+   ``QUInt8`` weights), beside fp32: each one's error against torch (of the output's scale,
+   and cosine), then interleaved rounds (order rotated), best of 3 calls per round; each speed
+   is the median of the paired per-round ratios of the U8S8 default's time over its own.
 
-Run: ``python benchmarks/bench_int8_scheme.py [--rounds 15] [--threads T]``.
+Run: ``python benchmarks/bench_int8_scheme.py [--rounds 15] [--threads T] [--gpt2]``.
 """
 
 from __future__ import annotations
@@ -83,14 +88,69 @@ def speed(rounds: int, threads: int) -> None:
           "paired rounds)")
 
 
+def whole_gpt2(rounds: int, threads: int) -> None:
+    import tempfile
+
+    import onnx
+    import torch
+    from bench_host_peers import build
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from graphopt.frontends.onnx_export import export_torch
+
+    torch.set_num_threads(threads)
+    model, inputs, what = build("gpt2")
+    exported = export_torch(model, inputs, opset=17)
+    with torch.no_grad():
+        ref = model(*inputs).numpy()
+    tmp = Path(tempfile.mkdtemp(prefix="graphopt-scheme-"))
+    src = tmp / "fp32.onnx"
+    onnx.save(exported.model, str(src))
+    ways = {"U8S8 full range (ORT's default)": {"weight_type": QuantType.QInt8},
+            "U8S8 reduce_range": {"weight_type": QuantType.QInt8, "reduce_range": True},
+            "U8U8": {"weight_type": QuantType.QUInt8}}
+    paths = {"fp32": src}
+    for i, (name, kw) in enumerate(ways.items()):
+        paths[name] = tmp / f"q{i}.onnx"
+        quantize_dynamic(str(src), str(paths[name]), per_channel=True, **kw)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    runs = {n: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
+            for n, p in paths.items()}
+    print(f"{what}, every MatMul with a constant weight quantized by quantize_dynamic:")
+    for name, sess in runs.items():
+        out = sess.run(None, exported.feeds)[0]
+        cos = float((out * ref).sum() / np.linalg.norm(out) / np.linalg.norm(ref))
+        print(f"  {name}: error {np.abs(out - ref).max() / np.abs(ref).max():.4f} of scale, "
+              f"cosine {cos:.6f}")
+    names = list(runs)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                runs[name].run(None, exported.feeds)
+                best = min(best, time.perf_counter() - t)
+            times[name].append(best)
+    base = times["U8S8 full range (ORT's default)"]
+    for name in names:
+        ratio = statistics.median(b / t for b, t in zip(base, times[name], strict=True))
+        print(f"  {name}: best {min(times[name]) * 1e3:.1f} ms, speed {ratio:.3f}x ORT's "
+              f"default (median of {rounds} paired rounds)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--gpt2", action="store_true", help="also the whole GPT-2 4L, three ways")
     args = ap.parse_args()
     print(f"machine: {machine(args.threads)}")
     exactness(args.threads)
     speed(args.rounds, args.threads)
+    if args.gpt2:
+        whole_gpt2(args.rounds, args.threads)
 
 
 if __name__ == "__main__":
