@@ -6,8 +6,10 @@ differ by 15% or more, and a keep/revert decided on them flipped between runs of
 (auto INT8 reverted in 2 of 6 runs, "0.86x", where an interleaved timing showed it 1.22-1.37x
 faster). So each round times both candidates back to back, in alternating order (ABBA), and
 the decision reads the rounds' speedups (before / after) as a sample: the mean log speedup
-with a 95% Student-t interval. Rounds continue while the interval straddles the margin and the
-time budget lasts; a busy machine widens the interval instead of tipping the answer.
+with a 95% Student-t interval. Rounds continue while the interval straddles ``1 + margin`` and
+the time budget lasts; a busy machine widens the interval instead of tipping the answer. (They
+went on while it straddled 1 too, which decides only between "tie" and "slower", the same
+revert: ResNet-50's tied layout pass took its whole 4 s budget.)
 
 The verdict: ``faster`` when the whole interval is above ``1 + margin``, ``slower`` when it
 is below 1, else ``tie``. A tie keeps the simpler choice (the caller's default: fewer passes),
@@ -92,7 +94,9 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
         pairs[0].append(got[0])
         pairs[1].append(got[1])
         low, high = speedup_interval(*pairs)
-        settled = clears((low, high), margin) or high < 1
+        # the keep decision is settled once the interval is wholly above 1 + margin, or wholly
+        # below it (a tie or slower: more rounds would only say which)
+        settled = clears((low, high), margin) or high < 1 + margin
         if i + 1 >= min_rounds and (settled or time.perf_counter() - start > budget_s):
             break
     verdict = "faster" if clears((low, high), margin) else "slower" if high < 1 else "tie"

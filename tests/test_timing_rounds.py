@@ -1,0 +1,48 @@
+"""The paired timing (``backends/timing.compare_paired``) stops once its keep decision is
+settled: on a fake clock that each call advances by its own duration (no real timing here),
+a constant 1.01x speedup (a tie at the 3% margin) stops after the minimum rounds, a constant
+1.25x likewise (faster), and a noisy one goes on to the round limit."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from graphopt.backends import timing
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(monkeypatch, before_s, after_s) -> timing.Measured:
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+
+    def call(seconds):
+        def once() -> None:
+            clock.now += next(seconds)
+        return once
+
+    return timing.compare_paired(call(before_s), call(after_s), min_rounds=5, max_rounds=15,
+                                 budget_s=100.0, runs=3)
+
+
+@pytest.mark.parametrize(("speedup", "verdict"), [(1.01, "tie"), (1.25, "faster"),
+                                                  (0.8, "slower")])
+def test_a_settled_decision_stops_at_the_minimum_rounds(monkeypatch, speedup, verdict) -> None:
+    got = run(monkeypatch, itertools.repeat(0.01 * speedup), itertools.repeat(0.01))
+    assert (got.verdict, got.rounds) == (verdict, 5)
+    assert got.keep == (verdict == "faster")
+
+
+def test_an_unsettled_one_goes_on_to_the_round_limit(monkeypatch) -> None:
+    """Speedups alternating 0.9x and 1.2x round by round: the interval straddles 1.03."""
+    before = itertools.cycle([0.009] * 4 + [0.012] * 4)  # warm-up, 3 runs, then per round
+    got = run(monkeypatch, before, itertools.repeat(0.01))
+    assert got.rounds == 15 and got.verdict == "tie" and not got.keep
