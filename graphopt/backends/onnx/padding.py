@@ -64,6 +64,13 @@ class _Values:
     def full(self, name: str) -> np.ndarray | None:
         return const_array(self.consts, name)
 
+    def loaded(self, name: str) -> bool:
+        """Whether constant ``name``'s values are in the model (not external data), without
+        decoding them: most weights asked about are never padded."""
+        t = self.consts.get(name)
+        return t is not None and not (isinstance(t, onnx.TensorProto)
+                                      and t.data_location == onnx.TensorProto.EXTERNAL)
+
     def small(self, name: str) -> np.ndarray | None:
         t = self.consts.get(name)
         if isinstance(t, onnx.TensorProto) and math.prod(t.dims) > SMALL_VALUE:
@@ -87,7 +94,7 @@ class _Backend(ContextBackend):
         if node.op_type == "Attention":
             return Legality.no("the ONNX backend does not rewrite attention nodes")
         if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and \
-                self.values.full(node.inputs[1]) is None:
+                not self.values.loaded(node.inputs[1]):
             return Legality.no("the weight's values are not loaded (external data)")
         return Legality.OK
 
