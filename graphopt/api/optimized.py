@@ -21,6 +21,7 @@ from graphopt.files.inputs import input_files
 from graphopt.files.outputs import OutputSet
 from graphopt.files.progress import progress
 from graphopt.frontends import is_onnx_proto
+from graphopt.frontends.onnx_safety import default_opset
 from graphopt.frontends.python_spec import (
     is_python_spec,
     load_python_spec,
@@ -171,7 +172,7 @@ class Optimized:
         """The optimized ``onnx.ModelProto`` (see :meth:`export_onnx`), exported and optimized
         on first use (once per opset) and kept on :attr:`onnx_model`."""
         if self.torch_source is None:
-            have = _opset_of(self.onnx_model)
+            have = default_opset(self.onnx_model)
             if opset is not None and opset != have:
                 raise GraphoptError(f"the optimized model keeps its input's opset {have}; "
                                     f"opset={opset} was asked for",
@@ -198,7 +199,7 @@ class Optimized:
             # its kernels are ONNX Runtime's, fused for the target's EP (cost/ort_fusion.py)
             self.onnx_info = OnnxExport.of(
                 done.report, exporter=exported.exporter, export_s=exported.seconds,
-                opset=_opset_of(self.onnx_model), decisions=_rewrite_decisions(onnx_plan),
+                opset=default_opset(self.onnx_model), decisions=_rewrite_decisions(onnx_plan),
                 fusion=onnx_plan.fusion)
             self.plan = replace(self.plan, onnx_optimization=self.onnx_info)
         return self.onnx_model
@@ -214,10 +215,6 @@ def _rewrite_decisions(plan: Plan) -> dict[str, dict[str, Any]]:
     """ONNX node -> {kind: decision} for the kinds the passes decide, in graph order."""
     return {n.name: {k: n.decisions[k].to_dict() for k in REWRITE_KINDS if k in n.decisions}
             for n in plan.nodes if any(k in n.decisions for k in REWRITE_KINDS)}
-
-
-def _opset_of(model: Any) -> int | None:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def optimize(model: Any, example_inputs: Any = None,

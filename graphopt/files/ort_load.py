@@ -25,7 +25,8 @@ import onnx
 
 from graphopt.files.proto_copy import copy_except
 
-__all__ = ["IN_MEMORY_BYTES", "KEEP_ATTR", "in_memory_session", "split_weights"]
+__all__ = ["IN_MEMORY_BYTES", "KEEP_ATTR", "in_memory_session", "split_weights",
+           "tensor_nbytes"]
 
 #: a tensor at least this large goes to ORT in memory, not in the serialized proto
 IN_MEMORY_BYTES = 1 << 16
@@ -38,11 +39,19 @@ _NUMPY = {_T.FLOAT: np.float32, _T.FLOAT16: np.float16, _T.DOUBLE: np.float64,
           _T.BOOL: np.bool_}
 
 
+def tensor_nbytes(t: onnx.TensorProto) -> int:
+    """A tensor's bytes from its dims and type (8 per element for a type ONNX does not size),
+    without reading its data: reading ``raw_data`` copies it."""
+    try:
+        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError):
+        item = 8
+    return math.prod(t.dims) * item
+
+
 def _in_memory(t: onnx.TensorProto, inputs: set[str]) -> bool:
-    dtype = _NUMPY.get(t.data_type)
-    return (dtype is not None and t.name not in inputs and t.data_location != _T.EXTERNAL
-            and t.HasField("raw_data")
-            and math.prod(t.dims) * np.dtype(dtype).itemsize >= IN_MEMORY_BYTES)
+    return (t.data_type in _NUMPY and t.name not in inputs and t.data_location != _T.EXTERNAL
+            and t.HasField("raw_data") and tensor_nbytes(t) >= IN_MEMORY_BYTES)
 
 
 def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

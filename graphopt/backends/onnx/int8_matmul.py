@@ -32,7 +32,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from graphopt.backends.onnx.ort_runner import outer_inputs
 from graphopt.files.proto_copy import copy_except
+from graphopt.frontends.onnx_safety import default_opset
 
 __all__ = ["MIN_OPSET", "dynamic_int8_matmuls", "quantized_weight"]
 
@@ -52,10 +54,6 @@ def quantized_weight(w: np.ndarray, reduce_range: bool) -> tuple[np.ndarray, np.
     q = np.round(w / scale)
     np.clip(q, -128, 127, out=q)
     return q.astype(np.int8), scale
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _quantize_weight(name: str, w: onnx.TensorProto, reduce_range: bool
@@ -89,8 +87,9 @@ def dynamic_int8_matmuls(model: onnx.ModelProto, nodes: Iterable[str], *,
     """A copy of ``model`` with each MatMul in ``nodes`` (top-level, fp32 2-D initializer
     weight, activation not an initializer: what :mod:`.quantize` picks) quantized as ORT's
     dynamic quantizer does (module docstring)."""
-    if _opset(model) < MIN_OPSET:
-        raise ValueError(f"opset {_opset(model)} < {MIN_OPSET}")
+    opset = default_opset(model) or 0
+    if opset < MIN_OPSET:
+        raise ValueError(f"opset {opset} < {MIN_OPSET}")
     chosen = set(nodes)
     inits = {t.name: t for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
@@ -117,7 +116,7 @@ def dynamic_int8_matmuls(model: onnx.ModelProto, nodes: Iterable[str], *,
     out = copy_except(model, onnx.ModelProto(), "graph")  # the weights are copied once, below
     g = copy_except(model.graph, out.graph, "node", "initializer")
     g.node.extend(body)
-    read = _read_names(g) | {o.name for o in g.output}
+    read = {t for n in g.node for t in (*n.input, *outer_inputs(n))} | {o.name for o in g.output}
     shared = [w for w in sorted(done_w) if w in read]  # still read by a float node
     g.node.extend(helper.make_node("DequantizeLinear", [f"{w}_quantized", f"{w}_scale",
                                                         f"{w}_zero_point"], [w],
@@ -126,14 +125,3 @@ def dynamic_int8_matmuls(model: onnx.ModelProto, nodes: Iterable[str], *,
     g.initializer.extend(new_inits)
     return out
 
-
-def _read_names(g: onnx.GraphProto) -> set[str]:
-    """Every name a node of ``g`` reads, in its subgraphs too (an outer value they use)."""
-    names: set[str] = set()
-    for n in g.node:
-        names.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                        a.graphs if a.type == onnx.AttributeProto.GRAPHS else []):
-                names |= _read_names(sub)
-    return names

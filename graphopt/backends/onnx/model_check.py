@@ -17,7 +17,7 @@ import onnx.shape_inference
 from graphopt.backends.onnx.save import PROTO_LIMIT
 from graphopt.errors import GraphoptError
 
-__all__ = ["check", "checker_problem", "finalize"]
+__all__ = ["check", "finalize"]
 
 
 def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -43,11 +43,6 @@ def check(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str | None]:
         return _checked(model), None
     except Exception as e:  # noqa: BLE001 - the checker raises ValidationError, C++ errors...
         return None, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-
-
-def checker_problem(model: onnx.ModelProto) -> str | None:
-    """Why ``model`` fails the checker or strict shape inference, None when it passes."""
-    return check(model)[1]
 
 
 def finalize(model: onnx.ModelProto, checked: onnx.ModelProto | None = None

@@ -31,7 +31,7 @@ import onnx.shape_inference
 from onnx import numpy_helper
 
 from graphopt.errors import GraphoptError
-from graphopt.files.ort_load import in_memory_session
+from graphopt.files.ort_load import in_memory_session, tensor_nbytes
 from graphopt.ir.order import stable_topo_order
 
 __all__ = ["OrtModel", "emulate_fp16", "float_tensors", "quiet_options", "sample_feeds",
@@ -48,14 +48,12 @@ _SKELETON_MAX = 256
 #: symbolic dims of generated sample inputs (batch, sequence) get this size
 _DEFAULT_DIM = 2
 _FLOATS = (_T.FLOAT, _T.FLOAT16, _T.BFLOAT16, _T.DOUBLE)
-_ITEM = {_T.FLOAT: 4, _T.FLOAT16: 2, _T.BFLOAT16: 2, _T.INT8: 1, _T.UINT8: 1, _T.BOOL: 1,
-         _T.INT16: 2, _T.UINT16: 2, _T.INT32: 4, _T.UINT32: 4}
 
 
 def _nbytes(model: onnx.ModelProto) -> int:
-    """The initializers' bytes, from their dims (8 per element at most): reading ``raw_data``
-    copies it (0.1 s for GPT-2's token embedding, on every session)."""
-    return sum(math.prod(t.dims) * _ITEM.get(t.data_type, 8) for t in model.graph.initializer)
+    """The initializers' bytes, from their dims (``tensor_nbytes``: reading ``raw_data`` copied
+    it, 0.1 s for GPT-2's token embedding on every session)."""
+    return sum(tensor_nbytes(t) for t in model.graph.initializer)
 
 
 class OrtModel:

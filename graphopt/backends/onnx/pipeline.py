@@ -37,11 +37,7 @@ from graphopt.backends.onnx.fitting import Fit, fit_for, fit_from_feed
 from graphopt.backends.onnx.guard import compare, run_samples
 from graphopt.backends.onnx.holdout import ONE_BATCH, HeldOut
 from graphopt.backends.onnx.model_check import finalize
-from graphopt.backends.onnx.ort_runner import (
-    OrtModel,
-    quiet_options,
-    sample_feeds,
-)
+from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options, sample_feeds
 from graphopt.backends.onnx.padding import pad_channels
 from graphopt.backends.onnx.precision import reduce_precision
 from graphopt.backends.onnx.quantize import quantize

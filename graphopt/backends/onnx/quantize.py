@@ -79,6 +79,7 @@ from graphopt.decisions.quantization.choice import (
     method_description,
 )
 from graphopt.errors import GraphoptError
+from graphopt.frontends.onnx_safety import default_opset
 from graphopt.ir.decision_details import QuantizeDetail
 
 __all__ = ["INT4_BLOCK_SIZE", "QUANTIZE_PASSES", "QuantizePass", "quantize", "quantize_auto",
@@ -129,10 +130,6 @@ def _blocked(mode: str, node: onnx.NodeProto, w: onnx.TensorProto | None,
         if why is not None:
             return f"onnxruntime's dynamic quantizer has no Gemm, and {why}"
     return method_blocked(mode, op, ctx.target)
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, object]:
@@ -248,7 +245,8 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
             if mode == "int8_dynamic":
                 gemms = {n for n in nodes if ops[n] == "Gemm"}
                 out = _gemms_as_matmuls(out, gemms) if gemms else out
-                dynamic = dynamic_int8_matmuls if _opset(out) >= MIN_OPSET else ort_dynamic_int8
+                dynamic = dynamic_int8_matmuls if (default_opset(out) or 0) >= MIN_OPSET \
+                    else ort_dynamic_int8
                 out = dynamic(out, nodes, reduce_range=scheme.reduce_range)
             else:
                 assert ctx.calibration
