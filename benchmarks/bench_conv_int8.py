@@ -49,21 +49,17 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_published_peers import MODELS  # noqa: E402
 from peers_common import Option, compare, interleaved, machine, ratio  # noqa: E402
 
 from graphopt.backends.onnx.quantize_ort import ort_static_qdq  # noqa: E402
 from graphopt.decisions.quantization.choice import int8_scheme  # noqa: E402
 from graphopt.hardware.detect import host_cpu_profile  # noqa: E402
 
-#: key -> (input shape, what it is); published models come out of their wheels
-PUBLISHED = {
-    "paddle_cls": ((1, 3, 48, 192), "PP-OCR v2.0 text-direction classifier, 48x192"),
-    "paddle_rec": ((1, 3, 48, 320), "PP-OCRv4 text recognizer, 48x320"),
-    "paddle_det": ((1, 3, 480, 640), "PP-OCRv4 text detector (DBNet), 480x640"),
-    "paddle_layout": ((1, 3, 800, 608), "PicoDet layout detector (CDLA), 800x608"),
-    "yolo": ((1, 3, 320, 320), "YOLOv8n detector (NudeNet 320n), 320x320"),
-    "orientation": ((1, 3, 224, 224), "PP-LCNet orientation classifier, 224x224"),
-}
+#: key -> (input shape, what it is); published models come out of their wheels: those of
+#: bench_published_peers.py, and the PP-OCRv4 detector beside its recognizer
+PUBLISHED = {**MODELS,
+             "paddle_det": ((1, 3, 480, 640), "PP-OCRv4 text detector (DBNet), 480x640")}
 TORCH = {
     "resnet_like_b1": "examples/resnet_like.py, batch 1, 224x224",
     "resnet_like_b8": "examples/resnet_like.py, batch 8, 224x224",
