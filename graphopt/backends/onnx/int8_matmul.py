@@ -1,12 +1,12 @@
 """Dynamic INT8 MatMuls written by graphopt: the graph ONNX Runtime's ``quantize_dynamic``
 writes, node for node and byte for byte, without its per-channel Python loop.
 
-Why not call ORT's quantizer (:func:`.quantize_ort.ort_dynamic_int8`, still the reference and
-the path for opset < 11): it quantizes each weight column in a Python call of its own (50,000
-calls, 3.5 s on GPT-2 4L) and saves and reloads the model with shape inference, and the
-accuracy guard calls it again for every fallback round. Here each weight is quantized in a few
-numpy operations. ``tests/test_int8_matmul.py`` checks the result against ORT's: the same
-nodes, names and initializer bytes, and the same outputs.
+Why not call ORT's quantizer (:func:`.quantize_ort.ort_dynamic_int8`, still the reference the
+tests and ``benchmarks/bench_quantize_call.py`` compare with): it quantizes each weight column
+in a Python call of its own (50,000 calls, 3.5 s on GPT-2 4L) and saves and reloads the
+model with shape inference, and the accuracy guard calls it again for every fallback round.
+Here each weight is quantized in a few numpy operations. ``tests/test_int8_matmul.py`` checks
+the result against ORT's: the same nodes, names and initializer bytes, and the same outputs.
 
 What ORT writes (onnxruntime 1.31, ``IntegerOps`` mode, ``per_channel=True``, int8 symmetric
 weights, ``MatMulConstBOnly``), for ``y = MatMul(x, W)`` named ``mm``:
@@ -38,8 +38,8 @@ from graphopt.frontends.onnx_safety import default_opset
 
 __all__ = ["MIN_OPSET", "dynamic_int8_matmuls", "quantized_weight"]
 
-#: DynamicQuantizeLinear and MatMulInteger are opset 10-11 ops; below, ORT's quantizer
-#: relabels the model's opset, which graphopt leaves to ORT
+#: DynamicQuantizeLinear and MatMulInteger are opset 10-11 ops (the ONNX frontend raises every
+#: model to ``frontends.onnx_safety.MIN_OPSET``, 13, before any pass: this is a guard)
 MIN_OPSET = 11
 
 

@@ -62,12 +62,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphopt.backends.onnx.context import OnnxContext
-from graphopt.backends.onnx.int8_matmul import MIN_OPSET, dynamic_int8_matmuls
+from graphopt.backends.onnx.int8_matmul import dynamic_int8_matmuls
 from graphopt.backends.onnx.ort_runner import topological
 from graphopt.backends.onnx.quantize_ort import (
     FP8_CPU_GRAPH_OPTIMIZATION,
     INT4_BLOCK_SIZE,
-    ort_dynamic_int8,
     ort_int4,
     ort_static_qdq,
 )
@@ -79,7 +78,6 @@ from graphopt.decisions.quantization.choice import (
     method_description,
 )
 from graphopt.errors import GraphoptError
-from graphopt.frontends.onnx_safety import default_opset
 from graphopt.ir.decision_details import QuantizeDetail
 
 __all__ = ["INT4_BLOCK_SIZE", "QUANTIZE_PASSES", "QuantizePass", "quantize", "quantize_auto",
@@ -245,9 +243,7 @@ def _apply(model: onnx.ModelProto, ctx: OnnxContext, picks: dict[str, _Pick]
             if mode == "int8_dynamic":
                 gemms = {n for n in nodes if ops[n] == "Gemm"}
                 out = _gemms_as_matmuls(out, gemms) if gemms else out
-                dynamic = dynamic_int8_matmuls if (default_opset(out) or 0) >= MIN_OPSET \
-                    else ort_dynamic_int8
-                out = dynamic(out, nodes, reduce_range=scheme.reduce_range)
+                out = dynamic_int8_matmuls(out, nodes, reduce_range=scheme.reduce_range)
             else:
                 assert ctx.calibration
                 out = ort_static_qdq(out, nodes, sorted({ops[n] for n in nodes}),

@@ -1,8 +1,9 @@
 """Thin calls into ``onnxruntime.quantization`` for the quantize passes (:mod:`.quantize`).
 
 graphopt chooses the nodes; ONNX Runtime's own quantizers do the arithmetic, except dynamic
-INT8 MatMuls from opset 11, which :mod:`.int8_matmul` writes as ``quantize_dynamic`` would
-(checked against it, value for value), without its per-channel Python loop. Each function
+INT8 MatMuls, which :mod:`.int8_matmul` writes as ``quantize_dynamic`` would, without its
+per-channel Python loop; :func:`ort_dynamic_int8` stays as the reference its tests and
+``benchmarks/bench_quantize_call.py`` compare with. Each function
 takes a model and the node names to quantize, works on a copy in a temporary folder (the
 quantizers write files) and returns the quantized model. Facts about onnxruntime 1.31 they
 rely on (checked on this project's CPU host):
