@@ -48,6 +48,31 @@ def test_a_folded_batchnorm_is_timed(monkeypatch) -> None:
     assert calls == [True]
 
 
+def test_no_pass_writes_a_parameter_it_found(monkeypatch) -> None:
+    """The snapshot a pass is reverted to shares the module's parameters: no pass may write
+    one in place (every default pass runs, padding, layout and quantize among them)."""
+    shared: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (parameter, its version then)
+    real = pipeline._TorchBackend.snapshot
+
+    def snapshot(self: object, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        copy = real(self, gm)
+        for p in copy.parameters():
+            if any(p is q for q in gm.parameters()):
+                shared.setdefault(id(p), (p, p._version))
+        return copy
+
+    monkeypatch.setattr(pipeline._TorchBackend, "snapshot", snapshot)
+    model = nn.Sequential(nn.Conv2d(3, 30, 3), nn.BatchNorm2d(30), nn.ReLU(),
+                          nn.Conv2d(30, 30, 3), nn.Flatten(), nn.Linear(30 * 12 * 12, 70)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    opt = graphopt.optimize(model, x, target="cpu", measure=False, pad="always",
+                            layout="channels_last", quantize="int8")
+    assert len(shared) > 8 and opt.info.passes_applied == ("cleanup", "padding", "layout",
+                                                           "quantize")
+    opt.module(x)
+    assert [p._version for p, _ in shared.values()] == [v for _, v in shared.values()]
+
+
 def test_the_final_model_is_checked_once(monkeypatch) -> None:
     """An MLP quantized on request: the quantize pass's model is checked, and is the final
     model."""

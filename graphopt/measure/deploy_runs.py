@@ -8,13 +8,14 @@ others' (``decisions/confidence`` reads their ratios). Sequential timings on the
 here swing by 15%; the ratios within a round far less.
 
 Why a budget (issue 34, item 3: ``optimize`` within 20 s): rounds of a fixed 0.15 s per
-candidate took 14 s of BERT's 34 s. Now the first :data:`ROUNDS` rounds are fitted into
-:data:`TIMING_BUDGET_S` from one probe call per candidate (a slow model gets fewer calls per
-round, never fewer rounds), and more rounds follow only while the choice could still change
-(``decisions/deploy/artifact.unsettled``: a tie between two losers does not count), up to
-:data:`MAX_ROUNDS`, and only where the next batch would end within :data:`MAX_TIMING_S`. The
-user's original model is timed in the first rounds only: it is the report's point of
-comparison, never a choice.
+candidate took 14 s of BERT's 34 s. Now rounds are fitted into :data:`TIMING_BUDGET_S` for
+:data:`ROUNDS` of them from one probe call per candidate (a slow model gets fewer calls per
+round, never fewer rounds). From :data:`MIN_ROUNDS` on, the timing stops as soon as the choice
+is settled (``decisions/deploy/artifact.unsettled``: a tie between two losers does not count;
+candidates 2x apart settle in 4 rounds), and goes on while it could still change, up to
+:data:`MAX_ROUNDS`, and only where the next round would end within :data:`MAX_TIMING_S`. The
+user's original model is timed in the first :data:`ROUNDS` rounds at most: it is the report's
+point of comparison, never a choice.
 """
 
 from __future__ import annotations
@@ -27,35 +28,24 @@ from typing import Any
 from graphopt.backends.timing import best_time
 from graphopt.decisions.deploy.artifact import ArtifactTiming, unsettled
 
-__all__ = ["MAX_ROUNDS", "MAX_TIMING_S", "ORIGINAL", "ROUNDS", "TIMING_BUDGET_S", "Settled",
-           "interleaved_rounds", "settled_rounds"]
+__all__ = ["MAX_ROUNDS", "MAX_TIMING_S", "MIN_ROUNDS", "ORIGINAL", "ROUNDS", "TIMING_BUDGET_S",
+           "Settled", "settled_rounds"]
 
-ROUNDS = 7  # paired rounds: enough for a 95% interval (decisions/confidence)
+ROUNDS = 7  # paired rounds the budget is shared over (decisions/confidence: a 95% interval)
+#: the fewest rounds a settled choice stops after: t = 3.18 at 3 degrees of freedom, so only
+#: candidates far apart with steady rounds settle this early
+MIN_ROUNDS = 4
 #: the most interleaved rounds the deploy timing takes before it says the machine is too busy
 MAX_ROUNDS = 28
 #: the first ROUNDS rounds of every candidate together aim at this many seconds
 TIMING_BUDGET_S = 3.0
-#: more rounds (an unsettled choice) only in batches that end within this many seconds
+#: rounds past ROUNDS (an unsettled choice) only where they end within this many seconds
 MAX_TIMING_S = 8.0
 #: the key of the user's original model among the calls (timed in the first rounds only)
 ORIGINAL = "original"
 _BUDGET_S = 0.15  # per candidate and round, at most
 _MIN_BUDGET_S = 0.01
 _MIN_RUNS, _MAX_RUNS = 3, 100
-
-
-def interleaved_rounds(calls: Mapping[str, Callable[[], Any]], *, rounds: int = ROUNDS,
-                       budget_s: float = _BUDGET_S, min_runs: int = _MIN_RUNS
-                       ) -> dict[str, list[float]]:
-    """name -> its best seconds of one call in each of ``rounds`` interleaved rounds (paired
-    by round: ``decisions/confidence`` reads their ratios)."""
-    names = list(calls)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(best_time(calls[name], budget_s=budget_s, min_runs=min_runs,
-                                         max_runs=_MAX_RUNS))
-    return times
 
 
 @dataclass(frozen=True)
@@ -81,9 +71,9 @@ class Settled:
 def settled_rounds(calls: Mapping[str, Callable[[], Any]], rows: Mapping[str, ArtifactTiming],
                    *, budget_s: float = TIMING_BUDGET_S, max_s: float = MAX_TIMING_S,
                    max_rounds: int = MAX_ROUNDS) -> Settled:
-    """Interleaved rounds of ``calls`` (module doc), more of them while a choice's interval
-    straddles the margin (the noise decides how many); ``rows`` (artifact -> its row) get the
-    times of the call of the same name."""
+    """Interleaved rounds of ``calls`` (module doc) until the choice is settled (the noise
+    decides how many); ``rows`` (artifact -> its row) get the times of the call of the same
+    name."""
     start = time.perf_counter()
     probe = max(_once(call) for call in calls.values())  # also each one's first warm-up
     each = min(_BUDGET_S, max(_MIN_BUDGET_S, budget_s / (ROUNDS * len(calls))))
@@ -92,20 +82,21 @@ def settled_rounds(calls: Mapping[str, Callable[[], Any]], rows: Mapping[str, Ar
     runs = _MIN_RUNS if probe * _MIN_RUNS <= each else 1
     each = each if runs > 1 else 0.0
     per_round: dict[str, list[float]] = {name: [] for name in calls}
-    active = dict(calls)
+    done = 0
     while True:
-        batch_start = time.perf_counter()
-        for name, times in interleaved_rounds(active, rounds=ROUNDS, budget_s=each,
-                                              min_runs=runs).items():
-            per_round[name] += times
-        active.pop(ORIGINAL, None)  # the report's point of comparison: the first rounds do
+        round_start = time.perf_counter()
+        # the original is the report's point of comparison: the first rounds do
+        active = [n for n in calls if n != ORIGINAL or done < ROUNDS]
+        for name in active[done % len(active):] + active[:done % len(active)]:
+            per_round[name].append(best_time(calls[name], budget_s=each, min_runs=runs,
+                                             max_runs=_MAX_RUNS))
+        done += 1
         timed = tuple(replace(r, seconds=min(per_round[a]), rounds=tuple(per_round[a]))
                       if per_round.get(a) else r for a, r in rows.items())
         now = time.perf_counter()
-        spent, batch = now - start, now - batch_start
-        done = max(len(t) for t in per_round.values())
-        # another batch only where it would end within max_s (it costs about as much again)
-        if done >= max_rounds or spent + batch > max_s or not unsettled(timed):
+        spent, last = now - start, now - round_start
+        if done >= max_rounds or (done >= MIN_ROUNDS and not unsettled(timed)) or \
+                (done >= ROUNDS and spent + last > max_s):  # the next round would end late
             return Settled(per_round, timed, spent, runs)
 
 
