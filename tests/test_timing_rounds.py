@@ -1,7 +1,8 @@
 """The paired timing (``backends/timing.compare_paired``) stops once its keep decision is
 settled: on a fake clock that each call advances by its own duration (no real timing here),
 a constant 1.01x speedup (a tie at the 3% margin) stops after the minimum rounds, a constant
-1.25x likewise (faster), and a noisy one goes on to the round limit."""
+1.25x likewise (faster), and a noisy one goes on to the round limit; a slow call is timed once
+per round."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ class FakeClock:
         return self.now
 
 
-def run(monkeypatch, before_s, after_s) -> timing.Measured:
+def run(monkeypatch, before_s, after_s, calls: list[int] | None = None) -> timing.Measured:
     clock = FakeClock()
     monkeypatch.setattr(timing.time, "perf_counter", clock)
 
     def call(seconds):
         def once() -> None:
             clock.now += next(seconds)
+            if calls is not None:
+                calls.append(1)
         return once
 
     return timing.compare_paired(call(before_s), call(after_s), min_rounds=5, max_rounds=15,
@@ -46,3 +49,15 @@ def test_an_unsettled_one_goes_on_to_the_round_limit(monkeypatch) -> None:
     before = itertools.cycle([0.009] * 4 + [0.012] * 4)  # warm-up, 3 runs, then per round
     got = run(monkeypatch, before, itertools.repeat(0.01))
     assert got.rounds == 15 and got.verdict == "tie" and not got.keep
+
+
+def test_a_slow_call_is_timed_once_per_round(monkeypatch) -> None:
+    """Calls of 50 ms: a warm-up each, then one call per candidate and round (best of 3 for
+    short calls, above)."""
+    calls: list[int] = []
+    got = run(monkeypatch, itertools.repeat(0.05 * 1.25), itertools.repeat(0.05), calls)
+    assert (got.verdict, got.rounds) == ("faster", 5)
+    assert len(calls) == 2 + 2 * 5
+    short: list[int] = []
+    run(monkeypatch, itertools.repeat(0.0125), itertools.repeat(0.01), short)
+    assert len(short) == 2 + 2 * 3 * 5

@@ -26,8 +26,12 @@ from typing import Any
 
 from graphopt.decisions.deploy.confidence import clears, speedup_interval
 
-__all__ = ["NOISE", "Measured", "best_time", "compare_paired", "not_slower"]
+__all__ = ["NOISE", "SLOW_CALL_S", "Measured", "best_time", "compare_paired", "not_slower"]
 
+#: a call this long (a warm-up's, an overestimate) is timed once per round, not best of n:
+#: ResNet-50's 90 ms calls spent 3 s on each paired timing at best of 3, and at that length
+#: the pairing, not the best of n, takes out a busy host's drift
+SLOW_CALL_S = 0.03
 #: a candidate's speedup must clear this margin with 95% confidence to change a default, and
 #: the deploy choice's margin between artifacts (a timer's and scheduler's noise on a host)
 NOISE = 0.03
@@ -78,8 +82,11 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
                    margin: float = NOISE, min_rounds: int = 5, max_rounds: int = 15,
                    budget_s: float = 2.0, runs: int = 3) -> Measured:
     """Paired rounds (module doc) until the interval clears ``1 + margin`` or 1, or the
-    rounds or ``budget_s`` run out; ``keep`` is the verdict ``faster``."""
-    before(), after()  # warm-up: caches, allocator, prepacked weights, thread pool
+    rounds or ``budget_s`` run out; ``keep`` is the verdict ``faster``. ``runs`` calls per
+    candidate and round, one where a call takes :data:`SLOW_CALL_S` or more."""
+    # warm-up: caches, allocator, prepacked weights, thread pool; its time sizes the rounds
+    if min(_seconds(before), _seconds(after)) >= SLOW_CALL_S:
+        runs = 1
     pairs: tuple[list[float], list[float]] = ([], [])
     start = time.perf_counter()
     low, high = 0.0, math.inf
@@ -102,6 +109,12 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
     verdict = "faster" if clears((low, high), margin) else "slower" if high < 1 else "tie"
     return Measured(verdict == "faster", min(pairs[0]), min(pairs[1]), low, high,
                     len(pairs[0]), verdict)
+
+
+def _seconds(call: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    call()
+    return time.perf_counter() - t
 
 
 def not_slower(before: Callable[[], Any], after: Callable[[], Any], *, rounds: int,
