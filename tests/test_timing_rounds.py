@@ -53,7 +53,7 @@ def test_an_unsettled_one_goes_on_to_the_round_limit(monkeypatch) -> None:
 
 def test_a_slow_call_is_timed_once_per_round(monkeypatch) -> None:
     """Calls of 50 ms: a warm-up each, then one call per candidate and round (best of 3 for
-    short calls, above)."""
+    short calls, above); past the minimum rounds, best of 3 again."""
     calls: list[int] = []
     got = run(monkeypatch, itertools.repeat(0.05 * 1.25), itertools.repeat(0.05), calls)
     assert (got.verdict, got.rounds) == ("faster", 5)
@@ -61,3 +61,7 @@ def test_a_slow_call_is_timed_once_per_round(monkeypatch) -> None:
     short: list[int] = []
     run(monkeypatch, itertools.repeat(0.0125), itertools.repeat(0.01), short)
     assert len(short) == 2 + 2 * 3 * 5
+    noisy: list[int] = []
+    before = itertools.cycle([0.045, 0.06])  # 0.9x and 1.2x by turns: unsettled at 5 rounds
+    got = run(monkeypatch, before, itertools.repeat(0.05), noisy)
+    assert got.rounds > 5 and len(noisy) == 2 + 2 * 5 + 2 * 3 * (got.rounds - 5)

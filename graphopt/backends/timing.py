@@ -28,9 +28,10 @@ from graphopt.decisions.deploy.confidence import clears, speedup_interval
 
 __all__ = ["NOISE", "SLOW_CALL_S", "Measured", "best_time", "compare_paired", "not_slower"]
 
-#: a call this long (a warm-up's, an overestimate) is timed once per round, not best of n:
-#: ResNet-50's 90 ms calls spent 3 s on each paired timing at best of 3, and at that length
-#: the pairing, not the best of n, takes out a busy host's drift
+#: a call this long (a warm-up's, an overestimate) is timed once per round until the minimum
+#: rounds are in: ResNet-50's 90 ms calls spent 3 s on each paired timing at best of 3, and a
+#: clear verdict needs no more. An unsettled one goes on at best of n: on this noisy host one
+#: call a round left BERT's ONNX INT8 pass a tie, and it was reverted
 SLOW_CALL_S = 0.03
 #: a candidate's speedup must clear this margin with 95% confidence to change a default, and
 #: the deploy choice's margin between artifacts (a timer's and scheduler's noise on a host)
@@ -83,10 +84,10 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
                    budget_s: float = 2.0, runs: int = 3) -> Measured:
     """Paired rounds (module doc) until the interval clears ``1 + margin`` or 1, or the
     rounds or ``budget_s`` run out; ``keep`` is the verdict ``faster``. ``runs`` calls per
-    candidate and round, one where a call takes :data:`SLOW_CALL_S` or more."""
+    candidate and round (best of them); where a call takes :data:`SLOW_CALL_S` or more, one
+    in each of the first ``min_rounds``, and ``runs`` only once those leave it unsettled."""
     # warm-up: caches, allocator, prepacked weights, thread pool; its time sizes the rounds
-    if min(_seconds(before), _seconds(after)) >= SLOW_CALL_S:
-        runs = 1
+    slow = min(_seconds(before), _seconds(after)) >= SLOW_CALL_S
     pairs: tuple[list[float], list[float]] = ([], [])
     start = time.perf_counter()
     low, high = 0.0, math.inf
@@ -94,7 +95,7 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
         order = ((0, before), (1, after)) if i % 2 == 0 else ((1, after), (0, before))
         got = [math.inf, math.inf]
         for k, call in order:
-            for _ in range(runs):
+            for _ in range(1 if slow and i < min_rounds else runs):
                 t = time.perf_counter()
                 call()
                 got[k] = min(got[k], time.perf_counter() - t)
