@@ -26,11 +26,13 @@ import onnx
 
 from graphopt.files.proto_copy import copy_except
 
-__all__ = ["IN_MEMORY_BYTES", "KEEP_ATTR", "in_memory_session", "split_weights",
+__all__ = ["IN_MEMORY_BYTES", "IN_MEMORY_LOCATION", "KEEP_ATTR", "in_memory_session", "split_weights",
            "tensor_nbytes"]
 
 #: a tensor at least this large goes to ORT in memory, not in the serialized proto
 IN_MEMORY_BYTES = 1 << 16
+#: the ``location`` of every stub :func:`split_weights` writes
+IN_MEMORY_LOCATION = "graphopt-in-memory"
 #: the session attribute holding the arrays and OrtValues ORT reads
 KEEP_ATTR = "_graphopt_in_memory"
 _T = onnx.TensorProto
@@ -57,7 +59,8 @@ def _in_memory(t: onnx.TensorProto, inputs: set[str]) -> bool:
 
 def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """(the model with its large raw tensors declared external, those tensors by name as
-    arrays over the proto's bytes). Nothing is split on a big-endian host."""
+    arrays over the proto's bytes). Nothing is split on a big-endian host, nor a tensor whose
+    bytes do not fit its dims (it stays in the proto, for the checker to report)."""
     g = model.graph
     inputs = {i.name for i in g.input}
     big = [t for t in g.initializer if _in_memory(t, inputs)] if sys.byteorder == "little" \
@@ -69,15 +72,16 @@ def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
     names = {t.name for t in big}
     arrays: dict[str, np.ndarray] = {}
     for t in g.initializer:
-        if t.name not in names:
-            light.graph.initializer.append(t)
+        data = t.raw_data if t.name in names else b""
+        if len(data) != tensor_nbytes(t):  # a small one, or bytes that do not fit its dims
+            light.graph.initializer.append(t)  # (the checker says so)
             continue
         dtype = np.dtype(_NUMPY[t.data_type])
-        arrays[t.name] = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
+        arrays[t.name] = np.frombuffer(data, dtype=dtype).reshape(tuple(t.dims))
         stub = light.graph.initializer.add()
         stub.name, stub.data_type, stub.data_location = t.name, t.data_type, _T.EXTERNAL
         stub.dims.extend(t.dims)
-        for key, value in (("location", "graphopt-in-memory"), ("offset", "0"),
+        for key, value in (("location", IN_MEMORY_LOCATION), ("offset", "0"),
                            ("length", str(arrays[t.name].nbytes))):
             entry = stub.external_data.add()
             entry.key, entry.value = key, value
