@@ -26,8 +26,8 @@ import onnx
 
 from graphopt.files.proto_copy import copy_except
 
-__all__ = ["IN_MEMORY_BYTES", "IN_MEMORY_LOCATION", "KEEP_ATTR", "in_memory_session", "split_weights",
-           "tensor_nbytes"]
+__all__ = ["IN_MEMORY_BYTES", "IN_MEMORY_LOCATION", "KEEP_ATTR", "in_memory_session",
+           "split_weights", "tensor_nbytes"]
 
 #: a tensor at least this large goes to ORT in memory, not in the serialized proto
 IN_MEMORY_BYTES = 1 << 16
