@@ -65,3 +65,38 @@ def test_a_slow_call_is_timed_once_per_round(monkeypatch) -> None:
     before = itertools.cycle([0.045, 0.06])  # 0.9x and 1.2x by turns: unsettled at 5 rounds
     got = run(monkeypatch, before, itertools.repeat(0.05), noisy)
     assert got.rounds > 5 and len(noisy) == 2 + 2 * 5 + 2 * 3 * (got.rounds - 5)
+
+
+def test_the_onnx_pass_timing_sessions_do_not_spin(monkeypatch) -> None:
+    """Both sessions the ONNX pass timing runs by turns are made with ORT's spinning off
+    (``backends/onnx/measure``: one's spinning threads slowed the other's next run)."""
+    import torch
+
+    import graphopt
+    from graphopt.backends.onnx import measure, ort_runner
+
+    made: list[str] = []
+    real = ort_runner.OrtModel.__init__
+
+    def init(self, model, providers=None, what="the model", options=None) -> None:
+        try:
+            spin = options.get_session_config_entry("session.intra_op.allow_spinning")
+        except (AttributeError, RuntimeError):  # no options, or the entry is not set
+            spin = None
+        made.append(f"{what}: {spin}")
+        real(self, model, providers, what, options)
+
+    monkeypatch.setattr(ort_runner.OrtModel, "__init__", init)
+    timed: list[bool] = []
+    real_compare = measure.not_slower
+
+    def spy(*a, **k):
+        timed.append(True)
+        return real_compare(*a, **k)
+
+    monkeypatch.setattr(measure, "not_slower", spy)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                                torch.nn.Linear(512, 256)).eval()
+    graphopt.optimize(model, torch.randn(64, 256), target="cpu", measure=True).ensure_onnx()
+    assert timed  # the INT8 pass was timed
+    assert "the original model: 0" in made and "a timing candidate: 0" in made, made

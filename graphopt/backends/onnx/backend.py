@@ -102,7 +102,8 @@ class OnnxBackend:
     def time(self, before: onnx.ModelProto, after: onnx.ModelProto
              ) -> Measured:
         first = self.base_session if before is self.original and self.base_session else before
-        timed = OrtModel(after, what="a timing candidate")
+        timed = OrtModel(after, what="a timing candidate",
+                         options=onnx_measure.timing_options())
         self.timed = (after, timed)
         return onnx_measure.faster_or_equal(first, timed, self.ctx.samples[0])
 

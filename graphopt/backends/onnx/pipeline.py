@@ -36,8 +36,9 @@ from graphopt.backends.onnx.context import OnnxContext
 from graphopt.backends.onnx.fitting import Fit, fit_for, fit_from_feed
 from graphopt.backends.onnx.guard import compare, run_samples
 from graphopt.backends.onnx.holdout import ONE_BATCH, HeldOut
+from graphopt.backends.onnx.measure import timing_options
 from graphopt.backends.onnx.model_check import finalize
-from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options, sample_feeds
+from graphopt.backends.onnx.ort_runner import OrtModel, sample_feeds
 from graphopt.backends.onnx.padding import pad_channels
 from graphopt.backends.onnx.precision import reduce_precision
 from graphopt.backends.onnx.quantize import quantize
@@ -209,7 +210,8 @@ def _setup(model: Any, profile: HardwareProfile, opts: Options, calibration: Any
     base = graph.source_model
     if base is None:  # pragma: no cover - the ONNX frontend always sets it
         raise GraphoptError("the ONNX frontend kept no model to rewrite")
-    original = OrtModel(base, what="the original model", options=quiet_options())
+    # the pass timing's "before" too (OnnxBackend.time): timing options
+    original = OrtModel(base, what="the original model", options=timing_options())
     calib = load_calibration(calibration, base) if calibration is not None else None
     held = HeldOut()
     if calib and not samples:  # one part chooses, the other checks (holdout.py)
