@@ -69,11 +69,18 @@ def test_a_slow_call_is_timed_once_per_round(monkeypatch) -> None:
 
 def test_the_onnx_pass_timing_sessions_do_not_spin(monkeypatch) -> None:
     """Both sessions the ONNX pass timing runs by turns are made with ORT's spinning off
-    (``backends/onnx/measure``: one's spinning threads slowed the other's next run)."""
+    (``backends/onnx/measure``: one's spinning threads slowed the other's next run): the
+    setup's session of the original (the timing's "before") and the pass's candidate."""
+    from types import SimpleNamespace
+
+    import numpy as np
     import torch
 
-    import graphopt
-    from graphopt.backends.onnx import measure, ort_runner
+    from graphopt.backends.onnx import backend as onnx_backend
+    from graphopt.backends.onnx import ort_runner
+    from graphopt.backends.onnx.backend import OnnxBackend
+    from graphopt.backends.onnx.pipeline import optimize_onnx
+    from graphopt.frontends.onnx_export import export_torch
 
     made: list[str] = []
     real = ort_runner.OrtModel.__init__
@@ -87,16 +94,13 @@ def test_the_onnx_pass_timing_sessions_do_not_spin(monkeypatch) -> None:
         real(self, model, providers, what, options)
 
     monkeypatch.setattr(ort_runner.OrtModel, "__init__", init)
-    timed: list[bool] = []
-    real_compare = measure.not_slower
-
-    def spy(*a, **k):
-        timed.append(True)
-        return real_compare(*a, **k)
-
-    monkeypatch.setattr(measure, "not_slower", spy)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
-                                torch.nn.Linear(512, 256)).eval()
-    graphopt.optimize(model, torch.randn(64, 256), target="cpu", measure=True).ensure_onnx()
-    assert timed  # the INT8 pass was timed
-    assert "the original model: 0" in made and "a timing candidate: 0" in made, made
+    monkeypatch.setattr(onnx_backend.onnx_measure, "not_slower", lambda *a, **k: None)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()).eval()
+    proto = export_torch(model, torch.randn(4, 16)).model
+    optimize_onnx(proto, "cpu", samples=[{proto.graph.input[0].name:
+                                          np.ones((4, 16), np.float32)}])
+    assert "the original model: 0" in made, made
+    backend = OnnxBackend(SimpleNamespace(samples=[{}]), proto, [])
+    del made[:]
+    backend.time(proto, proto)  # the candidate's session, and one of "before" (none given)
+    assert made == ["a timing candidate: 0"] * 2
