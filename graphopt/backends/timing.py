@@ -30,8 +30,9 @@ __all__ = ["NOISE", "SLOW_CALL_S", "Measured", "best_time", "compare_paired", "n
 
 #: a call this long (a warm-up's, an overestimate) is timed once per round until the minimum
 #: rounds are in: ResNet-50's 90 ms calls spent 3 s on each paired timing at best of 3, and a
-#: clear verdict needs no more. An unsettled one goes on at best of n: on this noisy host one
-#: call a round left BERT's ONNX INT8 pass a tie, and it was reverted
+#: clear verdict needs no more. An unsettled one goes on at best of n. (One call a round once
+#: left BERT's and the Llama's ONNX INT8 pass a tie: ORT's spinning threads, since turned off
+#: for the timed sessions, ``backends/onnx/measure``)
 SLOW_CALL_S = 0.03
 #: a candidate's speedup must clear this margin with 95% confidence to change a default, and
 #: the deploy choice's margin between artifacts (a timer's and scheduler's noise on a host)
