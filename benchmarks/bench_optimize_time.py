@@ -9,8 +9,8 @@ finds it. Each model is optimized once; the phases are the wall time inside the 
 (``optimize_torch``: tracing, planning and the torch passes with their timing and guard;
 ``ensure_onnx``: the ONNX export and its passes; the torch.compile and OpenVINO builds; the
 deploy timing rounds). ``--exhaustive`` optimizes each model a second time the old way
-(torch.compile always built, rounds of 0.15 s per candidate up to 28), and says whether the
-recommended artifact is the same: the budget must not change the choice.
+(torch.compile always built, at least 7 rounds of 0.15 s per candidate, up to 28), and says
+whether the recommended artifact is the same: the budget must not change the choice.
 """
 
 from __future__ import annotations
@@ -71,13 +71,16 @@ def phase_timers(spent: dict[str, float]) -> Iterator[None]:
 @contextlib.contextmanager
 def exhaustive() -> Iterator[None]:
     """The deploy choice as it was before the budget: every candidate built, long rounds."""
-    saved = (deploy.COMPILE_REACH, deploy_runs.TIMING_BUDGET_S, deploy_runs.MAX_TIMING_S)
+    saved = (deploy.COMPILE_REACH, deploy_runs.TIMING_BUDGET_S, deploy_runs.MAX_TIMING_S,
+             deploy_runs.MIN_ROUNDS)
     deploy.COMPILE_REACH = float("inf")
     deploy_runs.TIMING_BUDGET_S, deploy_runs.MAX_TIMING_S = 1e9, 1e9
+    deploy_runs.MIN_ROUNDS = deploy_runs.ROUNDS  # no early stop before the first rounds
     try:
         yield
     finally:
-        deploy.COMPILE_REACH, deploy_runs.TIMING_BUDGET_S, deploy_runs.MAX_TIMING_S = saved
+        (deploy.COMPILE_REACH, deploy_runs.TIMING_BUDGET_S, deploy_runs.MAX_TIMING_S,
+         deploy_runs.MIN_ROUNDS) = saved
 
 
 def optimize_once(model: Any, inputs: Any) -> tuple[float, dict[str, float], Any]:
