@@ -3,7 +3,7 @@ torch.compile built only where it could win, and an ONNX input's measured choice
 ONNX Runtime and OpenVINO.
 
 Timings are never asserted beyond being positive: which artifact wins depends on the machine.
-Where a test needs one verdict (compile built or not), it pins :data:`COMPILE_REACH`.
+Where a test needs one verdict (compile built or not), it pins ``compile_reach.COMPILE_REACH``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import graphopt
-from graphopt.api import deploy
+from graphopt.api import compile_reach, deploy
 from graphopt.api.deploy import NO_DEPLOY_MEASURE_ENV
 from graphopt.backends.onnx.result import OnnxResult
 from graphopt.decisions.deploy.artifact import Artifact, ArtifactTiming, unsettled
@@ -141,7 +141,7 @@ def test_torch_compile_out_of_reach_is_never_built(monkeypatch, measured):
         raise AssertionError("torch.compile was built")
 
     monkeypatch.setattr(deploy, "_compile", never)
-    monkeypatch.setattr(deploy, "COMPILE_REACH", 1e-9)  # nothing is ever in reach
+    monkeypatch.setattr(compile_reach, "COMPILE_REACH", 1e-9)  # nothing is ever in reach
     m, x = mlp()
     opt = graphopt.optimize(m, x, target="cpu", precision="fp32")
     row = next(r for r in opt.deploy.candidates if r.artifact == "torch.compile")
@@ -154,7 +154,7 @@ def test_torch_compile_out_of_reach_is_never_built(monkeypatch, measured):
 
 
 def test_torch_compile_in_reach_is_built_checked_and_timed(monkeypatch, measured):
-    monkeypatch.setattr(deploy, "COMPILE_REACH", 1e9)  # always in reach
+    monkeypatch.setattr(compile_reach, "COMPILE_REACH", 1e9)  # always in reach
     built: list[bool] = []
     real = deploy._compile
 
@@ -249,7 +249,7 @@ def test_the_deploy_steps_show_progress_on_a_terminal(monkeypatch, measured, ter
     """``optimize`` from Python says which candidate it builds and that it times them (issue
     35, item 4): the steps that took most of its time without a word."""
     monkeypatch.setattr(prog, "DELAY_S", 0.0)
-    monkeypatch.setattr(deploy, "COMPILE_REACH", 1e-9)  # no compile: the test stays short
+    monkeypatch.setattr(compile_reach, "COMPILE_REACH", 1e-9)  # no compile: the test stays short
     m, x = mlp()
     graphopt.optimize(m, x, target="cpu", precision="fp32")
     shown = terminal.getvalue()
@@ -263,3 +263,48 @@ def test_the_deploy_steps_show_progress_on_a_terminal(monkeypatch, measured, ter
         assert terminal.getvalue() == ""  # quiet: nothing
     finally:
         prog.set_quiet(False)
+
+
+# --- torch.compile's best case: ops it cannot make faster -----------------------------------
+
+def test_the_ops_compile_leaves_as_they_are_are_measured():
+    """A dynamically quantized Linear (``quantized::linear_dynamic``, as graphopt's torch INT8
+    pass emits) is most of this module's time; a float one counts nothing."""
+    from graphopt.measure.torch_runs import opaque_op_seconds
+
+    torch.manual_seed(0)
+    lin = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU()).eval()
+    quant = torch.ao.quantization.quantize_dynamic(lin, {torch.nn.Linear}, dtype=torch.qint8)
+    x = torch.randn(64, 1024)
+    with torch.inference_mode():
+        quant(x)
+        start = time.perf_counter()
+        quant(x)
+        whole = time.perf_counter() - start
+    assert 0.3 * whole < opaque_op_seconds(quant, (x,)) < 3 * whole
+    assert opaque_op_seconds(lin, (x,)) == 0.0
+
+
+def _opt_with_fusion(ratio: float):
+    from types import SimpleNamespace
+
+    fusion = SimpleNamespace(est_latency_fused_s=ratio, est_latency_unfused_s=1.0)
+    return SimpleNamespace(plan=SimpleNamespace(fusion=fusion), module=None)
+
+
+@pytest.mark.parametrize(("opaque_share", "built"), [(0.0, True), (0.8, False)])
+def test_compile_is_out_of_reach_when_its_opaque_ops_alone_lose(monkeypatch, opaque_share,
+                                                                built):
+    """torch 30 ms, ONNX Runtime 27 ms, the plan's fusion estimate 0.95: compile's best case is
+    0.95 / 1.25 of the module's time (23 ms, in reach), unless 80% of it runs in ops compile
+    leaves as they are (24 ms of them + 6 ms x 0.95 / 1.25 = 28.6 ms: out of reach)."""
+    from graphopt.api import compile_reach
+
+    monkeypatch.setattr(compile_reach, "opaque_op_seconds", lambda m, a: 0.030 * opaque_share)
+    counts: dict[str, int] = {}
+    calls = {"torch": sleeper(0.030, counts, "torch"),
+             "onnxruntime": sleeper(0.027, counts, "onnxruntime")}
+    why = compile_reach.compile_out_of_reach(_opt_with_fusion(0.95), calls, ())
+    assert (why is None) == built, why
+    if not built:
+        assert "ops Inductor leaves as they are" in why

@@ -7,7 +7,7 @@ the torch module (under its runtime settings), an ONNX Runtime session of the op
 export (in its session config), OpenVINO compiling that same ONNX model (``backends/openvino``;
 bf16 where the CPU computes it natively, checked at bf16's budget then; without ``openvino``
 installed its row says so and names the fix), and ``torch.compile`` of the module, built only
-where a probe of the others says it could win (:data:`COMPILE_REACH`: it compiles for seconds
+where a probe of the others says it could win (``api/compile_reach``: it compiles for seconds
 to minutes). An ONNX input has two candidates, its optimized model in ONNX Runtime and in
 OpenVINO, timed beside the original file. Each candidate's outputs are compared with the
 original model's first; the choice itself is
@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from graphopt.api.compile_reach import compile_out_of_reach
 from graphopt.backends.driver import measure_here
 from graphopt.backends.onnx.numerics import compare
 from graphopt.backends.onnx.ort_runner import OrtModel, quiet_options
 from graphopt.backends.onnx.session import session_settings
 from graphopt.backends.openvino.config import CompileConfig
 from graphopt.backends.openvino.runner import OpenVinoModel, cpu_capabilities, openvino_version
-from graphopt.backends.timing import best_time
 from graphopt.decisions.deploy.artifact import (
     ARTIFACTS,
     Artifact,
@@ -155,16 +155,6 @@ def _verdict(errors: Sequence[Any]) -> tuple[bool, str]:
     return all(e.within for e in errors), worst.describe()
 
 
-#: torch.compile is built only where it could win: where the torch module's measured time
-#: times the plan's fused/unfused estimate, divided by this, beats the fastest other candidate.
-#: The fusion model predicts 0.94-0.98 of eager on the zoo; torch.compile measured 0.78-0.95 of
-#: the torch module on an AMX Xeon (RESULTS.md, issue 24) and 0.92-1.15 on the AVX2 EPYC
-#: (issue 34, bench_optimize_time.py): at most 1.22x better than predicted, model by model;
-#: 1.25 covers that. (It was 1.5: ConvNeXt-T's 44 s compile was built here and lost to ORT
-#: by 1.28x.)
-COMPILE_REACH = 1.25
-
-
 def _measure(opt: Any) -> DeployChoice:
     """Case 2 of ``decisions/deploy/artifact.py``: build, check and time every candidate;
     torch.compile (the slowest to build) only where a probe says it could win."""
@@ -195,7 +185,7 @@ def _measure(opt: Any) -> DeployChoice:
             _candidate(artifact, lambda b=build: b(opt, args), check, rows, runners, calls,
                        call_of)
         with torch.inference_mode():
-            why_not = _compile_out_of_reach(opt, calls)
+            why_not = compile_out_of_reach(opt, calls, args)
         if why_not:
             rows[Artifact.TORCH_COMPILE] = ArtifactTiming(Artifact.TORCH_COMPILE, None, None,
                                                           error=why_not)
@@ -252,26 +242,6 @@ def _candidate(artifact: str, build: Callable[[], tuple[Deployed, str, Tolerance
     if within:
         runners[artifact] = runner
         calls[artifact] = call_of(runner)
-
-
-def _compile_out_of_reach(opt: Any, calls: dict[str, Callable[[], Any]]) -> str | None:
-    """Why torch.compile is not built (None: it could win): a probe of the torch module and
-    of each other candidate, and the plan's fused/unfused estimate (:data:`COMPILE_REACH`)."""
-    fusion = opt.plan.fusion
-    others = {n: c for n, c in calls.items() if n not in (ORIGINAL, "torch")}
-    if not others or fusion is None or not fusion.est_latency_unfused_s:
-        return None
-    ratio = float(fusion.est_latency_fused_s) / float(fusion.est_latency_unfused_s)
-    torch_s = best_time(calls["torch"], budget_s=0.0, min_runs=2, max_runs=2)
-    best, best_s = min(((n, best_time(c, budget_s=0.0, min_runs=2, max_runs=2))
-                        for n, c in others.items()), key=lambda x: x[1])
-    reach = torch_s * ratio / COMPILE_REACH
-    if reach <= best_s:
-        return None
-    return (f"not built: the torch module's {torch_s * 1e3:.3g} ms times the plan's fusion "
-            f"estimate ({ratio:.2f}) is {torch_s * ratio * 1e3:.3g} ms; even at "
-            f"{COMPILE_REACH:g}x better than that it would not reach {best}'s "
-            f"{best_s * 1e3:.3g} ms (best of two calls each, after a warm-up)")
 
 
 def _measure_onnx(opt: Any, run: Any) -> DeployChoice:
