@@ -207,15 +207,30 @@ def _legacy(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
                       {k: v for k, v in kwargs.items() if k not in tensor_kwargs})
     call_args = (*args, *(kwargs[k] for k in tensor_kwargs))
     with tempfile.TemporaryDirectory() as tmp, _quiet():
-        path = Path(tmp) / "model.onnx"
+        # in memory below protobuf's limit (the file's write and read were 0.4 s of the
+        # Llama's 4 s); a larger model is written with its weights as external data
+        path: Path | io.BytesIO = io.BytesIO() if _state_bytes(model) < _IN_MEMORY_EXPORT \
+            else Path(tmp) / "model.onnx"
         with lent_symbolics(opset) as lent:
             logger.debug("symbolics lent to the TorchScript exporter: %s", lent)
-            torch.onnx.export(call, call_args, str(path), dynamo=False, opset_version=opset,
+            torch.onnx.export(call, call_args, path if isinstance(path, io.BytesIO) else
+                              str(path), dynamo=False, opset_version=opset,
                               input_names=names, output_names=out_names,
                               do_constant_folding=True,
                               dynamic_axes=dyn.dynamic_axes if dyn else None)
-        # loads external data (> 2 GB models) from tmp
-        return _unwrap_names(onnx.load(str(path)))
+        if isinstance(path, io.BytesIO):
+            return _unwrap_names(onnx.load_model_from_string(path.getvalue()))
+        return _unwrap_names(onnx.load(str(path)))  # loads the external data from tmp
+
+
+#: a model whose parameters and buffers are below this is exported in memory (protobuf's
+#: 2 GiB limit, with room for the graph and for constants the export folds)
+_IN_MEMORY_EXPORT = 1 << 30
+
+
+def _state_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in (*model.parameters(), *model.buffers()))
 
 
 def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
