@@ -137,11 +137,12 @@ def measured(monkeypatch):
 
 
 def test_torch_compile_out_of_reach_is_never_built(monkeypatch, measured):
-    def never(opt):
-        raise AssertionError("torch.compile was built")
+    def never(*_):
+        raise AssertionError("torch.compile was built, or its module profiled")
 
     monkeypatch.setattr(deploy, "_compile", never)
     monkeypatch.setattr(compile_reach, "COMPILE_REACH", 1e-9)  # nothing is ever in reach
+    monkeypatch.setattr(compile_reach, "opaque_op_seconds", never)  # nor profiled then
     m, x = mlp()
     opt = graphopt.optimize(m, x, target="cpu", precision="fp32")
     row = next(r for r in opt.deploy.candidates if r.artifact == "torch.compile")
