@@ -229,8 +229,13 @@ _IN_MEMORY_EXPORT = 1 << 30
 
 
 def _state_bytes(model: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size()
-               for t in (*model.parameters(), *model.buffers()))
+    """The bytes of ``model``'s parameters and buffers; unbounded where one has no size yet
+    (a lazy module's placeholder): the file path then, which any size can take."""
+    try:
+        return sum(t.numel() * t.element_size()
+                   for t in (*model.parameters(), *model.buffers()))
+    except (RuntimeError, ValueError):
+        return _IN_MEMORY_EXPORT
 
 
 def _dynamo(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
