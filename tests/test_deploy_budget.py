@@ -271,7 +271,7 @@ def test_the_deploy_steps_show_progress_on_a_terminal(monkeypatch, measured, ter
 def test_the_ops_compile_leaves_as_they_are_are_measured():
     """A dynamically quantized Linear (``quantized::linear_dynamic``, as graphopt's torch INT8
     pass emits) is most of this module's time; a float one counts nothing."""
-    from graphopt.measure.torch_runs import opaque_op_seconds
+    from graphopt.api.compile_reach import opaque_op_seconds
 
     torch.manual_seed(0)
     lin = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU()).eval()

@@ -8,7 +8,7 @@ Its best case is bounded from two measurements and one estimate:
    them as fallback kernels, as eager does, so compiling cannot make them faster. On torch
    2.13, Dynamo also breaks the graph at every ``quantized::linear_dynamic`` (its packed weight
    is a TorchScript object it cannot trace). Measured by one profiled call
-   (``measure/torch_runs.opaque_op_seconds``). On the AVX2 EPYC they were 55-77% of BERT's,
+   (:func:`opaque_op_seconds`). On the AVX2 EPYC they were 55-77% of BERT's,
    ViT's and ConvNeXt-T's INT8 modules, whose compiles measured 1.00-1.27x the module's time.
 2. The rest at the plan's fused/unfused estimate (``cost/fusion.py``), up to
    :data:`COMPILE_REACH` better than that.
@@ -18,14 +18,18 @@ torch.compile is built only where that best case beats the fastest other candida
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from graphopt.backends.timing import best_time
+from graphopt.errors import first_line
+from graphopt.files.quiet import library_quiet
 from graphopt.measure.deploy_runs import ORIGINAL
-from graphopt.measure.torch_runs import opaque_op_seconds
 
-__all__ = ["COMPILE_REACH", "compile_out_of_reach"]
+__all__ = ["COMPILE_REACH", "OPAQUE_NAMESPACES", "compile_out_of_reach", "opaque_op_seconds"]
+
+logger = logging.getLogger(__name__)
 
 #: how much better than the plan's fusion estimate torch.compile may do on the ops it compiles.
 #: The fusion model predicts 0.94-0.98 of eager on the zoo. torch.compile measured 0.78-0.95 of
@@ -34,6 +38,8 @@ __all__ = ["COMPILE_REACH", "compile_out_of_reach"]
 #: 1.25 covers that. (It was 1.5: ConvNeXt-T's 44 s compile was built here and lost to ORT
 #: by 1.28x.)
 COMPILE_REACH = 1.25
+#: op namespaces Inductor has no lowering for: compiled, they run as the same kernels
+OPAQUE_NAMESPACES = ("quantized::", "graphopt::")
 
 
 def compile_out_of_reach(opt: Any, calls: dict[str, Callable[[], Any]],
@@ -62,3 +68,19 @@ def compile_out_of_reach(opt: Any, calls: dict[str, Callable[[], Any]],
             f"rest at the plan's fusion estimate ({ratio:.2f}) and {COMPILE_REACH:g}x better "
             f"than that, torch.compile would take {reach * 1e3:.3g} ms at best, slower than "
             f"{best}'s {best_s * 1e3:.3g} ms (best of two calls each, after a warm-up)")
+
+
+def opaque_op_seconds(module: Any, args: tuple[Any, ...]) -> float:
+    """Seconds one call of ``module`` spends in ops of :data:`OPAQUE_NAMESPACES` (one call
+    under torch.profiler, after the caller's warm-up; 0.0 where the profiler fails)."""
+    import torch  # here: the ONNX paths import this module and never torch
+
+    try:
+        with library_quiet(), torch.inference_mode(), \
+                torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            module(*args)
+        events = prof.key_averages()
+    except Exception as e:  # noqa: BLE001 - a profiler that cannot run: no bound from it
+        logger.debug("no opaque op times: %s", first_line(e))
+        return 0.0
+    return sum(e.cpu_time_total for e in events if e.key.startswith(OPAQUE_NAMESPACES)) / 1e6

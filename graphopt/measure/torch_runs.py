@@ -44,8 +44,7 @@ from graphopt.frontends.user_state import clone_inputs, private_copy, user_state
 from graphopt.ir.graph import Graph
 from graphopt.measure.stats import Measured
 
-__all__ = ["NODE_RANGE", "OPAQUE_NAMESPACES", "intra_op_threads", "measure_torch", "node_times",
-           "opaque_op_seconds", "per_node"]
+__all__ = ["NODE_RANGE", "intra_op_threads", "measure_torch", "node_times", "per_node"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,24 +154,6 @@ def _on(device: str, model: torch.nn.Module, args: Any) -> None:
         raise GraphoptError(f"the target is {device} but the model or its inputs are on "
                             f"{', '.join(off)}", f"move both there first: model.to({device!r}) "
                             "and inputs .to(...), or profile on target='cpu'")
-
-
-#: op namespaces Inductor has no lowering for: compiled, they run as the same kernels
-OPAQUE_NAMESPACES = ("quantized::", "graphopt::")
-
-
-def opaque_op_seconds(module: torch.nn.Module, args: tuple[Any, ...]) -> float:
-    """Seconds one call of ``module`` spends in ops of :data:`OPAQUE_NAMESPACES` (one call
-    under torch.profiler, after the caller's warm-up; 0.0 where the profiler fails)."""
-    try:
-        with library_quiet(), torch.inference_mode(), \
-                torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
-            module(*args)
-        events = prof.key_averages()
-    except Exception as e:  # noqa: BLE001 - a profiler that cannot run: no bound from it
-        logger.debug("no opaque op times: %s", first_line(e))
-        return 0.0
-    return sum(e.cpu_time_total for e in events if e.key.startswith(OPAQUE_NAMESPACES)) / 1e6
 
 
 def measure_torch(graph: Graph, model: torch.nn.Module, args: tuple[Any, ...],
