@@ -8,6 +8,7 @@ GEMM/conv rates, bandwidth) exactly where a calibrated profile has them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from dataclasses import replace
@@ -187,6 +188,11 @@ def test_cli_calibrate_writes_a_profile_the_cli_plans_with(tmp_path, capsys):
     assert main(["cost", "gemm", "256", "256", "256", "--dtype", "fp32", "--target",
                  str(path)]) == 0
     assert "measured by calibrate" in capsys.readouterr().out
+    # OpenVINO's fixed costs in the file, as the host calibration has them (issue 34)
+    if importlib.util.find_spec("openvino") is not None:
+        costs = json.loads(path.read_text())["op_overhead_s"]
+        assert any(k.startswith("ov:") and k != "ov:@call" for k in costs) and "ov:@call" in costs
+        assert "fixed cost per node, OpenVINO" in out
 
 
 class _Variants(nn.Module):

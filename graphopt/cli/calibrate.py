@@ -35,7 +35,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"  {unit:6} {dtype:10} {rates[key] / 1e9:8.1f} {ops}{share}")
     tables = runtime_tables(profile.op_overhead_s)
     for runtime, costs in (("eager torch", tables["torch"]),
-                           ("ONNX Runtime", tables["onnxruntime"])):
+                           ("ONNX Runtime", tables["onnxruntime"]),
+                           ("OpenVINO", tables["openvino"])):
         if not costs:
             continue
         slowest = sorted(costs, key=costs.__getitem__, reverse=True)[:4]

@@ -48,6 +48,7 @@ from graphopt.files.quiet import library_quiet
 from graphopt.hardware.detect import host_cpu_profile
 from graphopt.hardware.profile import HardwareProfile
 from graphopt.hardware.profile_file import is_profile_path, save_profile
+from graphopt.measure.calibrate_openvino import with_openvino_costs
 from graphopt.measure.calibrate_ort import ort_fixed_costs
 from graphopt.measure.calibrate_rates import achievable_rates, time_call
 from graphopt.measure.calibrate_reference import (
@@ -339,7 +340,10 @@ def calibrate_host(path: str | os.PathLike[str] | None = None, *, quick: bool = 
         raise GraphoptError(f"{os.fspath(path)!r} does not end in .json",
                             "name the profile file FILE.json: --target reads a .json path "
                             "as a profile")
-    profile = calibrate(quick=quick, threads=threads)
+    # OpenVINO's fixed costs too where it is installed, as the host calibration has them:
+    # a profile file predicts the same deploy choice as target "cpu"
+    profile = with_openvino_costs(calibrate(quick=quick, threads=threads), threads,
+                                  rounds=30 if quick else 60)
     if path is not None:
         save_profile(profile, path)
     return profile

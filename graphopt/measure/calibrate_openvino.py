@@ -14,7 +14,7 @@ the table is empty and the OpenVINO estimate says it was not made.
 
 The host calibration (``measure.host_cache``) adds them (:func:`with_openvino_costs`) and
 records which OpenVINO it timed, so installing or upgrading it remakes the calibration.
-``graphopt calibrate -o FILE.json`` writes torch's and ONNX Runtime's costs only.
+``graphopt calibrate -o FILE.json`` (``graphopt.calibrate``) adds them the same way.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ def openvino_installed() -> str | None:
         return None
 
 
-def with_openvino_costs(profile: HardwareProfile, threads: int | None) -> HardwareProfile:
+def with_openvino_costs(profile: HardwareProfile, threads: int | None, *, rounds: int = 60
+                        ) -> HardwareProfile:
     """A calibrated ``profile`` with OpenVINO's fixed costs added (unchanged without it)."""
-    costs = ov_fixed_costs(threads=threads)
+    costs = ov_fixed_costs(rounds=rounds, threads=threads)
     if not costs:
         return profile
     return replace(profile, op_overhead_s={**profile.op_overhead_s, **costs},
