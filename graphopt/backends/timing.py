@@ -26,7 +26,8 @@ from typing import Any
 
 from graphopt.decisions.deploy.confidence import clears, speedup_interval
 
-__all__ = ["NOISE", "SLOW_CALL_S", "Measured", "best_time", "compare_paired", "not_slower"]
+__all__ = ["NOISE", "SLOW_CALL_S", "Measured", "best_time", "call_seconds", "compare_paired",
+           "not_slower"]
 
 #: a call this long (a warm-up's, an overestimate) is timed once per round until the minimum
 #: rounds are in: ResNet-50's 90 ms calls spent 3 s on each paired timing at best of 3, and a
@@ -88,7 +89,7 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
     candidate and round (best of them); where a call takes :data:`SLOW_CALL_S` or more, one
     in each of the first ``min_rounds``, and ``runs`` only once those leave it unsettled."""
     # warm-up: caches, allocator, prepacked weights, thread pool; its time sizes the rounds
-    slow = min(_seconds(before), _seconds(after)) >= SLOW_CALL_S
+    slow = min(call_seconds(before), call_seconds(after)) >= SLOW_CALL_S
     pairs: tuple[list[float], list[float]] = ([], [])
     start = time.perf_counter()
     low, high = 0.0, math.inf
@@ -113,7 +114,8 @@ def compare_paired(before: Callable[[], Any], after: Callable[[], Any], *,
                     len(pairs[0]), verdict)
 
 
-def _seconds(call: Callable[[], Any]) -> float:
+def call_seconds(call: Callable[[], Any]) -> float:
+    """Seconds of one ``call()`` (a warm-up that also sizes what follows)."""
     t = time.perf_counter()
     call()
     return time.perf_counter() - t

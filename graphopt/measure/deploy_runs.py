@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from graphopt.backends.timing import best_time
+from graphopt.backends.timing import best_time, call_seconds
 from graphopt.decisions.deploy.artifact import ArtifactTiming, unsettled
 
 __all__ = ["MAX_ROUNDS", "MAX_TIMING_S", "MIN_ROUNDS", "ORIGINAL", "ROUNDS", "TIMING_BUDGET_S",
@@ -75,7 +75,7 @@ def settled_rounds(calls: Mapping[str, Callable[[], Any]], rows: Mapping[str, Ar
     decides how many); ``rows`` (artifact -> its row) get the times of the call of the same
     name."""
     start = time.perf_counter()
-    probe = max(_once(call) for call in calls.values())  # also each one's first warm-up
+    probe = max(call_seconds(call) for call in calls.values())  # also each one's first warm-up
     each = min(_BUDGET_S, max(_MIN_BUDGET_S, budget_s / (ROUNDS * len(calls))))
     # a call longer than its share of the round is timed once after its warm-up, whatever
     # the share (best_time would go on while its budget lasts)
@@ -98,9 +98,3 @@ def settled_rounds(calls: Mapping[str, Callable[[], Any]], rows: Mapping[str, Ar
         if done >= max_rounds or (done >= MIN_ROUNDS and not unsettled(timed)) or \
                 (done >= ROUNDS and spent + last > max_s):  # the next round would end late
             return Settled(per_round, timed, spent, runs)
-
-
-def _once(call: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    call()
-    return time.perf_counter() - t
