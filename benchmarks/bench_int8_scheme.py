@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers_common import machine  # noqa: E402
+from peers_common import best_of, machine  # noqa: E402
 
 
 def session(weights: np.ndarray, zero_point: int, m: int, threads: int) -> ort.InferenceSession:
@@ -75,13 +75,7 @@ def speed(rounds: int, threads: int) -> None:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
         for name in list(runs)[:: 1 if r % 2 == 0 else -1]:
-            runs[name].run(None, x)
-            best = float("inf")
-            for _ in range(5):
-                t = time.perf_counter()
-                runs[name].run(None, x)
-                best = min(best, time.perf_counter() - t)
-            times[name].append(best)
+            times[name].append(best_of(lambda s=runs[name]: s.run(None, x), 0.0, min_calls=5))
     ratio = statistics.median(u / s for u, s in zip(times["U8U8"], times["U8S8"], strict=True))
     print(f"M={m} K={k} N={n}: U8S8 {min(times['U8S8']) * 1e3:.2f} ms, U8U8 "
           f"{min(times['U8U8']) * 1e3:.2f} ms; U8U8 / U8S8 {ratio:.2f}x (median of {rounds} "

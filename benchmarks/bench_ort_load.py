@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_host_peers import build  # noqa: E402
-from peers_common import machine  # noqa: E402
+from peers_common import best_of, machine  # noqa: E402
 
 import graphopt  # noqa: E402
 from graphopt.files.ort_load import in_memory_session  # noqa: E402
@@ -62,12 +62,7 @@ def one_model(name: str, builds: int, rounds: int, threads: int) -> None:
     ran: dict[str, list[float]] = {w: [] for w in ways}
     for r in range(rounds):
         for way in list(ways)[:: 1 if r % 2 == 0 else -1]:
-            best = float("inf")
-            for _ in range(3):
-                start = time.perf_counter()
-                sessions[way].run(None, feeds)
-                best = min(best, time.perf_counter() - start)
-            ran[way].append(best)
+            ran[way].append(best_of(lambda s=sessions[way]: s.run(None, feeds), 0.0))
     speed = statistics.median(a / b for a, b in zip(ran["whole"], ran["in memory"],
                                                     strict=True))
     print(f"{name:8s} {what}: {proto.ByteSize() / 1e6:.0f} MB")
